@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Installs what the build needs, idempotently, then configures and builds into build/.
+# Dev/CI machines (Debian 12, no GPU): apt -dev packages + torch wheel in a cached venv.
+# GPU machine (torch 2.11.0 in python3, C++ packages present): reuses them, installs nothing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+TORCH_VERSION=2.11.0
+CACHE_ROOT="${DSPINE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/dspine}"
+VENV="$CACHE_ROOT/venv-torch-$TORCH_VERSION"
+BUILD_DIR="${DSPINE_BUILD_DIR:-build}"
+log() { echo "[setup] $*" >&2; }
+
+have_header() { echo "#include <$1>" | g++ -std=c++17 -E -x c++ - >/dev/null 2>&1; }
+
+install_system_packages() {
+  local missing=()
+  have_header yaml-cpp/yaml.h     || missing+=(libyaml-cpp-dev)
+  have_header spdlog/spdlog.h     || missing+=(libspdlog-dev)
+  have_header CLI/CLI.hpp         || missing+=(libcli11-dev)
+  have_header gtest/gtest.h       || missing+=(libgtest-dev)
+  have_header nlohmann/json.hpp   || [[ -f .deps/include/nlohmann/json.hpp ]] || missing+=(nlohmann-json3-dev)
+  command -v mpicxx >/dev/null    || missing+=(libopenmpi-dev)
+  command -v mpirun >/dev/null    || missing+=(openmpi-bin)
+  command -v ninja >/dev/null     || missing+=(ninja-build)
+  command -v ccache >/dev/null    || missing+=(ccache)
+  if ((${#missing[@]})); then
+    log "installing Debian packages: ${missing[*]}"
+    local sudo=""; [[ $(id -u) -ne 0 ]] && sudo=sudo
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  fi
+}
+
+# Prints the python interpreter that has torch $TORCH_VERSION, creating the cached venv if needed.
+torch_python() {
+  if python3 -c "import torch,sys; sys.exit(0 if torch.__version__.startswith('$TORCH_VERSION') else 1)" 2>/dev/null; then
+    command -v python3; return
+  fi
+  if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
+    log "creating $VENV with torch==$TORCH_VERSION"
+    rm -rf "$VENV"; mkdir -p "$CACHE_ROOT"
+    python3 -m venv "$VENV"
+    # The CUDA toolkit's own cuBLAS/cuDNN/NCCL/cudart serve libtorch_cuda; only the libraries the
+    # toolkit lacks come as wheels (about 0.3 GB instead of several GB, see docs/setup.md).
+    "$VENV/bin/pip" install -q --no-deps "torch==$TORCH_VERSION" \
+      "nvidia-cufile==1.15.1.6.*" "nvidia-cusparselt-cu13==0.8.0" "nvidia-nvshmem-cu13==3.4.5"
+    "$VENV/bin/pip" install -q filelock "typing-extensions>=4.10" sympy networkx jinja2 fsspec "setuptools<82"
+  fi
+  echo "$VENV/bin/python"
+}
+
+install_system_packages
+PY=$(torch_python)
+TORCH_PREFIX=$("$PY" -c 'import torch; print(torch.utils.cmake_prefix_path)')
+log "torch from $PY ($TORCH_PREFIX)"
+
+launcher=()
+command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+export CCACHE_SLOPPINESS="${CCACHE_SLOPPINESS:-pch_defines,time_macros,include_file_mtime,include_file_ctime}"
+command -v nvcc >/dev/null || export PATH="/usr/local/cuda/bin:$PATH"
+
+cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE="${DSPINE_BUILD_TYPE:-Release}" \
+  -DCMAKE_PREFIX_PATH="$TORCH_PREFIX" "${launcher[@]}" >/dev/null
+cmake --build "$BUILD_DIR" -j "${DSPINE_JOBS:-$(nproc)}"
