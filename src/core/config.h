@@ -1,0 +1,137 @@
+// Typed run configuration. YAML is parsed and validated in config.cpp only; the rest of the code
+// receives these structs. Sections: model, data, training, objective, checkpoint, logging,
+// distributed. Every key is validated (type, range, allowed values); unknown keys are errors.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dspine::core {
+
+// dspine.md §2.2: DSpine hyper-parameters (the reference's dspine_config, same names/defaults).
+struct DSpineConfig {
+  int64_t transfer_rank = 1024;
+  int64_t message_size = 512;
+  int64_t top_k = 16;
+  double ce_weight = 0.1;
+  double alignment_weight = 0.5;
+  int64_t alignment_warmup_steps = 146;
+  int64_t replacement_layers = 3;
+  double replacement_probability = 0.5;
+  double replacement_hold_ratio = 1.0 / 6.0;
+  double replacement_end_ratio = 1.0 / 3.0;
+  double candidate_mass_threshold = 1e-4;
+};
+
+// The draft model. hidden_size / vocab_size are shared with the target (frozen embedding and
+// lm_head come from it); target_layer_ids says which target layers feed hidden_states (K of them).
+struct ModelConfig {
+  std::string architecture = "simple";  // simple | dspine
+  int64_t hidden_size = 64;
+  int64_t intermediate_size = 128;
+  int64_t num_hidden_layers = 2;
+  int64_t num_attention_heads = 4;
+  int64_t num_key_value_heads = 2;
+  int64_t head_dim = 16;
+  int64_t vocab_size = 256;
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 10000.0;
+  double initializer_range = 0.02;
+  int64_t block_size = 4;
+  int64_t mask_token_id = -1;  // -1: the last vocabulary id
+  std::vector<int64_t> target_layer_ids = {0, 1, 2};
+  std::string fused_kernels = "auto";  // auto | true | false
+  DSpineConfig dspine;
+};
+
+// The embedded synthetic target: a few Qwen3-style layers with seeded random weights.
+struct SyntheticTargetConfig {
+  int64_t seed = 1234;
+  int64_t num_layers = 4;  // must exceed every model.target_layer_ids entry
+  int64_t num_attention_heads = 4;
+  int64_t num_key_value_heads = 2;
+  int64_t head_dim = 16;
+  int64_t intermediate_size = 128;
+  double logit_scale = 1.0;     // multiplies the target's logits before sampling (peakedness)
+  double temperature = 1.0;     // sampling temperature
+  int64_t prompt_length = 8;    // leading tokens with loss_mask 0 (the "prompt")
+};
+
+struct DataConfig {
+  std::string source = "synthetic";  // synthetic | shards
+  std::string shards_dir;            // directory written by `dspine-data generate`
+  int64_t seq_len = 64;
+  SyntheticTargetConfig synthetic;
+};
+
+struct TrainingConfig {
+  int64_t batch_size = 2;          // rows per micro-batch per rank
+  int64_t accumulation_steps = 1;  // micro-batches per optimizer step
+  int64_t total_steps = 100;       // optimizer steps
+  double learning_rate = 1e-3;     // alias: lr
+  std::string lr_scheduler = "cosine";  // cosine | constant
+  double warmup_ratio = 0.04;
+  double max_grad_norm = 1.0;      // 0 disables clipping
+  double weight_decay = 0.0;
+  double adam_beta1 = 0.9;
+  double adam_beta2 = 0.999;
+  double adam_eps = 1e-8;
+  int64_t seed = 42;
+  std::string dtype = "fp32";      // parameter/compute dtype: fp32 | bf16 (masters stay fp32)
+  std::string device = "auto";     // auto | cpu | cuda
+  int64_t num_anchors = 512;       // DSpine: max anchor blocks per row
+  double loss_decay_gamma = 7.0;   // DSpine: position decay; <= 0 disables
+  int64_t objective_chunk_blocks = 128;  // DSpine: blocks per objective chunk; 0 = no chunking
+};
+
+struct ObjectiveConfig {
+  std::string name = "ce";  // ce | dspine
+};
+
+struct CheckpointConfig {
+  std::string dir = "runs/default/checkpoints";
+  int64_t save_every = 0;  // optimizer steps between saves; 0 = only the final save
+  int64_t keep_last = 3;   // complete checkpoints kept; 0 = keep all
+  std::string resume = "none";  // none | auto | <checkpoint directory>
+};
+
+struct LoggingConfig {
+  int64_t every = 10;  // optimizer steps between metric records
+  std::string metrics_file = "runs/default/metrics.jsonl";  // "" = no file
+  std::string progress = "auto";  // auto (only on a terminal) | true | false
+  std::string level = "info";     // trace | debug | info | warn | error
+};
+
+struct DistributedConfig {
+  std::string backend = "auto";  // auto | mpi | nccl
+  bool reshard_after_forward = true;
+};
+
+struct Config {
+  ModelConfig model;
+  DataConfig data;
+  TrainingConfig training;
+  ObjectiveConfig objective;
+  CheckpointConfig checkpoint;
+  LoggingConfig logging;
+  DistributedConfig distributed;
+};
+
+// The YAML text of configs/default.yaml, compiled in (what dspine-train runs without --config).
+extern const char* const kEmbeddedDefaultConfig;
+
+// Parses YAML text into a validated Config. `source` names the text in error messages.
+// `overrides` are "section.key=value" strings (value parsed as YAML), applied before validation.
+// Keys absent from the YAML keep the struct defaults. Throws dspine::Error naming the key,
+// the bad value and what is allowed; unknown keys get a "did you mean".
+Config parse_config(const std::string& yaml_text, const std::string& source,
+                    const std::vector<std::string>& overrides = {});
+
+// Reads `path` (error naming the file if missing/unreadable), or the embedded default when empty.
+Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+
+// Serializes every key (the resolved configuration) as YAML; parse_config(to_yaml(c)) == c.
+std::string to_yaml(const Config& config);
+
+}  // namespace dspine::core

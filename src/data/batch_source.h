@@ -1,0 +1,31 @@
+// Where training batches come from: the live synthetic target or safetensors shards.
+// Both are deterministic functions of a sample cursor, so resume restores the cursor only.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include <ATen/core/Tensor.h>
+
+#include "core/config.h"
+#include "data/batch.h"
+
+namespace dspine::data {
+
+class BatchSource {
+ public:
+  virtual ~BatchSource() = default;
+  // The next `rows` samples as one batch (CPU tensors, hidden states fp32); advances the cursor.
+  virtual DraftBatch next(int64_t rows) = 0;
+  // Index of the next sample to be read; samples are numbered from 0 across epochs.
+  virtual int64_t cursor() const = 0;
+  virtual void seek(int64_t cursor) = 0;
+  // The target's frozen weights the draft shares: [V, H] fp32 each.
+  virtual at::Tensor embed_tokens() const = 0;
+  virtual at::Tensor lm_head() const = 0;
+};
+
+// Builds the source selected by config.data.source (errors name the shard directory/file).
+std::unique_ptr<BatchSource> make_batch_source(const core::Config& config);
+
+}  // namespace dspine::data

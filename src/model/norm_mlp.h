@@ -1,0 +1,44 @@
+// The kernel factory (dspine.md, issue "fused kernels"): RMSNorm and SwiGLU MLP modules built
+// either as reference ATen modules or as fused CUDA autograd functions. Parameter names are
+// identical either way (`weight`; `gate_proj.weight`, `up_proj.weight`, `down_proj.weight`), so
+// checkpoints interoperate; nothing global is patched.
+#pragma once
+
+#include <string>
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/types.h>
+
+namespace dspine::model {
+
+enum class FusedKernels { kAuto, kOn, kOff };
+
+// Parses "auto" | "true" | "false" (config.model.fused_kernels).
+FusedKernels parse_fused_kernels(const std::string& value);
+
+// Whether fused kernels are used on `device` for the given choice; kOn without CUDA throws.
+bool use_fused_kernels(FusedKernels choice, const torch::Device& device);
+
+// y = x * rsqrt(mean(x^2) + eps) * weight, statistics in fp32, output in x's dtype.
+class RMSNormImpl : public torch::nn::Module {
+ public:
+  RMSNormImpl(int64_t hidden_size, double eps, bool fused);
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor weight;
+  double eps;
+  bool fused;
+};
+TORCH_MODULE(RMSNorm);
+
+// down_proj(silu(gate_proj(x)) * up_proj(x)); projections without bias.
+class SwiGLUMLPImpl : public torch::nn::Module {
+ public:
+  SwiGLUMLPImpl(int64_t hidden_size, int64_t intermediate_size, bool fused);
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+  bool fused;
+};
+TORCH_MODULE(SwiGLUMLP);
+
+}  // namespace dspine::model

@@ -1,0 +1,59 @@
+// The contract between the trainer and a training objective. The trainer drives optimizer
+// windows of `accumulation_steps` micro-batches: begin_window sees every micro-batch first
+// (global normalizers, CE-only prepass), then micro_step runs each micro-batch with autograd and
+// the trainer calls backward on the returned loss. Each micro-batch loss is already its share of
+// the window's *global* loss (divided by the global normalizer), so the window gradient is the
+// plain sum over micro-batches and ranks: data-parallel ranks all-reduce gradients with SUM.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Generator.h>
+#include <ATen/core/Tensor.h>
+
+#include "data/batch.h"
+#include "dist/communicator.h"
+
+namespace dspine::objectives {
+
+struct StepContext {
+  int64_t step = 0;         // optimizer step this window belongs to (0-based)
+  int64_t total_steps = 1;  // optimizer-step horizon (schedules such as DSpine replacement)
+  dist::Communicator* comm = nullptr;  // never null; collectives for global normalizers
+  at::Generator generator;  // RNG for sampling inside the objective (anchors, replacement)
+  bool training = true;     // false for evaluation (no replay, no replacement)
+};
+
+struct MicroStepResult {
+  at::Tensor loss;  // scalar; this micro-batch's share of the global window loss (has grad)
+  int64_t tokens = 0;  // supervised tokens in this micro-batch on this rank
+};
+
+class Objective {
+ public:
+  virtual ~Objective() = default;
+  virtual std::string name() const = 0;
+
+  // Called once when training starts from scratch (not on resume): one-time initialisation of
+  // model state derived from the frozen target weights (e.g. DSpine's transfer space).
+  virtual void on_fresh_start() {}
+
+  // Sees the whole window before any micro_step; reduces global normalizers across ranks.
+  virtual void begin_window(const std::vector<data::DraftBatch>& micro_batches,
+                            StepContext& context) = 0;
+  // Micro-batch `index` of the current window, with autograd.
+  virtual MicroStepResult micro_step(const data::DraftBatch& batch, int64_t index,
+                                     StepContext& context) = 0;
+  // Window metrics (loss terms, accuracy...), already reduced over ranks. Keys become JSONL keys.
+  virtual std::map<std::string, double> end_window(StepContext& context) = 0;
+
+  // No-grad evaluation of one batch: every loss term and metric (reduced over ranks).
+  virtual std::map<std::string, double> evaluate(const data::DraftBatch& batch,
+                                                 StepContext& context) = 0;
+};
+
+}  // namespace dspine::objectives
