@@ -23,12 +23,17 @@ install_system_packages() {
   command -v mpicxx >/dev/null    || missing+=(libopenmpi-dev)
   command -v mpirun >/dev/null    || missing+=(openmpi-bin)
   command -v ninja >/dev/null     || missing+=(ninja-build)
-  command -v ccache >/dev/null    || missing+=(ccache)
+  local sudo=""; [[ $(id -u) -ne 0 ]] && sudo=sudo
   if ((${#missing[@]})); then
     log "installing Debian packages: ${missing[*]}"
-    local sudo=""; [[ $(id -u) -ne 0 ]] && sudo=sudo
     $sudo apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  fi
+  # ccache only speeds up rebuilds: installed where a package registry answers, else skipped.
+  if ! command -v ccache >/dev/null; then
+    { $sudo apt-get install -y -qq --no-install-recommends ccache >/dev/null 2>&1 ||
+      { $sudo apt-get update -qq >/dev/null 2>&1 && $sudo apt-get install -y -qq ccache >/dev/null 2>&1; }; } ||
+      log "ccache unavailable; building without it"
   fi
 }
 
