@@ -6,7 +6,7 @@
 #include <string>
 #include <utility>
 
-#include <spdlog/fmt/fmt.h>
+#include <fmt/format.h>
 
 namespace dspine {
 

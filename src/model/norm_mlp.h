@@ -5,6 +5,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 
 #include <torch/nn/module.h>
 #include <torch/nn/modules/linear.h>
@@ -25,13 +26,18 @@ class RMSNormImpl : public torch::nn::Module {
  public:
   RMSNormImpl(int64_t hidden_size, double eps, bool fused);
   torch::Tensor forward(const torch::Tensor& x);
+  // The decoder layer's add-then-norm: returns {x + residual, norm(x + residual)}, one kernel
+  // when fused.
+  std::pair<torch::Tensor, torch::Tensor> forward_add(const torch::Tensor& x,
+                                                      const torch::Tensor& residual);
   torch::Tensor weight;
   double eps;
   bool fused;
 };
 TORCH_MODULE(RMSNorm);
 
-// down_proj(silu(gate_proj(x)) * up_proj(x)); projections without bias.
+// down_proj(silu(gate_proj(x)) * up_proj(x)); projections without bias. Fused, gate and up run
+// as one GEMM on the concatenated weights (the checkpoint keeps gate_proj / up_proj separate).
 class SwiGLUMLPImpl : public torch::nn::Module {
  public:
   SwiGLUMLPImpl(int64_t hidden_size, int64_t intermediate_size, bool fused);

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Sets up everything on a fresh machine (packages, torch venv, build), then runs the whole suite.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
+ctest --test-dir "${DSPINE_BUILD_DIR:-build}" --output-on-failure -j "$(nproc)" "$@"

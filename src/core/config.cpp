@@ -1,0 +1,748 @@
+// Parsing and validation of the run configuration (config.h). The key table in keys_of() is the
+// one list of settable keys: reading, unknown-key suggestions and to_yaml all walk it, so a new
+// struct field needs one line there (plus its range check in validate()).
+#include "core/config.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <sstream>
+#include <variant>
+
+#include <yaml-cpp/yaml.h>
+
+#include "core/error.h"
+
+namespace dspine::core {
+namespace {
+
+using Target = std::variant<int64_t*, double*, std::string*, bool*, std::vector<int64_t>*>;
+
+struct Key {
+  std::string name;  // full dotted key, e.g. "model.dspine.top_k"
+  Target target;
+  std::vector<std::string> choices = {};  // allowed values of an enumeration; empty = any string
+  bool accepts_bool = false;  // auto|true|false keys: YAML true/false are stored as "true"/"false"
+};
+
+// The maps that hold keys; "model.dspine" and "data.synthetic" are nested in their sections.
+const std::vector<std::string> kMaps = {"model",    "model.dspine", "data",
+                                        "data.synthetic", "training", "objective",
+                                        "checkpoint", "logging", "distributed"};
+const char* const kLrAlias = "training.lr";
+const char* const kLearningRate = "training.learning_rate";
+
+// Every settable key, in struct order (which is also the order to_yaml writes them).
+std::vector<Key> keys_of(Config& c) {
+  ModelConfig& m = c.model;
+  DSpineConfig& d = c.model.dspine;
+  DataConfig& data = c.data;
+  SyntheticTargetConfig& s = c.data.synthetic;
+  TrainingConfig& t = c.training;
+  return {
+      {"model.architecture", &m.architecture, {"simple", "dspine"}},
+      {"model.hidden_size", &m.hidden_size},
+      {"model.intermediate_size", &m.intermediate_size},
+      {"model.num_hidden_layers", &m.num_hidden_layers},
+      {"model.num_attention_heads", &m.num_attention_heads},
+      {"model.num_key_value_heads", &m.num_key_value_heads},
+      {"model.head_dim", &m.head_dim},
+      {"model.vocab_size", &m.vocab_size},
+      {"model.rms_norm_eps", &m.rms_norm_eps},
+      {"model.rope_theta", &m.rope_theta},
+      {"model.initializer_range", &m.initializer_range},
+      {"model.block_size", &m.block_size},
+      {"model.mask_token_id", &m.mask_token_id},
+      {"model.target_layer_ids", &m.target_layer_ids},
+      {"model.fused_kernels", &m.fused_kernels, {"auto", "true", "false"}, true},
+      {"model.dspine.transfer_rank", &d.transfer_rank},
+      {"model.dspine.message_size", &d.message_size},
+      {"model.dspine.top_k", &d.top_k},
+      {"model.dspine.ce_weight", &d.ce_weight},
+      {"model.dspine.alignment_weight", &d.alignment_weight},
+      {"model.dspine.alignment_warmup_steps", &d.alignment_warmup_steps},
+      {"model.dspine.replacement_layers", &d.replacement_layers},
+      {"model.dspine.replacement_probability", &d.replacement_probability},
+      {"model.dspine.replacement_hold_ratio", &d.replacement_hold_ratio},
+      {"model.dspine.replacement_end_ratio", &d.replacement_end_ratio},
+      {"model.dspine.candidate_mass_threshold", &d.candidate_mass_threshold},
+      {"data.source", &data.source, {"synthetic", "shards"}},
+      {"data.shards_dir", &data.shards_dir},
+      {"data.seq_len", &data.seq_len},
+      {"data.synthetic.seed", &s.seed},
+      {"data.synthetic.num_layers", &s.num_layers},
+      {"data.synthetic.num_attention_heads", &s.num_attention_heads},
+      {"data.synthetic.num_key_value_heads", &s.num_key_value_heads},
+      {"data.synthetic.head_dim", &s.head_dim},
+      {"data.synthetic.intermediate_size", &s.intermediate_size},
+      {"data.synthetic.logit_scale", &s.logit_scale},
+      {"data.synthetic.temperature", &s.temperature},
+      {"data.synthetic.prompt_length", &s.prompt_length},
+      {"training.batch_size", &t.batch_size},
+      {"training.accumulation_steps", &t.accumulation_steps},
+      {"training.total_steps", &t.total_steps},
+      {"training.learning_rate", &t.learning_rate},
+      {"training.lr_scheduler", &t.lr_scheduler, {"cosine", "constant"}},
+      {"training.warmup_ratio", &t.warmup_ratio},
+      {"training.max_grad_norm", &t.max_grad_norm},
+      {"training.weight_decay", &t.weight_decay},
+      {"training.adam_beta1", &t.adam_beta1},
+      {"training.adam_beta2", &t.adam_beta2},
+      {"training.adam_eps", &t.adam_eps},
+      {"training.seed", &t.seed},
+      {"training.dtype", &t.dtype, {"fp32", "bf16"}},
+      {"training.device", &t.device, {"auto", "cpu", "cuda"}},
+      {"training.num_anchors", &t.num_anchors},
+      {"training.loss_decay_gamma", &t.loss_decay_gamma},
+      {"training.objective_chunk_blocks", &t.objective_chunk_blocks},
+      {"objective.name", &c.objective.name, {"ce", "dspine"}},
+      {"checkpoint.dir", &c.checkpoint.dir},
+      {"checkpoint.save_every", &c.checkpoint.save_every},
+      {"checkpoint.keep_last", &c.checkpoint.keep_last},
+      {"checkpoint.resume", &c.checkpoint.resume},
+      {"logging.every", &c.logging.every},
+      {"logging.metrics_file", &c.logging.metrics_file},
+      {"logging.progress", &c.logging.progress, {"auto", "true", "false"}, true},
+      {"logging.level", &c.logging.level, {"trace", "debug", "info", "warn", "error"}},
+      {"distributed.backend", &c.distributed.backend, {"auto", "mpi", "nccl"}},
+      {"distributed.reshard_after_forward", &c.distributed.reshard_after_forward},
+  };
+}
+
+std::string parent_of(const std::string& key) {
+  size_t dot = key.rfind('.');
+  return dot == std::string::npos ? "" : key.substr(0, dot);
+}
+
+std::string leaf_of(const std::string& key) {
+  size_t dot = key.rfind('.');
+  return dot == std::string::npos ? key : key.substr(dot + 1);
+}
+
+std::vector<std::string> split(const std::string& text, char separator) {
+  std::vector<std::string> parts;
+  std::stringstream stream(text);
+  std::string part;
+  while (std::getline(stream, part, separator)) parts.push_back(part);
+  if (!text.empty() && text.back() == separator) parts.emplace_back();
+  return parts;
+}
+
+std::string trim(const std::string& text) {
+  size_t begin = text.find_first_not_of(" \t");
+  if (begin == std::string::npos) return "";
+  return text.substr(begin, text.find_last_not_of(" \t") - begin + 1);
+}
+
+std::string join(const std::vector<std::string>& items) {
+  std::string out;
+  for (const std::string& item : items) out += (out.empty() ? "" : ", ") + item;
+  return out;
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t substitute = diagonal + (a[i - 1] == b[j - 1] ? 0 : 1);
+      diagonal = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, substitute});
+    }
+  }
+  return row[b.size()];
+}
+
+// YAML 1.2 core-schema numbers; floats include the integers, .inf and .nan are spelt apart.
+const std::regex kIntegerPattern("[-+]?[0-9]+");
+const std::regex kFloatPattern("[-+]?(\\.[0-9]+|[0-9]+(\\.[0-9]*)?)([eE][-+]?[0-9]+)?");
+const std::regex kInfinityPattern("[-+]?\\.(inf|Inf|INF)");
+const std::regex kNanPattern("\\.(nan|NaN|NAN)");
+
+bool is_bool_literal(const std::string& s) {
+  return s == "true" || s == "True" || s == "TRUE" || s == "false" || s == "False" || s == "FALSE";
+}
+
+// yaml-cpp tags quoted scalars "!" and plain ones "?": a quoted "3" is a string, not a number.
+bool is_plain_scalar(const YAML::Node& node) { return node.IsScalar() && node.Tag() != "!"; }
+
+std::string describe_kind(const YAML::Node& node) {
+  if (!node.IsDefined() || node.IsNull()) return "null";
+  if (node.IsMap()) return "a map";
+  if (node.IsSequence()) return "a list";
+  if (!is_plain_scalar(node)) return "a quoted string";
+  const std::string& text = node.Scalar();
+  if (is_bool_literal(text)) return "a boolean";
+  if (std::regex_match(text, kIntegerPattern)) return "an integer";
+  if (std::regex_match(text, kFloatPattern) || std::regex_match(text, kInfinityPattern) ||
+      std::regex_match(text, kNanPattern)) {
+    return "a float";
+  }
+  return "a string";
+}
+
+// The value as the user wrote it, on one line.
+std::string show(const YAML::Node& node) {
+  if (!node.IsDefined() || node.IsNull()) return "null";
+  if (node.IsScalar()) return is_plain_scalar(node) ? node.Scalar() : "\"" + node.Scalar() + "\"";
+  YAML::Emitter out;
+  out.SetMapFormat(YAML::Flow);
+  out.SetSeqFormat(YAML::Flow);
+  out << node;
+  return out.c_str();
+}
+
+std::string show(const std::string& value) { return "\"" + value + "\""; }
+// The shortest text that reads back to the same double; an exponent gets a mantissa with a dot
+// ("1.0e-06") so that YAML 1.1 readers such as PyYAML also see a float.
+std::string show(double value) {
+  std::string text = fmt::format("{}", value);
+  const size_t exponent = text.find('e');
+  if (exponent != std::string::npos && text.find('.') == std::string::npos) {
+    text.insert(exponent, ".0");
+  }
+  return text;
+}
+std::string show(int64_t value) { return fmt::format("{}", value); }
+
+bool is_dspine_key(const std::string& key) { return key.rfind("model.dspine.", 0) == 0; }
+
+// Where errors are reported: the text's source, and which keys came from which override.
+class Context {
+ public:
+  explicit Context(const std::string& source) : source_(source) {}
+
+  void note_override(const std::string& key, const std::string& text) { overrides_[key] = text; }
+
+  [[noreturn]] void fail_value(const std::string& key, const std::string& value,
+                               const std::string& problem) const {
+    fail("config error in {}: {} = {}: {}{}", source_, key, value, problem, origin(key));
+  }
+  [[noreturn]] void fail_range(const std::string& key, const std::string& value,
+                               const std::string& allowed) const {
+    fail("config error in {}: {} = {} is out of range; allowed: {}{}", source_, key, value,
+         allowed, origin(key));
+  }
+  // dspine.md §2.2: every DSpine message contains "DSpine" and the rule it broke.
+  [[noreturn]] void fail_dspine(const std::string& key, const std::string& value,
+                                const std::string& rule) const {
+    fail("config error in {}: {} = {} is out of range: DSpine {}{}", source_, key, value, rule,
+         origin(key));
+  }
+  [[noreturn]] void fail_text(const std::string& message) const {
+    fail("config error in {}: {}", source_, message);
+  }
+
+ private:
+  std::string origin(const std::string& key) const {
+    auto it = overrides_.find(key);
+    return it == overrides_.end() ? "" : fmt::format(" (from override '{}')", it->second);
+  }
+
+  std::string source_;
+  std::map<std::string, std::string> overrides_;
+};
+
+// "<key>: unknown key; did you mean ...": the closest key of the same map by edit distance, and
+// the full key when the name exists in another section.
+std::string unknown_key_message(const std::string& key, const std::vector<Key>& keys) {
+  const std::string map = parent_of(key);
+  const std::string name = leaf_of(key);
+  std::vector<std::string> siblings;  // names allowed in `map`
+  for (const Key& k : keys) {
+    if (parent_of(k.name) == map) siblings.push_back(leaf_of(k.name));
+  }
+  for (const std::string& m : kMaps) {
+    if (parent_of(m) == map) siblings.push_back(leaf_of(m));
+  }
+  if (map == "training") siblings.push_back("lr");
+
+  std::string closest;
+  size_t best = std::string::npos;
+  for (const std::string& sibling : siblings) {
+    size_t distance = edit_distance(name, sibling);
+    if (distance < best) best = distance, closest = sibling;
+  }
+  std::string message =
+      fmt::format("{}: unknown {}", key, map.empty() ? "section" : "key in " + map);
+  const size_t close_enough = std::max<size_t>(2, name.size() / 3);
+  if (!closest.empty() && best <= close_enough) {
+    message += fmt::format("; did you mean {}?", map.empty() ? closest : map + "." + closest);
+  }
+  std::vector<std::string> elsewhere;
+  for (const Key& k : keys) {
+    if (leaf_of(k.name) == name && parent_of(k.name) != map) elsewhere.push_back(k.name);
+  }
+  for (const std::string& m : kMaps) {
+    if (leaf_of(m) == name && parent_of(m) != map) elsewhere.push_back(m);
+  }
+  if (!elsewhere.empty()) {
+    message += fmt::format(" ({} belongs to another section: {})", name, join(elsewhere));
+  } else if (closest.empty() || best > close_enough) {
+    message += "; allowed: " + join(siblings);
+  }
+  return message;
+}
+
+// Reads a YAML tree into a Config, checking each value's type (ranges come later, in validate).
+class Reader {
+ public:
+  Reader(const Context& context, Config& config) : context_(context), keys_(keys_of(config)) {}
+
+  void read_root(const YAML::Node& root) {
+    if (!root.IsDefined() || root.IsNull()) return;  // empty text: all defaults
+    if (!root.IsMap()) {
+      context_.fail_text(fmt::format("the top level must be a map of sections ({}), got {}",
+                                     join(top_level_maps()), describe_kind(root)));
+    }
+    read_map(root, "");
+  }
+
+  const Key* find(const std::string& name) const {
+    for (const Key& key : keys_) {
+      if (key.name == name) return &key;
+    }
+    return nullptr;
+  }
+
+  const std::vector<Key>& keys() const { return keys_; }
+
+ private:
+  static std::vector<std::string> top_level_maps() {
+    std::vector<std::string> maps;
+    for (const std::string& m : kMaps) {
+      if (parent_of(m).empty()) maps.push_back(m);
+    }
+    return maps;
+  }
+
+  void read_map(const YAML::Node& map, const std::string& path) {
+    for (auto it = map.begin(); it != map.end(); ++it) {
+      if (!it->first.IsScalar()) {
+        context_.fail_text(fmt::format("{}: keys must be names, got {}",
+                                       path.empty() ? "top level" : path, show(it->first)));
+      }
+      const std::string name = it->first.Scalar();
+      const std::string key = path.empty() ? name : path + "." + name;
+      const std::string canonical = key == kLrAlias ? kLearningRate : key;
+      auto [previous, first] = seen_.emplace(canonical, key);
+      if (!first) {
+        if (previous->second != key) {
+          context_.fail_text(
+              "training.lr and training.learning_rate are both given (lr is an alias of "
+              "learning_rate); give one");
+        }
+        context_.fail_text(fmt::format("{} is given twice", key));
+      }
+      const YAML::Node& value = it->second;
+      if (const Key* target = find(canonical)) {
+        read_value(*target, value);
+      } else if (std::find(kMaps.begin(), kMaps.end(), key) != kMaps.end()) {
+        if (value.IsNull()) continue;  // "section:" with nothing under it keeps the defaults
+        if (!value.IsMap()) {
+          context_.fail_value(key, show(value),
+                              fmt::format("expected a map of keys, got {}", describe_kind(value)));
+        }
+        read_map(value, key);
+      } else {
+        context_.fail_text(unknown_key_message(key, keys_));
+      }
+    }
+  }
+
+  void read_value(const Key& key, const YAML::Node& node) const {
+    std::visit([&](auto* target) { read_into(key, node, *target); }, key.target);
+  }
+
+  [[noreturn]] void fail_type(const Key& key, const YAML::Node& node,
+                              const std::string& expected) const {
+    context_.fail_value(key.name, show(node),
+                        fmt::format("{}, got {}", expected, describe_kind(node)));
+  }
+
+  int64_t parse_int(const Key& key, const std::string& name, const YAML::Node& node) const {
+    // dspine.md §2.2 rule 1: integers and not bools, so 2.5 and 1024.0 fail.
+    const std::string expected =
+        is_dspine_key(key.name) ? fmt::format("DSpine {} must be an integer", leaf_of(key.name))
+                                : "expected an integer";
+    if (!is_plain_scalar(node) || !std::regex_match(node.Scalar(), kIntegerPattern)) {
+      context_.fail_value(name, show(node),
+                          fmt::format("{}, got {}", expected, describe_kind(node)));
+    }
+    const std::string& text = node.Scalar();
+    const char* begin = text.data() + (text[0] == '+' ? 1 : 0);
+    int64_t value = 0;
+    auto [end, error] = std::from_chars(begin, text.data() + text.size(), value);
+    if (error != std::errc() || end != text.data() + text.size()) {
+      context_.fail_value(name, show(node), "integer outside the 64-bit range");
+    }
+    return value;
+  }
+
+  void read_into(const Key& key, const YAML::Node& node, int64_t& out) const {
+    out = parse_int(key, key.name, node);
+  }
+
+  void read_into(const Key& key, const YAML::Node& node, double& out) const {
+    // .inf and .nan are read so that they are reported as non-finite, not as non-numbers.
+    const std::string text = is_plain_scalar(node) ? node.Scalar() : "";
+    if (std::regex_match(text, kFloatPattern)) {
+      out = std::strtod(text.c_str(), nullptr);
+    } else if (std::regex_match(text, kInfinityPattern) || std::regex_match(text, kNanPattern)) {
+      out = std::nan("");
+    } else {
+      fail_type(key, node, "expected a number");
+    }
+    if (!std::isfinite(out)) {
+      context_.fail_value(key.name, show(node),
+                          is_dspine_key(key.name)
+                              ? fmt::format("DSpine {} must be finite", leaf_of(key.name))
+                              : std::string("must be a finite number"));
+    }
+  }
+
+  void read_into(const Key& key, const YAML::Node& node, std::string& out) const {
+    if (!node.IsScalar()) fail_type(key, node, "expected a string");
+    std::string value = node.Scalar();
+    if (key.accepts_bool && is_plain_scalar(node) && is_bool_literal(value)) {
+      std::transform(value.begin(), value.end(), value.begin(), ::tolower);
+    }
+    if (!key.choices.empty() &&
+        std::find(key.choices.begin(), key.choices.end(), value) == key.choices.end()) {
+      context_.fail_value(key.name, show(node),
+                          "not an allowed value; allowed: " + join(key.choices));
+    }
+    out = value;
+  }
+
+  void read_into(const Key& key, const YAML::Node& node, bool& out) const {
+    if (!is_plain_scalar(node) || !is_bool_literal(node.Scalar())) {
+      fail_type(key, node, "expected a boolean (true or false)");
+    }
+    out = node.Scalar()[0] == 't' || node.Scalar()[0] == 'T';
+  }
+
+  void read_into(const Key& key, const YAML::Node& node, std::vector<int64_t>& out) const {
+    if (!node.IsSequence()) fail_type(key, node, "expected a list of integers");
+    std::vector<int64_t> values;
+    for (size_t i = 0; i < node.size(); ++i) {
+      values.push_back(parse_int(key, fmt::format("{}[{}]", key.name, i), node[i]));
+    }
+    out = values;
+  }
+
+  const Context& context_;
+  std::vector<Key> keys_;
+  std::map<std::string, std::string> seen_;  // canonical key -> spelling used
+};
+
+// Sets key `parts` in the tree to `value`, creating the maps on the way. A map position already
+// holding a non-map is left alone: reading the tree reports it.
+void set_path(YAML::Node map, const std::vector<std::string>& parts, size_t i,
+              const YAML::Node& value) {
+  if (i + 1 == parts.size()) {
+    map[parts[i]] = value;
+    return;
+  }
+  YAML::Node child = map[parts[i]];
+  if (!child.IsDefined() || child.IsNull()) map[parts[i]] = YAML::Node(YAML::NodeType::Map);
+  if (!map[parts[i]].IsMap()) return;
+  set_path(map[parts[i]], parts, i + 1, value);
+}
+
+void apply_override(YAML::Node& root, const std::string& text, Context& context,
+                    const Reader& reader) {
+  const size_t equals = text.find('=');
+  const std::string key = trim(text.substr(0, equals));
+  const std::vector<std::string> parts = split(key, '.');
+  if (equals == std::string::npos || key.empty() ||
+      std::any_of(parts.begin(), parts.end(), [](const std::string& p) { return p.empty(); })) {
+    context.fail_text(
+        fmt::format("override '{}' is malformed; expected section.key=value, e.g. "
+                    "training.learning_rate=3e-4",
+                    text));
+  }
+  if (std::find(kMaps.begin(), kMaps.end(), key) != kMaps.end()) {
+    context.fail_text(fmt::format("override '{}' names the map {}, not a key; set its keys one "
+                                  "at a time",
+                                  text, key));
+  }
+  if (key != kLrAlias && reader.find(key) == nullptr) {
+    context.fail_text(
+        fmt::format("override '{}': {}", text, unknown_key_message(key, reader.keys())));
+  }
+  const std::string value_text = trim(text.substr(equals + 1));
+  YAML::Node value;
+  try {
+    // An empty value is the empty string (e.g. logging.metrics_file= disables the file).
+    value = value_text.empty() ? YAML::Node(std::string()) : YAML::Load(value_text);
+  } catch (const YAML::ParserException& e) {
+    context.fail_text(fmt::format("override '{}': the value is not valid YAML: {}", text, e.msg));
+  }
+  if (!root.IsMap()) {
+    if (root.IsDefined() && !root.IsNull()) return;  // reading the tree reports the bad top level
+    root.reset(YAML::Node(YAML::NodeType::Map));
+  }
+  // An override of the learning rate replaces the file's value under either spelling.
+  if (key == kLrAlias || key == kLearningRate) {
+    YAML::Node training = root["training"];
+    if (training.IsMap()) {
+      training.remove("lr");
+      training.remove("learning_rate");
+    }
+  }
+  set_path(root, parts, 0, value);
+  context.note_override(key == kLrAlias ? kLearningRate : key, text);
+}
+
+// Range and cross-key checks on a fully read configuration.
+void validate(const Context& ctx, const Config& c) {
+  auto at_least = [&](const std::string& key, int64_t value, int64_t low) {
+    if (value < low) ctx.fail_range(key, show(value), fmt::format("integer >= {}", low));
+  };
+  auto positive = [&](const std::string& key, double value) {
+    if (!(value > 0)) ctx.fail_range(key, show(value), "number > 0");
+  };
+  auto nonnegative = [&](const std::string& key, double value) {
+    if (!(value >= 0)) ctx.fail_range(key, show(value), "number >= 0");
+  };
+  auto fraction = [&](const std::string& key, double value) {  // [0, 1)
+    if (!(value >= 0 && value < 1)) ctx.fail_range(key, show(value), "number in [0, 1)");
+  };
+  auto non_empty = [&](const std::string& key, const std::string& value) {
+    if (value.empty()) ctx.fail_value(key, show(value), "must not be empty");
+  };
+
+  const ModelConfig& m = c.model;
+  at_least("model.hidden_size", m.hidden_size, 1);
+  at_least("model.intermediate_size", m.intermediate_size, 1);
+  at_least("model.num_hidden_layers", m.num_hidden_layers, 1);
+  at_least("model.num_attention_heads", m.num_attention_heads, 1);
+  at_least("model.num_key_value_heads", m.num_key_value_heads, 1);
+  at_least("model.head_dim", m.head_dim, 1);
+  at_least("model.vocab_size", m.vocab_size, 1);
+  if (m.num_attention_heads % m.num_key_value_heads != 0) {
+    ctx.fail_range("model.num_attention_heads", show(m.num_attention_heads),
+                   fmt::format("a multiple of model.num_key_value_heads = {}",
+                               m.num_key_value_heads));
+  }
+  positive("model.rms_norm_eps", m.rms_norm_eps);
+  positive("model.rope_theta", m.rope_theta);
+  nonnegative("model.initializer_range", m.initializer_range);
+  at_least("model.block_size", m.block_size, 2);
+  if (m.mask_token_id < -1 || m.mask_token_id >= m.vocab_size) {
+    ctx.fail_range("model.mask_token_id", show(m.mask_token_id),
+                   fmt::format("-1 (the last vocabulary id) or an id in [0, model.vocab_size = {})",
+                               m.vocab_size));
+  }
+  if (m.target_layer_ids.empty()) {
+    ctx.fail_value("model.target_layer_ids", "[]", "must list at least one target layer");
+  }
+  const bool synthetic = c.data.source == "synthetic";
+  for (size_t i = 0; i < m.target_layer_ids.size(); ++i) {
+    const int64_t id = m.target_layer_ids[i];
+    const std::string key = fmt::format("model.target_layer_ids[{}]", i);
+    if (id < 0) ctx.fail_range(key, show(id), "integer >= 0");
+    if (synthetic && id >= c.data.synthetic.num_layers) {
+      ctx.fail_range(key, show(id),
+                     fmt::format("a layer of the synthetic target, in [0, "
+                                 "data.synthetic.num_layers = {})",
+                                 c.data.synthetic.num_layers));
+    }
+  }
+
+  // dspine.md §2.2, in its order (integer and finiteness checks happened while reading). The
+  // bounds that involve hidden_size / vocab_size apply when the model is a DSpine model: the
+  // simple architecture ignores these fields, and their reference defaults exceed tiny models.
+  const DSpineConfig& d = m.dspine;
+  const bool dspine = m.architecture == "dspine";
+  const int64_t max_rank = std::min(m.hidden_size, m.vocab_size - 1);
+  if (d.transfer_rank < 1 || (dspine && d.transfer_rank > max_rank)) {
+    ctx.fail_dspine("model.dspine.transfer_rank", show(d.transfer_rank),
+                    fmt::format("transfer_rank must be in [1, min(hidden_size, vocab_size - 1)] "
+                                "= [1, {}]",
+                                max_rank));
+  }
+  if (d.message_size < 1) {
+    ctx.fail_dspine("model.dspine.message_size", show(d.message_size),
+                    "requires message_size > 0 and top_k in [1, vocab_size]");
+  }
+  if (d.top_k < 1 || (dspine && d.top_k > m.vocab_size)) {
+    ctx.fail_dspine("model.dspine.top_k", show(d.top_k),
+                    fmt::format("requires message_size > 0 and top_k in [1, vocab_size] "
+                                "(vocab_size = {})",
+                                m.vocab_size));
+  }
+  if (!(d.ce_weight >= 0 && d.ce_weight <= 1)) {
+    ctx.fail_dspine("model.dspine.ce_weight", show(d.ce_weight),
+                    "requires ce_weight in [0, 1] and alignment_weight >= 0");
+  }
+  if (!(d.alignment_weight >= 0)) {
+    ctx.fail_dspine("model.dspine.alignment_weight", show(d.alignment_weight),
+                    "requires ce_weight in [0, 1] and alignment_weight >= 0");
+  }
+  if (d.alignment_warmup_steps < 0) {
+    ctx.fail_dspine("model.dspine.alignment_warmup_steps", show(d.alignment_warmup_steps),
+                    "warmup steps and replacement layers must be nonnegative");
+  }
+  if (d.replacement_layers < 0) {
+    ctx.fail_dspine("model.dspine.replacement_layers", show(d.replacement_layers),
+                    "warmup steps and replacement layers must be nonnegative");
+  }
+  if (!(d.replacement_probability >= 0 && d.replacement_probability <= 1)) {
+    ctx.fail_dspine("model.dspine.replacement_probability", show(d.replacement_probability),
+                    "replacement_probability must be in [0, 1]");
+  }
+  const std::string ratio_rule = fmt::format(
+      "requires 0 <= replacement_hold_ratio < replacement_end_ratio <= 1 (hold = {}, end = {})",
+      d.replacement_hold_ratio, d.replacement_end_ratio);
+  if (!(d.replacement_hold_ratio >= 0 && d.replacement_hold_ratio < d.replacement_end_ratio)) {
+    ctx.fail_dspine("model.dspine.replacement_hold_ratio", show(d.replacement_hold_ratio),
+                    ratio_rule);
+  }
+  if (!(d.replacement_end_ratio <= 1)) {
+    ctx.fail_dspine("model.dspine.replacement_end_ratio", show(d.replacement_end_ratio),
+                    ratio_rule);
+  }
+  if (!(d.candidate_mass_threshold >= 0 && d.candidate_mass_threshold < 1)) {
+    ctx.fail_dspine("model.dspine.candidate_mass_threshold", show(d.candidate_mass_threshold),
+                    "candidate_mass_threshold must be in [0, 1)");
+  }
+
+  const DataConfig& data = c.data;
+  if (data.source == "shards" && data.shards_dir.empty()) {
+    ctx.fail_value("data.shards_dir", show(data.shards_dir),
+                   "data.source is shards, which needs the directory written by dspine-data "
+                   "generate");
+  }
+  at_least("data.seq_len", data.seq_len, 2);
+  const SyntheticTargetConfig& s = data.synthetic;
+  at_least("data.synthetic.seed", s.seed, 0);
+  at_least("data.synthetic.num_layers", s.num_layers, 1);
+  at_least("data.synthetic.num_attention_heads", s.num_attention_heads, 1);
+  at_least("data.synthetic.num_key_value_heads", s.num_key_value_heads, 1);
+  at_least("data.synthetic.head_dim", s.head_dim, 1);
+  at_least("data.synthetic.intermediate_size", s.intermediate_size, 1);
+  if (s.num_attention_heads % s.num_key_value_heads != 0) {
+    ctx.fail_range("data.synthetic.num_attention_heads", show(s.num_attention_heads),
+                   fmt::format("a multiple of data.synthetic.num_key_value_heads = {}",
+                               s.num_key_value_heads));
+  }
+  positive("data.synthetic.logit_scale", s.logit_scale);
+  positive("data.synthetic.temperature", s.temperature);
+  if (s.prompt_length < 0 || s.prompt_length >= data.seq_len) {
+    ctx.fail_range("data.synthetic.prompt_length", show(s.prompt_length),
+                   fmt::format("integer in [0, data.seq_len = {})", data.seq_len));
+  }
+
+  const TrainingConfig& t = c.training;
+  at_least("training.batch_size", t.batch_size, 1);
+  at_least("training.accumulation_steps", t.accumulation_steps, 1);
+  at_least("training.total_steps", t.total_steps, 1);
+  positive("training.learning_rate", t.learning_rate);
+  fraction("training.warmup_ratio", t.warmup_ratio);
+  nonnegative("training.max_grad_norm", t.max_grad_norm);
+  nonnegative("training.weight_decay", t.weight_decay);
+  fraction("training.adam_beta1", t.adam_beta1);
+  fraction("training.adam_beta2", t.adam_beta2);
+  positive("training.adam_eps", t.adam_eps);
+  at_least("training.seed", t.seed, 0);
+  at_least("training.num_anchors", t.num_anchors, 1);
+  at_least("training.objective_chunk_blocks", t.objective_chunk_blocks, 0);
+
+  non_empty("checkpoint.dir", c.checkpoint.dir);
+  at_least("checkpoint.save_every", c.checkpoint.save_every, 0);
+  at_least("checkpoint.keep_last", c.checkpoint.keep_last, 0);
+  non_empty("checkpoint.resume", c.checkpoint.resume);
+  at_least("logging.every", c.logging.every, 1);
+}
+
+}  // namespace
+
+Config parse_config(const std::string& yaml_text, const std::string& source,
+                    const std::vector<std::string>& overrides) {
+  Context context(source);
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::ParserException& e) {
+    context.fail_text(fmt::format("YAML syntax error at line {}, column {}: {}", e.mark.line + 1,
+                                  e.mark.column + 1, e.msg));
+  }
+  Config config;
+  Reader reader(context, config);
+  for (const std::string& text : overrides) apply_override(root, text, context, reader);
+  reader.read_root(root);
+  validate(context, config);
+  return config;
+}
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  if (path.empty()) return parse_config(kEmbeddedDefaultConfig, "<embedded default>", overrides);
+  std::error_code error;
+  if (std::filesystem::is_directory(path, error)) {
+    fail("config error: cannot read config file '{}': it is a directory", path);
+  }
+  std::ifstream file(path, std::ios::binary);
+  if (!file) fail("config error: cannot read config file '{}': {}", path, std::strerror(errno));
+  std::ostringstream text;
+  text << file.rdbuf();
+  if (file.bad()) fail("config error: cannot read config file '{}': read failed", path);
+  return parse_config(text.str(), path, overrides);
+}
+
+std::string to_yaml(const Config& config) {
+  Config copy = config;  // keys_of() hands out mutable pointers; to_yaml only reads them
+  YAML::Emitter out;
+  out << YAML::BeginMap;
+  std::vector<std::string> open;  // the maps currently open, e.g. {"model", "dspine"}
+  for (const Key& key : keys_of(copy)) {
+    std::vector<std::string> path = split(key.name, '.');
+    const std::string leaf = path.back();
+    path.pop_back();
+    size_t common = 0;
+    while (common < open.size() && common < path.size() && open[common] == path[common]) ++common;
+    while (open.size() > common) {
+      out << YAML::EndMap;
+      open.pop_back();
+    }
+    while (open.size() < path.size()) {
+      const std::string& name = path[open.size()];
+      out << YAML::Key << name << YAML::Value << YAML::BeginMap;
+      open.push_back(name);
+    }
+    out << YAML::Key << leaf << YAML::Value;
+    std::visit(
+        [&](auto* value) {
+          using T = std::decay_t<decltype(*value)>;
+          if constexpr (std::is_same_v<T, std::string>) {
+            out << YAML::DoubleQuoted << *value;
+          } else if constexpr (std::is_same_v<T, bool>) {
+            out << YAML::TrueFalseBool << *value;
+          } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
+            out << YAML::Flow << YAML::BeginSeq;
+            for (int64_t v : *value) out << show(v);
+            out << YAML::EndSeq;
+          } else {
+            out << show(*value);  // doubles: shortest text that reads back to the same value
+          }
+        },
+        key.target);
+  }
+  while (!open.empty()) {
+    out << YAML::EndMap;
+    open.pop_back();
+  }
+  out << YAML::EndMap;
+  return std::string(out.c_str()) + "\n";
+}
+
+}  // namespace dspine::core

@@ -1,0 +1,28 @@
+// Logging front end. spdlog is compiled only into log.cpp: its fmt (the system's) and the fmt
+// bundled with LibTorch's headers differ, so torch translation units format with their own fmt
+// and hand finished strings over.
+#pragma once
+
+#include <string>
+#include <utility>
+
+#include <fmt/format.h>
+
+namespace dspine::log {
+
+// "trace" | "debug" | "info" | "warn" | "error".
+void set_level(const std::string& level);
+void write_info(const std::string& message);
+void write_warn(const std::string& message);
+
+template <typename... Args>
+void info(fmt::format_string<Args...> format, Args&&... args) {
+  write_info(fmt::format(format, std::forward<Args>(args)...));
+}
+
+template <typename... Args>
+void warn(fmt::format_string<Args...> format, Args&&... args) {
+  write_warn(fmt::format(format, std::forward<Args>(args)...));
+}
+
+}  // namespace dspine::log

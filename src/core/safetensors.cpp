@@ -1,0 +1,326 @@
+// The safetensors layout (safetensors.h): u64 little-endian header length N, N bytes of JSON
+// (padded with spaces to a multiple of 8, as the reference writer does), then the tensor bytes.
+#include "core/safetensors.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+
+#include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include "core/error.h"
+
+// Tensor bytes are copied to and from memory as they are; the format is little-endian.
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+              "safetensors I/O assumes a little-endian host");
+
+namespace dspine::core {
+namespace {
+
+using Json = nlohmann::ordered_json;  // keeps the header in the order it was written
+
+// The reference implementation refuses headers above 100 MB; so do we, before allocating.
+constexpr uint64_t kMaxHeaderBytes = 100'000'000;
+const char* const kMetadataKey = "__metadata__";
+
+struct DtypeName {
+  at::ScalarType type;
+  const char* name;
+};
+const DtypeName kDtypes[] = {
+    {at::kDouble, "F64"}, {at::kFloat, "F32"}, {at::kHalf, "F16"}, {at::kBFloat16, "BF16"},
+    {at::kLong, "I64"},   {at::kInt, "I32"},   {at::kShort, "I16"}, {at::kChar, "I8"},
+    {at::kByte, "U8"},    {at::kBool, "BOOL"},
+};
+
+const char* dtype_name(at::ScalarType type, const std::string& path, const std::string& tensor) {
+  for (const DtypeName& d : kDtypes) {
+    if (d.type == type) return d.name;
+  }
+  fail("{}: cannot save tensor '{}' of dtype {}; supported: F64 F32 F16 BF16 I64 I32 I16 I8 U8 "
+       "BOOL",
+       path, tensor, c10::toString(type));
+}
+
+std::string join_shape(const std::vector<int64_t>& shape) {
+  std::string out;
+  for (int64_t size : shape) out += (out.empty() ? "" : ", ") + std::to_string(size);
+  return "[" + out + "]";
+}
+
+// Closes the file on every path out of a function.
+struct FileCloser {
+  void operator()(std::FILE* file) const { std::fclose(file); }
+};
+using File = std::unique_ptr<std::FILE, FileCloser>;
+
+void write_all(std::FILE* file, const void* data, size_t bytes, const std::string& temp_path) {
+  if (bytes > 0 && std::fwrite(data, 1, bytes, file) != bytes) {
+    fail("cannot write '{}': {}", temp_path, std::strerror(errno));
+  }
+}
+
+void write_file(const std::string& temp_path, const std::string& header,
+                const std::vector<at::Tensor>& contiguous) {
+  File file(std::fopen(temp_path.c_str(), "wb"));
+  if (!file) fail("cannot create '{}': {}", temp_path, std::strerror(errno));
+  const uint64_t header_length = header.size();
+  write_all(file.get(), &header_length, sizeof(header_length), temp_path);
+  write_all(file.get(), header.data(), header.size(), temp_path);
+  for (const at::Tensor& tensor : contiguous) {
+    write_all(file.get(), tensor.data_ptr(), tensor.nbytes(), temp_path);
+  }
+  // Flushed and synced before the rename, so the final name never points at partial data.
+  if (std::fflush(file.get()) != 0 || ::fsync(fileno(file.get())) != 0) {
+    fail("cannot write '{}': {}", temp_path, std::strerror(errno));
+  }
+  std::FILE* raw = file.release();
+  if (std::fclose(raw) != 0) fail("cannot write '{}': {}", temp_path, std::strerror(errno));
+}
+
+// The parsed description of one tensor in a file.
+struct Entry {
+  std::string name;
+  at::ScalarType type;
+  std::vector<int64_t> shape;
+  uint64_t begin;
+  uint64_t end;
+};
+
+class Loader {
+ public:
+  explicit Loader(const std::string& path) : path_(path) {}
+
+  SafetensorsFile load() {
+    File file(std::fopen(path_.c_str(), "rb"));
+    if (!file) fail("cannot open safetensors file '{}': {}", path_, std::strerror(errno));
+    std::error_code error;
+    const uint64_t file_size = std::filesystem::file_size(path_, error);
+    if (error) fail("cannot read safetensors file '{}': {}", path_, error.message());
+    if (file_size < 8) {
+      fail("{}: truncated safetensors file: {} bytes, shorter than the 8-byte header length",
+           path_, file_size);
+    }
+    uint64_t header_length = 0;
+    read(file.get(), &header_length, 8);
+    if (header_length > file_size - 8) {
+      fail("{}: header length {} is larger than the {} bytes that follow it (truncated or not a "
+           "safetensors file)",
+           path_, header_length, file_size - 8);
+    }
+    if (header_length > kMaxHeaderBytes) {
+      fail("{}: header length {} exceeds the {} byte limit", path_, header_length,
+           kMaxHeaderBytes);
+    }
+    std::string header(header_length, '\0');
+    read(file.get(), header.data(), header.size());
+
+    SafetensorsFile result;
+    result.path = path_;
+    std::vector<Entry> entries = parse_header(header, result.metadata);
+    check_layout(entries, file_size - 8 - header_length);
+    for (const Entry& entry : entries) {
+      at::Tensor tensor = at::empty(entry.shape, at::TensorOptions().dtype(entry.type));
+      read(file.get(), tensor.data_ptr(), entry.end - entry.begin);
+      if (entry.type == at::kBool) check_bools(entry, tensor);
+      result.tensors.emplace_back(entry.name, std::move(tensor));
+    }
+    return result;
+  }
+
+ private:
+  void read(std::FILE* file, void* out, size_t bytes) const {
+    if (bytes > 0 && std::fread(out, 1, bytes, file) != bytes) {
+      fail("{}: truncated safetensors file: read failed ({})", path_,
+           std::ferror(file) ? std::strerror(errno) : "unexpected end of file");
+    }
+  }
+
+  uint64_t read_size(const Json& value, const std::string& what, const std::string& name) const {
+    if (!value.is_number_unsigned()) {
+      fail("{}: tensor '{}': {} must hold non-negative integers, got {}", path_, name, what,
+           value.dump());
+    }
+    return value.get<uint64_t>();
+  }
+
+  std::vector<Entry> parse_header(const std::string& text,
+                                  std::map<std::string, std::string>& metadata) const {
+    Json header;
+    try {
+      header = Json::parse(text);
+    } catch (const Json::parse_error& e) {
+      fail("{}: invalid JSON header: {}", path_, e.what());
+    }
+    if (!header.is_object()) fail("{}: the JSON header must be an object", path_);
+    std::vector<Entry> entries;
+    for (const auto& [name, value] : header.items()) {
+      if (name == kMetadataKey) {
+        if (!value.is_object()) fail("{}: {} must be an object of strings", path_, kMetadataKey);
+        for (const auto& [key, item] : value.items()) {
+          if (!item.is_string()) {
+            fail("{}: {} entry '{}' must be a string, got {}", path_, kMetadataKey, key,
+                 item.dump());
+          }
+          metadata[key] = item.get<std::string>();
+        }
+        continue;
+      }
+      entries.push_back(parse_entry(name, value));
+    }
+    // File order is data order; a stable sort keeps header order among zero-byte tensors.
+    std::stable_sort(entries.begin(), entries.end(),
+                     [](const Entry& a, const Entry& b) { return a.begin < b.begin; });
+    return entries;
+  }
+
+  Entry parse_entry(const std::string& name, const Json& value) const {
+    if (name.empty()) fail("{}: a tensor has an empty name", path_);
+    if (!value.is_object()) fail("{}: tensor '{}': entry must be an object", path_, name);
+    for (const auto& [field, item] : value.items()) {
+      if (field != "dtype" && field != "shape" && field != "data_offsets") {
+        fail("{}: tensor '{}': unexpected field '{}'", path_, name, field);
+      }
+    }
+    if (!value.contains("dtype") || !value.contains("shape") || !value.contains("data_offsets")) {
+      fail("{}: tensor '{}': entry needs dtype, shape and data_offsets", path_, name);
+    }
+    Entry entry;
+    entry.name = name;
+    const Json& dtype = value["dtype"];
+    const std::string dtype_text = dtype.is_string() ? dtype.get<std::string>() : dtype.dump();
+    const DtypeName* found = std::find_if(std::begin(kDtypes), std::end(kDtypes),
+                                          [&](const DtypeName& d) { return dtype_text == d.name; });
+    if (found == std::end(kDtypes)) {
+      fail("{}: tensor '{}': unknown dtype '{}'; supported: F64 F32 F16 BF16 I64 I32 I16 I8 U8 "
+           "BOOL",
+           path_, name, dtype_text);
+    }
+    entry.type = found->type;
+
+    const Json& shape = value["shape"];
+    if (!shape.is_array()) fail("{}: tensor '{}': shape must be a list", path_, name);
+    uint64_t numel = 1;
+    bool overflow = false;
+    for (const Json& size : shape) {
+      const uint64_t dim = read_size(size, "shape", name);
+      if (dim > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) overflow = true;
+      entry.shape.push_back(static_cast<int64_t>(dim));
+      overflow = overflow || (dim != 0 && numel > std::numeric_limits<uint64_t>::max() / dim);
+      if (!overflow) numel *= dim;
+    }
+    const Json& offsets = value["data_offsets"];
+    if (!offsets.is_array() || offsets.size() != 2) {
+      fail("{}: tensor '{}': data_offsets must be [begin, end], got {}", path_, name,
+           offsets.dump());
+    }
+    entry.begin = read_size(offsets[0], "data_offsets", name);
+    entry.end = read_size(offsets[1], "data_offsets", name);
+    if (entry.begin > entry.end) {
+      fail("{}: tensor '{}': data_offsets [{}, {}] end before they begin", path_, name,
+           entry.begin, entry.end);
+    }
+    const uint64_t element_size = c10::elementSize(entry.type);
+    if (overflow || numel > std::numeric_limits<uint64_t>::max() / element_size ||
+        numel * element_size != entry.end - entry.begin) {
+      fail("{}: tensor '{}': shape {} of dtype {} does not match data_offsets [{}, {}] ({} bytes)",
+           path_, name, join_shape(entry.shape), dtype_text, entry.begin, entry.end,
+           entry.end - entry.begin);
+    }
+    return entry;
+  }
+
+  // The tensors must tile the data section exactly: no overlap, no gap, nothing past the end.
+  void check_layout(const std::vector<Entry>& entries, uint64_t data_size) const {
+    uint64_t position = 0;
+    for (const Entry& entry : entries) {
+      if (entry.end > data_size) {
+        fail("{}: tensor '{}': data_offsets [{}, {}] are out of range: the data section holds {} "
+             "bytes",
+             path_, entry.name, entry.begin, entry.end, data_size);
+      }
+      if (entry.begin != position) {
+        fail("{}: tensor '{}': data_offsets [{}, {}] {} the previous tensor, which ends at {}",
+             path_, entry.name, entry.begin, entry.end,
+             entry.begin < position ? "overlap" : "leave a gap after", position);
+      }
+      position = entry.end;
+    }
+    if (position != data_size) {
+      fail("{}: the tensors cover {} bytes but the data section holds {}", path_, position,
+           data_size);
+    }
+  }
+
+  void check_bools(const Entry& entry, const at::Tensor& tensor) const {
+    const uint8_t* bytes = static_cast<const uint8_t*>(tensor.data_ptr());
+    for (int64_t i = 0; i < tensor.numel(); ++i) {
+      if (bytes[i] > 1) {
+        fail("{}: tensor '{}': BOOL byte {} holds {}, not 0 or 1", path_, entry.name, i, bytes[i]);
+      }
+    }
+  }
+
+  std::string path_;
+};
+
+}  // namespace
+
+const at::Tensor& SafetensorsFile::at(const std::string& name) const {
+  for (const auto& [tensor_name, tensor] : tensors) {
+    if (tensor_name == name) return tensor;
+  }
+  fail("{}: no tensor named '{}' ({} tensors in the file)", path, name, tensors.size());
+}
+
+bool SafetensorsFile::contains(const std::string& name) const {
+  return std::any_of(tensors.begin(), tensors.end(),
+                     [&](const auto& entry) { return entry.first == name; });
+}
+
+void save_safetensors(const std::string& path, const NamedTensors& tensors,
+                      const std::map<std::string, std::string>& metadata) {
+  Json header = Json::object();
+  if (!metadata.empty()) {
+    Json& entries = header[kMetadataKey] = Json::object();
+    for (const auto& [key, value] : metadata) entries[key] = value;
+  }
+  std::vector<at::Tensor> contiguous;
+  uint64_t offset = 0;
+  for (const auto& [name, tensor] : tensors) {
+    if (name.empty()) fail("{}: cannot save a tensor with an empty name", path);
+    if (name == kMetadataKey) {
+      fail("{}: '{}' is reserved for metadata, not a tensor name", path, name);
+    }
+    if (header.contains(name)) fail("{}: tensor name '{}' is given twice", path, name);
+    if (!tensor.defined()) fail("{}: tensor '{}' is undefined", path, name);
+    const char* dtype = dtype_name(tensor.scalar_type(), path, name);
+    contiguous.push_back(tensor.detach().to(at::kCPU).contiguous());
+    const uint64_t bytes = contiguous.back().nbytes();
+    header[name] = {{"dtype", dtype},
+                    {"shape", tensor.sizes().vec()},
+                    {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');
+
+  const std::string temp_path = path + ".tmp";
+  try {
+    write_file(temp_path, text, contiguous);
+    std::filesystem::rename(temp_path, path);
+  } catch (const std::exception& e) {
+    std::error_code ignored;
+    std::filesystem::remove(temp_path, ignored);
+    fail("cannot save safetensors file '{}': {}", path, e.what());
+  }
+}
+
+SafetensorsFile load_safetensors(const std::string& path) { return Loader(path).load(); }
+
+}  // namespace dspine::core

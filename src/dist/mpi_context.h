@@ -1,0 +1,31 @@
+// MPI bootstraps every run (mpirun -np N, or a plain single process as a singleton).
+#pragma once
+
+#include <memory>
+
+#include "dist/communicator.h"
+
+namespace dspine::dist {
+
+// RAII MPI_Init / MPI_Finalize; safe to construct when MPI is already initialised (tests).
+class MpiContext {
+ public:
+  MpiContext(int* argc, char*** argv);
+  ~MpiContext();
+  MpiContext(const MpiContext&) = delete;
+  MpiContext& operator=(const MpiContext&) = delete;
+  int rank() const { return rank_; }
+  int world_size() const { return world_size_; }
+  // Ends every rank (a failing rank must not leave the others blocked in a collective).
+  [[noreturn]] void abort(int code) const;
+
+ private:
+  bool owns_ = false;
+  int rank_ = 0;
+  int world_size_ = 1;
+};
+
+// Collectives over MPI_COMM_WORLD on CPU tensors (the CPU back end used by CI and tests).
+std::shared_ptr<Communicator> make_mpi_communicator();
+
+}  // namespace dspine::dist

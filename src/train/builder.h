@@ -1,0 +1,27 @@
+// Composes the draft model and its objective from the configuration (model.architecture +
+// objective.name), so the trainer never branches on either.
+#pragma once
+
+#include <memory>
+
+#include <nlohmann/json.hpp>
+#include <torch/nn/module.h>
+#include <torch/types.h>
+
+#include "core/config.h"
+#include "data/batch_source.h"
+#include "objectives/objective.h"
+
+namespace dspine::train {
+
+struct BuiltModel {
+  std::shared_ptr<torch::nn::Module> module;  // trainable parameters + buffers (checkpoint keys)
+  std::unique_ptr<objectives::Objective> objective;
+  nlohmann::json hf_config;                   // written as config.json
+};
+
+// Parameters are created in `dtype`; buffers keep their own dtype (e.g. fp32 transfer codes).
+BuiltModel build_model(const core::Config& config, const data::BatchSource& source,
+                       torch::Device device, torch::Dtype dtype);
+
+}  // namespace dspine::train

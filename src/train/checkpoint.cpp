@@ -1,0 +1,135 @@
+#include "train/checkpoint.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "core/files.h"
+
+namespace dspine::train {
+namespace fs = std::filesystem;
+namespace {
+
+const std::regex kCheckpointPattern("step-([0-9]{6,})");
+
+void write_json(const fs::path& path, const nlohmann::json& value) {
+  std::ofstream out(path);
+  out << value.dump(2) << "\n";
+  out.close();
+  if (!out) fail("cannot write {}", path.string());
+}
+
+nlohmann::json read_json(const fs::path& path) {
+  std::ifstream in(path);
+  if (!in) fail("checkpoint file {} is missing or unreadable", path.string());
+  try {
+    return nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    fail("checkpoint file {} is not valid JSON: {}", path.string(), e.what());
+  }
+}
+
+int64_t step_of(const fs::path& directory) {
+  std::smatch match;
+  const std::string name = directory.filename().string();
+  return std::regex_match(name, match, kCheckpointPattern) ? std::stoll(match[1]) : -1;
+}
+
+}  // namespace
+
+std::string checkpoint_name(int64_t step) { return fmt::format("step-{:06d}", step); }
+
+CheckpointManager::CheckpointManager(std::string root, int64_t keep_last)
+    : root_(std::move(root)), keep_last_(keep_last) {}
+
+std::string CheckpointManager::save(int64_t step, const CheckpointContents& contents,
+                                    const std::function<void(const std::string&)>& after_file) {
+  const fs::path final_dir = fs::path(root_) / checkpoint_name(step);
+  if (fs::exists(final_dir)) {
+    fail("checkpoint {} already exists; refusing to overwrite a saved checkpoint",
+         final_dir.string());
+  }
+  fs::create_directories(root_);
+  const fs::path temp_dir =
+      fs::path(root_) / fmt::format(".tmp-{}-{}", checkpoint_name(step), ::getpid());
+  core::remove_tree(temp_dir);
+  fs::create_directories(temp_dir);
+  auto done = [&](const std::string& name) {
+    if (after_file) after_file(name);
+  };
+  core::save_safetensors((temp_dir / "model.safetensors").string(), contents.model,
+                         {{"format", "pt"}});
+  done("model.safetensors");
+  write_json(temp_dir / "config.json", contents.model_config);
+  done("config.json");
+  core::save_safetensors((temp_dir / "optimizer.safetensors").string(), contents.optimizer);
+  done("optimizer.safetensors");
+  core::save_safetensors((temp_dir / "rng.safetensors").string(), contents.rng);
+  done("rng.safetensors");
+  write_json(temp_dir / "trainer_state.json", contents.trainer_state);
+  done("trainer_state.json");
+  fs::rename(temp_dir, final_dir);  // the checkpoint becomes visible only when complete
+  prune();
+  return final_dir.string();
+}
+
+std::vector<std::string> CheckpointManager::list() const {
+  std::vector<std::pair<int64_t, std::string>> found;
+  if (!fs::is_directory(root_)) return {};
+  for (const auto& entry : fs::directory_iterator(root_)) {
+    const int64_t step = step_of(entry.path());
+    if (entry.is_directory() && step >= 0) found.emplace_back(step, entry.path().string());
+  }
+  std::sort(found.begin(), found.end());
+  std::vector<std::string> paths;
+  for (auto& item : found) paths.push_back(item.second);
+  return paths;
+}
+
+std::string CheckpointManager::latest() const {
+  auto all = list();
+  return all.empty() ? std::string() : all.back();
+}
+
+void CheckpointManager::remove_incomplete() const {
+  if (!fs::is_directory(root_)) return;
+  for (const auto& entry : fs::directory_iterator(root_)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(".tmp-", 0) == 0 || name.rfind(".trash-", 0) == 0) core::remove_tree(entry.path());
+  }
+}
+
+void CheckpointManager::prune() const {
+  if (keep_last_ <= 0) return;
+  auto all = list();
+  const auto excess = static_cast<int64_t>(all.size()) - keep_last_;
+  for (int64_t i = 0; i < excess; ++i) {
+    // Rename first so a crash mid-removal never leaves a partial directory named step-*.
+    const fs::path doomed(all[i]);
+    const fs::path trash = doomed.parent_path() / (".trash-" + doomed.filename().string());
+    core::remove_tree(trash);
+    fs::rename(doomed, trash);
+    core::remove_tree(trash);
+  }
+}
+
+LoadedCheckpoint load_checkpoint(const std::string& directory) {
+  const fs::path dir(directory);
+  if (!fs::is_directory(dir)) fail("checkpoint directory {} does not exist", directory);
+  LoadedCheckpoint loaded;
+  loaded.path = directory;
+  loaded.model = core::load_safetensors((dir / "model.safetensors").string());
+  loaded.optimizer = core::load_safetensors((dir / "optimizer.safetensors").string());
+  loaded.rng = core::load_safetensors((dir / "rng.safetensors").string());
+  loaded.model_config = read_json(dir / "config.json");
+  loaded.trainer_state = read_json(dir / "trainer_state.json");
+  return loaded;
+}
+
+}  // namespace dspine::train

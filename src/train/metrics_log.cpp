@@ -1,0 +1,64 @@
+#include "train/metrics_log.h"
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace dspine::train {
+
+MetricsLog::MetricsLog(const std::string& path, bool append) {
+  if (path.empty()) return;
+  out_.open(path, append ? std::ios::app : std::ios::trunc);
+  if (!out_) fail("cannot open metrics file {} (logging.metrics_file)", path);
+}
+
+void MetricsLog::write(const std::map<std::string, double>& record) {
+  if (!out_.is_open()) return;
+  nlohmann::json line = nlohmann::json::object();
+  for (const auto& [key, value] : record) {
+    if (key == "step") {
+      line[key] = static_cast<int64_t>(value);
+    } else {
+      line[key] = value;
+    }
+  }
+  out_ << line.dump() << "\n";
+  out_.flush();
+}
+
+ProgressLine::ProgressLine(const std::string& mode, int64_t first_step, int64_t total_steps)
+    : enabled_(mode == "true" || (mode == "auto" && ::isatty(STDERR_FILENO))),
+      first_step_(first_step),
+      total_steps_(total_steps),
+      start_(std::chrono::steady_clock::now()) {}
+
+void ProgressLine::update(int64_t step, double loss, double tokens_per_second) {
+  if (!enabled_) return;
+  const double elapsed =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  const double done = static_cast<double>(step - first_step_);
+  const double rate = done > 0 ? done / elapsed : 0.0;
+  const double eta = rate > 0 ? static_cast<double>(total_steps_ - step) / rate : 0.0;
+  std::fprintf(stderr, "\r\033[Kstep %lld/%lld  loss %.4f  %.2f step/s  %.0f tok/s  ETA %02d:%02d",
+               static_cast<long long>(step), static_cast<long long>(total_steps_), loss, rate,
+               tokens_per_second, static_cast<int>(eta) / 60, static_cast<int>(eta) % 60);
+  std::fflush(stderr);
+}
+
+void ProgressLine::finish() {
+  if (enabled_) std::fprintf(stderr, "\n");
+}
+
+int64_t peak_rss_bytes() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<int64_t>(usage.ru_maxrss) * 1024;  // Linux reports KiB
+}
+
+}  // namespace dspine::train

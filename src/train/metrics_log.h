@@ -1,0 +1,40 @@
+// Training telemetry: one JSON object per record in a JSONL file, and a one-line progress display
+// (rate and ETA) redrawn in place on a terminal.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <fstream>
+#include <map>
+#include <string>
+
+namespace dspine::train {
+
+class MetricsLog {
+ public:
+  // path "" = no file. Appends when resuming (`append`), else truncates.
+  MetricsLog(const std::string& path, bool append);
+  void write(const std::map<std::string, double>& record);
+
+ private:
+  std::ofstream out_;
+};
+
+class ProgressLine {
+ public:
+  // mode: "auto" (only when stderr is a terminal) | "true" | "false".
+  ProgressLine(const std::string& mode, int64_t first_step, int64_t total_steps);
+  void update(int64_t step, double loss, double tokens_per_second);
+  void finish();
+  bool enabled() const { return enabled_; }
+
+ private:
+  bool enabled_;
+  int64_t first_step_, total_steps_;
+  std::chrono::steady_clock::time_point start_;
+};
+
+// Peak resident memory of this process in bytes (CPU).
+int64_t peak_rss_bytes();
+
+}  // namespace dspine::train

@@ -1,0 +1,273 @@
+#include "train/trainer.h"
+
+#include <chrono>
+#include <filesystem>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include "core/log.h"
+#include <torch/torch.h>
+
+#include "core/error.h"
+#include "data/batch_source.h"
+#include "train/builder.h"
+#include "train/checkpoint.h"
+#include "train/lr_schedule.h"
+#include "train/metrics_log.h"
+#include "train/optimizer.h"
+
+namespace dspine::train {
+namespace fs = std::filesystem;
+namespace {
+
+torch::Device resolve_device(const std::string& choice, int rank) {
+  const bool cuda = torch::cuda::is_available();
+  if (choice == "cuda" && !cuda) fail("training.device = cuda, but no CUDA device is available");
+  if (choice == "cpu" || (choice == "auto" && !cuda)) return torch::kCPU;
+  return torch::Device(torch::kCUDA, static_cast<int8_t>(rank % torch::cuda::device_count()));
+}
+
+int64_t peak_memory_bytes(const torch::Device& device) {
+  if (!device.is_cuda()) return peak_rss_bytes();
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
+  return stats.allocated_bytes[0].peak;  // StatType::AGGREGATE
+}
+
+// Distinct, reproducible sampling stream per rank.
+uint64_t objective_seed(int64_t seed, int rank) {
+  return static_cast<uint64_t>(seed) * 0x9E3779B97F4A7C15ULL + static_cast<uint64_t>(rank) + 1;
+}
+
+}  // namespace
+
+struct Trainer::State {
+  core::Config config;
+  std::shared_ptr<dist::Communicator> comm;
+  torch::Device device{torch::kCPU};
+  std::unique_ptr<data::BatchSource> source;
+  BuiltModel built;
+  std::unique_ptr<MasterAdamW> optimizer;
+  at::Generator generator;
+  int64_t step = 0;
+  int64_t cursor = 0;  // global sample index of the next window
+};
+
+Trainer::Trainer(core::Config config, std::shared_ptr<dist::Communicator> comm)
+    : state_(std::make_unique<State>()) {
+  auto& s = *state_;
+  s.config = std::move(config);
+  s.comm = std::move(comm);
+  const auto& training = s.config.training;
+  s.device = resolve_device(training.device, s.comm->rank());
+  torch::manual_seed(static_cast<uint64_t>(training.seed));  // model initialisation
+  s.source = data::make_batch_source(s.config);
+  const auto dtype = training.dtype == "bf16" ? torch::kBFloat16 : torch::kFloat;
+  s.built = build_model(s.config, *s.source, s.device, dtype);
+  s.optimizer = std::make_unique<MasterAdamW>(*s.built.module, training);
+  s.generator = at::make_generator<at::CPUGeneratorImpl>(objective_seed(training.seed, s.comm->rank()));
+}
+
+Trainer::~Trainer() = default;
+
+torch::nn::Module& Trainer::module() { return *state_->built.module; }
+
+namespace {
+
+core::NamedTensors model_state(torch::nn::Module& module) {
+  core::NamedTensors tensors;
+  for (const auto& item : module.named_parameters()) tensors.emplace_back(item.key(), item.value());
+  for (const auto& item : module.named_buffers()) tensors.emplace_back(item.key(), item.value());
+  return tensors;
+}
+
+void load_model_state(torch::nn::Module& module, const core::SafetensorsFile& file) {
+  torch::NoGradGuard no_grad;
+  size_t expected = 0;
+  auto restore = [&](const std::string& name, torch::Tensor& target) {
+    ++expected;
+    const auto& saved = file.at(name);
+    if (!saved.sizes().equals(target.sizes())) {
+      fail("{}: tensor {} has shape {}, the model expects {}", file.path, name,
+           c10::str(saved.sizes()), c10::str(target.sizes()));
+    }
+    target.copy_(saved);
+  };
+  for (auto& item : module.named_parameters()) restore(item.key(), item.value());
+  for (auto& item : module.named_buffers()) restore(item.key(), item.value());
+  if (file.tensors.size() != expected) {
+    fail("{}: holds {} tensors, the model has {} (not the checkpoint of this model?)", file.path,
+         file.tensors.size(), expected);
+  }
+}
+
+// Sums every gradient over ranks in one flat buffer (each rank's gradient is already its share
+// of the global loss).
+void all_reduce_gradients(torch::nn::Module& module, dist::Communicator& comm) {
+  if (comm.world_size() == 1) return;
+  std::vector<torch::Tensor> grads;
+  for (auto& parameter : module.parameters()) {
+    if (!parameter.requires_grad()) continue;
+    if (!parameter.grad().defined()) parameter.mutable_grad() = torch::zeros_like(parameter);
+    grads.push_back(parameter.grad());
+  }
+  std::vector<torch::Tensor> views;
+  for (auto& g : grads) views.push_back(g.reshape({-1}));
+  auto flat = torch::cat(views).to(torch::kFloat).contiguous();
+  comm.all_reduce(flat);
+  int64_t offset = 0;
+  for (auto& g : grads) {
+    g.copy_(flat.slice(0, offset, offset + g.numel()).view(g.sizes()));
+    offset += g.numel();
+  }
+}
+
+}  // namespace
+
+TrainResult Trainer::run(int64_t stop_after) {
+  auto& s = *state_;
+  const auto& cfg = s.config;
+  const int rank = s.comm->rank();
+  const int world = s.comm->world_size();
+  const bool leader = rank == 0;
+  CheckpointManager checkpoints(cfg.checkpoint.dir, cfg.checkpoint.keep_last);
+
+  // Resume or start fresh.
+  std::string resume_from;
+  if (cfg.checkpoint.resume == "auto") {
+    resume_from = checkpoints.latest();
+  } else if (cfg.checkpoint.resume != "none") {
+    resume_from = cfg.checkpoint.resume;
+  } else if (!checkpoints.latest().empty()) {
+    fail("checkpoint.dir {} already holds {}; set checkpoint.resume: auto to continue it or "
+         "choose another directory (nothing saved is overwritten)",
+         cfg.checkpoint.dir, fs::path(checkpoints.latest()).filename().string());
+  }
+  if (leader) checkpoints.remove_incomplete();
+  if (!resume_from.empty()) {
+    auto loaded = load_checkpoint(resume_from);
+    const auto& ts = loaded.trainer_state;
+    if (ts.value("world_size", -1) != world) {
+      fail("{}: saved with world size {}, resuming with {}", resume_from,
+           ts.value("world_size", -1), world);
+    }
+    load_model_state(*s.built.module, loaded.model);
+    s.optimizer->load_state(loaded.optimizer);
+    s.generator.set_state(loaded.rng.at(fmt::format("objective_generator.rank{}", rank)));
+    s.step = ts.at("step").get<int64_t>();
+    s.cursor = ts.at("data_cursor").get<int64_t>();
+    if (leader) log::info("resumed from {} at step {}", resume_from, s.step);
+  } else {
+    s.built.objective->on_fresh_start();
+  }
+
+  const int64_t rows = cfg.training.batch_size;
+  const int64_t accumulation = cfg.training.accumulation_steps;
+  const int64_t total = cfg.training.total_steps;
+  const int64_t last = stop_after >= 0 ? std::min(total, s.step + stop_after) : total;
+  const LrSchedule schedule(cfg.training.learning_rate, total, cfg.training.warmup_ratio,
+                            cfg.training.lr_scheduler);
+  if (leader && !cfg.logging.metrics_file.empty()) {
+    fs::create_directories(fs::absolute(cfg.logging.metrics_file).parent_path());
+  }
+  MetricsLog metrics(leader ? cfg.logging.metrics_file : "", !resume_from.empty());
+  ProgressLine progress(leader ? cfg.logging.progress : "false", s.step, total);
+
+  auto save = [&](int64_t step) {
+    CheckpointContents contents;
+    contents.model = model_state(*s.built.module);
+    contents.model_config = s.built.hf_config;
+    contents.optimizer = s.optimizer->state();
+    // Every rank's sampling stream, gathered so any rank can resume its own.
+    auto local = s.generator.get_state();
+    auto gathered = torch::empty({world * local.numel()}, local.options());
+    s.comm->all_gather(local, gathered);
+    for (int r = 0; r < world; ++r) {
+      contents.rng.emplace_back(fmt::format("objective_generator.rank{}", r),
+                                gathered.slice(0, r * local.numel(), (r + 1) * local.numel()));
+    }
+    contents.trainer_state = {{"step", step},
+                              {"data_cursor", s.cursor},
+                              {"world_size", world},
+                              {"config", core::to_yaml(cfg)}};
+    std::string path;
+    if (leader) path = checkpoints.save(step, contents);
+    s.comm->barrier();
+    if (leader) log::info("saved {}", path);
+    return path;
+  };
+
+  TrainResult result;
+  result.first_step = s.step;
+  objectives::StepContext context;
+  context.total_steps = total;
+  context.comm = s.comm.get();
+  context.generator = s.generator;
+  context.training = true;
+  const auto started = std::chrono::steady_clock::now();
+  auto window_started = started;
+  double tokens_since_log = 0;
+  int64_t saved_at = -1;
+  while (s.step < last) {
+    context.step = s.step;
+    std::vector<data::DraftBatch> window;
+    for (int64_t micro = 0; micro < accumulation; ++micro) {
+      s.source->seek(s.cursor + rank * rows);
+      window.push_back(s.source->next(rows).to(s.device));
+      s.cursor += world * rows;
+    }
+    s.built.objective->begin_window(window, context);
+    double local_loss = 0;
+    int64_t local_tokens = 0;
+    for (int64_t micro = 0; micro < accumulation; ++micro) {
+      auto out = s.built.objective->micro_step(window[micro], micro, context);
+      out.loss.backward();
+      local_loss += out.loss.detach().item<double>();
+      local_tokens += window[micro].input_ids.numel();
+    }
+    auto terms = s.built.objective->end_window(context);
+    all_reduce_gradients(*s.built.module, *s.comm);
+    const double lr = schedule.at(s.step);
+    const double grad_norm = s.optimizer->step(lr);
+    s.optimizer->zero_grad();
+    auto totals = torch::tensor({local_loss, static_cast<double>(local_tokens)}, torch::kDouble);
+    s.comm->all_reduce(totals);
+    const double loss = totals[0].item<double>();
+    tokens_since_log += totals[1].item<double>();
+    ++s.step;
+    result.losses.push_back(loss);
+
+    const bool log_now = s.step % cfg.logging.every == 0 || s.step == last;
+    if (log_now) {
+      const auto now = std::chrono::steady_clock::now();
+      const double seconds = std::chrono::duration<double>(now - window_started).count();
+      const double tokens_per_second = tokens_since_log / std::max(seconds, 1e-9);
+      window_started = now;
+      tokens_since_log = 0;
+      std::map<std::string, double> record = terms;
+      record["step"] = static_cast<double>(s.step);
+      record["loss"] = loss;
+      record["lr"] = lr;
+      record["grad_norm"] = grad_norm;
+      record["tokens_per_s"] = tokens_per_second;
+      record["memory_bytes"] = static_cast<double>(peak_memory_bytes(s.device));
+      metrics.write(record);
+      progress.update(s.step, loss, tokens_per_second);
+      if (leader && !progress.enabled()) {
+        log::info("step {}/{} loss {:.4f} lr {:.3g} grad_norm {:.3f} {:.0f} tok/s", s.step,
+                     total, loss, lr, grad_norm, tokens_per_second);
+      }
+    }
+    if (cfg.checkpoint.save_every > 0 && s.step % cfg.checkpoint.save_every == 0) {
+      result.last_checkpoint = save(s.step);
+      saved_at = s.step;
+    }
+  }
+  progress.finish();
+  if (saved_at != s.step && s.step > result.first_step) result.last_checkpoint = save(s.step);
+  result.final_step = s.step;
+  result.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  return result;
+}
+
+}  // namespace dspine::train

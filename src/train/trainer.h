@@ -1,0 +1,44 @@
+// The training loop (dspine.md §2.4, §8): optimizer windows of accumulation_steps micro-batches,
+// AdamW on fp32 masters with warmup + cosine LR and global-norm clipping, data-parallel gradient
+// all-reduce, metrics to JSONL, checkpoints with exact resume.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/config.h"
+#include "dist/communicator.h"
+
+namespace torch::nn {
+class Module;
+}
+
+namespace dspine::train {
+
+struct TrainResult {
+  std::vector<double> losses;  // global window loss of every optimizer step run by this call
+  int64_t first_step = 0;      // the step this call started at (> 0 after a resume)
+  int64_t final_step = 0;      // optimizer steps completed in total
+  std::string last_checkpoint; // "" when nothing was saved
+  double seconds = 0;
+};
+
+class Trainer {
+ public:
+  Trainer(core::Config config, std::shared_ptr<dist::Communicator> comm);
+  ~Trainer();
+
+  // Trains until training.total_steps, or for at most `stop_after` optimizer steps when
+  // stop_after >= 0 (then saves, as a pre-empted job would).
+  TrainResult run(int64_t stop_after = -1);
+
+  torch::nn::Module& module();
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace dspine::train

@@ -1,0 +1,392 @@
+// Configuration parsing: defaults, every class of error message, overrides, to_yaml round trip
+// and the DSpine option checks of dspine.md §2.2 (T10).
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "core/config.h"
+#include "core/error.h"
+
+namespace dspine::core {
+namespace {
+
+// The message parse_config throws for `yaml`; fails the test when it does not throw.
+std::string parse_error(const std::string& yaml, const std::vector<std::string>& overrides = {}) {
+  try {
+    parse_config(yaml, "test.yaml", overrides);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "no error for:\n" << yaml;
+  return "";
+}
+
+std::string load_error(const std::string& path) {
+  try {
+    load_config(path);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "no error loading " << path;
+  return "";
+}
+
+std::string write_temp(const std::string& name, const std::string& text) {
+  const std::string path = ::testing::TempDir() + "dspine_test_config_" + name;
+  std::ofstream(path) << text;
+  return path;
+}
+
+// A tiny DSpine model as in dspine.md §0 (H = 16, V = 32, r = 8, m = 4, k = 3).
+const char* const kTinyDSpine = R"(
+model:
+  architecture: dspine
+  hidden_size: 16
+  intermediate_size: 32
+  num_hidden_layers: 3
+  num_attention_heads: 4
+  num_key_value_heads: 2
+  head_dim: 4
+  vocab_size: 32
+  target_layer_ids: [1, 2, 3]
+  dspine:
+    transfer_rank: 8
+    message_size: 4
+    top_k: 3
+objective:
+  name: dspine
+)";
+
+std::string tiny_dspine_with(const std::string& key, const std::string& value) {
+  return parse_error(kTinyDSpine, {"model.dspine." + key + "=" + value});
+}
+
+TEST(Config, EmptyYamlGivesStructDefaults) {
+  const Config parsed = parse_config("", "empty");
+  EXPECT_EQ(to_yaml(parsed), to_yaml(Config{}));
+  EXPECT_EQ(parsed.model.dspine.transfer_rank, 1024);
+  EXPECT_EQ(parsed.training.learning_rate, 1e-3);
+  EXPECT_EQ(parse_config("# only a comment\n", "comment").training.batch_size, 2);
+}
+
+TEST(Config, SectionWithoutKeysKeepsDefaults) {
+  const Config parsed = parse_config("model:\ntraining:\n  batch_size: 8\n", "t");
+  EXPECT_EQ(parsed.model.hidden_size, 64);
+  EXPECT_EQ(parsed.training.batch_size, 8);
+}
+
+TEST(Config, EmbeddedDefaultParses) {
+  EXPECT_NO_THROW(load_config(""));
+  EXPECT_NO_THROW(parse_config(kEmbeddedDefaultConfig, "<embedded default>"));
+}
+
+TEST(Config, ReadsNestedSectionsAndEveryKind) {
+  const Config c = parse_config(R"(
+model:
+  target_layer_ids: [0, 3]
+  dspine:
+    top_k: 7
+data:
+  seq_len: 32
+  synthetic:
+    temperature: 0.5
+distributed:
+  reshard_after_forward: false
+logging:
+  level: debug
+)",
+                                "t");
+  EXPECT_EQ(c.model.target_layer_ids, (std::vector<int64_t>{0, 3}));
+  EXPECT_EQ(c.model.dspine.top_k, 7);
+  EXPECT_EQ(c.data.seq_len, 32);
+  EXPECT_EQ(c.data.synthetic.temperature, 0.5);
+  EXPECT_FALSE(c.distributed.reshard_after_forward);
+  EXPECT_EQ(c.logging.level, "debug");
+}
+
+TEST(Config, WrongTypeNamesKeyValueAndExpectedType) {
+  const std::string message = parse_error("training:\n  batch_size: abc\n");
+  EXPECT_NE(message.find("config error in test.yaml"), std::string::npos) << message;
+  EXPECT_NE(message.find("training.batch_size = abc"), std::string::npos) << message;
+  EXPECT_NE(message.find("expected an integer"), std::string::npos) << message;
+}
+
+TEST(Config, FloatForIntegerKeyIsRejected) {
+  const std::string message = parse_error("training:\n  total_steps: 2.5\n");
+  EXPECT_NE(message.find("training.total_steps = 2.5: expected an integer, got a float"),
+            std::string::npos)
+      << message;
+}
+
+TEST(Config, BoolForIntegerKeyIsRejected) {
+  const std::string message = parse_error("training:\n  batch_size: true\n");
+  EXPECT_NE(message.find("training.batch_size = true: expected an integer, got a boolean"),
+            std::string::npos)
+      << message;
+}
+
+TEST(Config, MapWhereScalarExpectedIsRejected) {
+  const std::string message = parse_error("training:\n  learning_rate: {a: 1}\n");
+  EXPECT_NE(message.find("training.learning_rate = {a: 1}: expected a number, got a map"),
+            std::string::npos)
+      << message;
+  const std::string section = parse_error("training: 3\n");
+  EXPECT_NE(section.find("training = 3: expected a map of keys"), std::string::npos) << section;
+}
+
+TEST(Config, QuotedNumberIsAStringNotAnInteger) {
+  const std::string message = parse_error("training:\n  batch_size: \"3\"\n");
+  EXPECT_NE(message.find("got a quoted string"), std::string::npos) << message;
+}
+
+TEST(Config, NonFiniteFloatIsRejected) {
+  const std::string message = parse_error("training:\n  learning_rate: .inf\n");
+  EXPECT_NE(message.find("training.learning_rate = .inf: must be a finite number"),
+            std::string::npos)
+      << message;
+}
+
+TEST(Config, OutOfRangeNamesAllowedRange) {
+  const std::string message = parse_error("training:\n  accumulation_steps: 0\n");
+  EXPECT_NE(message.find("training.accumulation_steps = 0 is out of range; allowed: integer >= 1"),
+            std::string::npos)
+      << message;
+  const std::string ratio = parse_error("training:\n  warmup_ratio: 1.0\n");
+  EXPECT_NE(ratio.find("training.warmup_ratio = 1 is out of range; allowed: number in [0, 1)"),
+            std::string::npos)
+      << ratio;
+}
+
+TEST(Config, UnknownKeySuggestsClosestKeyOfItsSection) {
+  const std::string message = parse_error("training:\n  batch_sise: 4\n");
+  EXPECT_NE(message.find("training.batch_sise: unknown key in training"), std::string::npos)
+      << message;
+  EXPECT_NE(message.find("did you mean training.batch_size?"), std::string::npos) << message;
+  const std::string nested = parse_error("model:\n  dspine:\n    topk: 4\n");
+  EXPECT_NE(nested.find("did you mean model.dspine.top_k?"), std::string::npos) << nested;
+}
+
+TEST(Config, UnknownKeyOfAnotherSectionNamesThatSection) {
+  const std::string message = parse_error("training:\n  seq_len: 32\n");
+  EXPECT_NE(message.find("seq_len belongs to another section: data.seq_len"), std::string::npos)
+      << message;
+}
+
+TEST(Config, UnknownSectionSuggestsClosestSection) {
+  const std::string message = parse_error("modle:\n  hidden_size: 8\n");
+  EXPECT_NE(message.find("modle: unknown section; did you mean model?"), std::string::npos)
+      << message;
+  const std::string far = parse_error("optimizer:\n  lr: 1\n");
+  EXPECT_NE(far.find("allowed: model, data, training, objective, checkpoint, logging, distributed"),
+            std::string::npos)
+      << far;
+}
+
+TEST(Config, KeyGivenTwiceIsRejected) {
+  const std::string message = parse_error("training:\n  seed: 1\n  seed: 2\n");
+  EXPECT_NE(message.find("training.seed is given twice"), std::string::npos) << message;
+}
+
+TEST(Config, TopLevelMustBeAMap) {
+  const std::string message = parse_error("- model\n- data\n");
+  EXPECT_NE(message.find("the top level must be a map of sections"), std::string::npos) << message;
+}
+
+TEST(Config, EnumValueListsAllowedValues) {
+  const std::string message = parse_error("training:\n  dtype: fp16\n");
+  EXPECT_NE(message.find("training.dtype = fp16: not an allowed value; allowed: fp32, bf16"),
+            std::string::npos)
+      << message;
+  const std::string level = parse_error("logging:\n  level: verbose\n");
+  EXPECT_NE(level.find("allowed: trace, debug, info, warn, error"), std::string::npos) << level;
+}
+
+TEST(Config, TriStateKeysAcceptYamlBooleans) {
+  EXPECT_EQ(parse_config("model:\n  fused_kernels: true\n", "t").model.fused_kernels, "true");
+  EXPECT_EQ(parse_config("model:\n  fused_kernels: False\n", "t").model.fused_kernels, "false");
+  EXPECT_EQ(parse_config("logging:\n  progress: false\n", "t").logging.progress, "false");
+  const std::string message = parse_error("model:\n  fused_kernels: maybe\n");
+  EXPECT_NE(message.find("allowed: auto, true, false"), std::string::npos) << message;
+}
+
+TEST(Config, BoolKeyRejectsNonBoolean) {
+  const std::string message = parse_error("distributed:\n  reshard_after_forward: 1\n");
+  EXPECT_NE(message.find("distributed.reshard_after_forward = 1: expected a boolean"),
+            std::string::npos)
+      << message;
+}
+
+TEST(Config, CrossKeyChecks) {
+  EXPECT_NE(parse_error("model:\n  num_key_value_heads: 3\n")
+                .find("model.num_attention_heads = 4 is out of range; allowed: a multiple of "
+                      "model.num_key_value_heads = 3"),
+            std::string::npos);
+  EXPECT_NE(parse_error("model:\n  target_layer_ids: [0, 4]\n")
+                .find("model.target_layer_ids[1] = 4 is out of range"),
+            std::string::npos);
+  EXPECT_NE(parse_error("model:\n  target_layer_ids: []\n").find("at least one target layer"),
+            std::string::npos);
+  EXPECT_NE(parse_error("model:\n  mask_token_id: 256\n").find("model.mask_token_id = 256"),
+            std::string::npos);
+  EXPECT_NE(parse_error("data:\n  source: shards\n").find("data.shards_dir"), std::string::npos);
+  EXPECT_NE(parse_error("data:\n  seq_len: 8\n").find("data.synthetic.prompt_length = 8"),
+            std::string::npos);
+  // Target layers are bounded by the synthetic target only when it is the data source.
+  EXPECT_NO_THROW(parse_config("model:\n  target_layer_ids: [9]\ndata:\n  source: shards\n"
+                               "  shards_dir: /tmp/shards\n",
+                               "t"));
+}
+
+TEST(Config, MissingFileErrorNamesThePath) {
+  const std::string path = ::testing::TempDir() + "no_such_dir/missing.yaml";
+  const std::string message = load_error(path);
+  EXPECT_NE(message.find(path), std::string::npos) << message;
+}
+
+TEST(Config, YamlSyntaxErrorNamesFileAndLine) {
+  const std::string path = write_temp("syntax.yaml", "training:\n  batch_size: 2\n  lr: [1, 2\n");
+  const std::string message = load_error(path);
+  EXPECT_NE(message.find(path), std::string::npos) << message;
+  EXPECT_NE(message.find("YAML syntax error at line"), std::string::npos) << message;
+}
+
+TEST(Config, OverrideReplacesFileValueAndCreatesSections) {
+  const std::string path = write_temp("override.yaml", "training:\n  learning_rate: 0.001\n");
+  const Config c = load_config(path, {"training.learning_rate=3e-4", "model.dspine.top_k=8",
+                                      "model.target_layer_ids=[1,2]", "logging.metrics_file="});
+  EXPECT_EQ(c.training.learning_rate, 3e-4);
+  EXPECT_EQ(c.model.dspine.top_k, 8);
+  EXPECT_EQ(c.model.target_layer_ids, (std::vector<int64_t>{1, 2}));
+  EXPECT_EQ(c.logging.metrics_file, "");
+  EXPECT_EQ(parse_config("", "t", {"training.batch_size = 5"}).training.batch_size, 5);
+}
+
+TEST(Config, OverrideWithBadValueNamesKeyAndOverride) {
+  const std::string message = parse_error("", {"training.batch_size=abc"});
+  EXPECT_NE(message.find("training.batch_size = abc: expected an integer"), std::string::npos)
+      << message;
+  EXPECT_NE(message.find("from override 'training.batch_size=abc'"), std::string::npos) << message;
+  const std::string range = parse_error("", {"training.total_steps=0"});
+  EXPECT_NE(range.find("training.total_steps = 0 is out of range"), std::string::npos) << range;
+}
+
+TEST(Config, MalformedOrUnknownOverrideNamesTheOverride) {
+  const std::string no_equals = parse_error("", {"training.batch_size"});
+  EXPECT_NE(no_equals.find("override 'training.batch_size' is malformed"), std::string::npos)
+      << no_equals;
+  EXPECT_NE(parse_error("", {"=3"}).find("override '=3' is malformed"), std::string::npos);
+  EXPECT_NE(parse_error("", {"training..seed=3"}).find("malformed"), std::string::npos);
+  const std::string unknown = parse_error("", {"training.batch_sise=3"});
+  EXPECT_NE(unknown.find("override 'training.batch_sise=3'"), std::string::npos) << unknown;
+  EXPECT_NE(unknown.find("did you mean training.batch_size?"), std::string::npos) << unknown;
+  EXPECT_NE(parse_error("", {"model.dspine=3"}).find("names the map model.dspine"),
+            std::string::npos);
+}
+
+TEST(Config, LrIsAnAliasOfLearningRate) {
+  EXPECT_EQ(parse_config("training:\n  lr: 0.01\n", "t").training.learning_rate, 0.01);
+  const std::string both = parse_error("training:\n  lr: 0.01\n  learning_rate: 0.02\n");
+  EXPECT_NE(both.find("training.lr and training.learning_rate are both given"), std::string::npos)
+      << both;
+  EXPECT_EQ(parse_config("training:\n  learning_rate: 0.02\n", "t", {"training.lr=0.5"})
+                .training.learning_rate,
+            0.5);
+}
+
+TEST(Config, ToYamlRoundTripsEveryKeyExactly) {
+  Config c = parse_config(kTinyDSpine, "tiny");
+  c.training.learning_rate = 0.1 + 0.2;  // needs 17 significant digits
+  c.training.loss_decay_gamma = -1.0 / 3.0;
+  c.model.rope_theta = 1e6;
+  c.model.fused_kernels = "false";
+  c.model.mask_token_id = 5;
+  c.checkpoint.dir = "runs/a: b #c \"quoted\"";
+  c.checkpoint.resume = "auto";
+  c.logging.metrics_file = "";
+  c.distributed.reshard_after_forward = false;
+  c.data.synthetic.seed = -0 + 987654321012345;
+  const std::string yaml = to_yaml(c);
+  const Config back = parse_config(yaml, "to_yaml");
+  EXPECT_EQ(to_yaml(back), yaml);
+  EXPECT_EQ(back.training.learning_rate, 0.1 + 0.2);
+  EXPECT_EQ(back.training.loss_decay_gamma, -1.0 / 3.0);
+  EXPECT_EQ(back.model.dspine.replacement_hold_ratio, 1.0 / 6.0);
+  EXPECT_EQ(back.model.fused_kernels, "false");
+  EXPECT_EQ(back.checkpoint.dir, c.checkpoint.dir);
+  EXPECT_EQ(back.logging.metrics_file, "");
+  EXPECT_FALSE(back.distributed.reshard_after_forward);
+  EXPECT_EQ(back.data.synthetic.seed, 987654321012345);
+  EXPECT_EQ(back.model.target_layer_ids, c.model.target_layer_ids);
+  EXPECT_NE(yaml.find("candidate_mass_threshold: 0.0001"), std::string::npos) << yaml;
+  EXPECT_NE(yaml.find("adam_eps: 1.0e-08"), std::string::npos) << yaml;  // a float for YAML 1.1
+}
+
+TEST(Config, TinyDSpineConfigIsValid) {
+  const Config c = parse_config(kTinyDSpine, "tiny");
+  EXPECT_EQ(c.model.dspine.transfer_rank, 8);
+  EXPECT_EQ(c.objective.name, "dspine");
+}
+
+// dspine.md T10: invalid options are rejected with messages containing "DSpine".
+TEST(Config, DSpineTransferRankAboveHiddenAndVocabBoundIsRejected) {
+  const std::string message = tiny_dspine_with("transfer_rank", "17");
+  EXPECT_NE(message.find("model.dspine.transfer_rank = 17"), std::string::npos) << message;
+  EXPECT_NE(message.find("DSpine transfer_rank must be in [1, min(hidden_size, vocab_size - 1)]"),
+            std::string::npos)
+      << message;
+  EXPECT_NO_THROW(parse_config(kTinyDSpine, "tiny", {"model.dspine.transfer_rank=16"}));
+}
+
+TEST(Config, DSpineTopKZeroIsRejected) {
+  const std::string message = tiny_dspine_with("top_k", "0");
+  EXPECT_NE(message.find("model.dspine.top_k = 0"), std::string::npos) << message;
+  EXPECT_NE(message.find("DSpine requires message_size > 0 and top_k in [1, vocab_size]"),
+            std::string::npos)
+      << message;
+  EXPECT_NE(tiny_dspine_with("top_k", "33").find("DSpine requires"), std::string::npos);
+}
+
+TEST(Config, DSpineMessageSizeZeroIsRejected) {
+  const std::string message = tiny_dspine_with("message_size", "0");
+  EXPECT_NE(message.find("model.dspine.message_size = 0"), std::string::npos) << message;
+  EXPECT_NE(message.find("DSpine requires message_size > 0"), std::string::npos) << message;
+}
+
+TEST(Config, DSpineAlignmentWeightNanIsRejected) {
+  const std::string message = tiny_dspine_with("alignment_weight", ".nan");
+  EXPECT_NE(message.find("model.dspine.alignment_weight = .nan"), std::string::npos) << message;
+  EXPECT_NE(message.find("DSpine alignment_weight must be finite"), std::string::npos) << message;
+}
+
+TEST(Config, DSpineHoldRatioNotBelowEndRatioIsRejected) {
+  const std::string message = tiny_dspine_with("replacement_hold_ratio", "0.5");
+  EXPECT_NE(message.find("model.dspine.replacement_hold_ratio = 0.5"), std::string::npos)
+      << message;
+  EXPECT_NE(
+      message.find("DSpine requires 0 <= replacement_hold_ratio < replacement_end_ratio <= 1"),
+      std::string::npos)
+      << message;
+}
+
+TEST(Config, DSpineNonIntegerTopKIsRejected) {
+  const std::string message = tiny_dspine_with("top_k", "2.5");
+  EXPECT_NE(message.find("model.dspine.top_k = 2.5: DSpine top_k must be an integer"),
+            std::string::npos)
+      << message;
+  EXPECT_NE(tiny_dspine_with("transfer_rank", "1024.0")
+                .find("DSpine transfer_rank must be an integer"),
+            std::string::npos);
+  EXPECT_NE(tiny_dspine_with("top_k", "true").find("DSpine top_k must be an integer"),
+            std::string::npos);
+}
+
+TEST(Config, DSpineFloatFieldsAcceptIntegers) {
+  const Config c = parse_config(kTinyDSpine, "tiny", {"model.dspine.ce_weight=1"});
+  EXPECT_EQ(c.model.dspine.ce_weight, 1.0);
+}
+
+}  // namespace
+}  // namespace dspine::core

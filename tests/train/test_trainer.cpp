@@ -1,0 +1,199 @@
+// Trainer behaviour on CPU: loss falls, resume is exact, checkpoints are kept safely.
+#include <filesystem>
+#include <fstream>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "core/config.h"
+#include "core/error.h"
+#include "core/files.h"
+#include "dist/communicator.h"
+#include "train/checkpoint.h"
+#include "train/lr_schedule.h"
+#include "train/trainer.h"
+
+namespace fs = std::filesystem;
+using dspine::core::Config;
+
+namespace {
+
+fs::path fresh_dir(const std::string& name) {
+  auto dir = fs::temp_directory_path() / ("dspine_test_" + name + "_" + std::to_string(::getpid()));
+  dspine::core::remove_tree(dir.string());
+  fs::create_directories(dir);
+  return dir;
+}
+
+// A small, fast run of the simple draft on the synthetic target.
+Config small_config(const fs::path& dir, int64_t total_steps) {
+  Config config = dspine::core::load_config("");
+  config.model.hidden_size = 32;
+  config.model.intermediate_size = 64;
+  config.model.vocab_size = 64;
+  config.data.seq_len = 24;
+  config.training.batch_size = 2;
+  config.training.accumulation_steps = 2;
+  config.training.total_steps = total_steps;
+  config.training.device = "cpu";
+  config.checkpoint.dir = (dir / "checkpoints").string();
+  config.checkpoint.save_every = 0;
+  config.checkpoint.resume = "none";
+  config.logging.metrics_file = (dir / "metrics.jsonl").string();
+  config.logging.progress = "false";
+  config.logging.level = "warn";
+  return config;
+}
+
+std::map<std::string, torch::Tensor> parameters_of(torch::nn::Module& module) {
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& item : module.named_parameters()) out[item.key()] = item.value().clone();
+  return out;
+}
+
+}  // namespace
+
+TEST(LrSchedule, WarmsUpLinearlyThenAnnealsToZero) {
+  dspine::train::LrSchedule schedule(1.0, 100, 0.1, "cosine");
+  EXPECT_EQ(schedule.warmup_steps(), 10);
+  EXPECT_DOUBLE_EQ(schedule.at(0), 0.1);
+  EXPECT_DOUBLE_EQ(schedule.at(9), 1.0);
+  EXPECT_DOUBLE_EQ(schedule.at(10), 1.0);  // first post-warmup step keeps the base rate
+  EXPECT_NEAR(schedule.at(55), 0.5, 1e-12);
+  EXPECT_NEAR(schedule.at(100), 0.0, 1e-12);
+  dspine::train::LrSchedule constant(2.0, 10, 0.0, "constant");
+  EXPECT_DOUBLE_EQ(constant.at(7), 2.0);
+}
+
+TEST(Trainer, ShortRunLossFalls) {
+  auto dir = fresh_dir("loss_falls");
+  auto config = small_config(dir, 60);
+  config.training.learning_rate = 3e-3;
+  dspine::train::Trainer trainer(config, dspine::dist::make_single_process_communicator());
+  auto result = trainer.run();
+  ASSERT_EQ(result.losses.size(), 60u);
+  double first = 0, last = 0;
+  for (int i = 0; i < 10; ++i) first += result.losses[i] / 10;
+  for (int i = 50; i < 60; ++i) last += result.losses[i] / 10;
+  EXPECT_LT(last, 0.8 * first) << "first " << first << " last " << last;
+  // The metrics file has one JSON record per logging.every steps with the documented keys.
+  std::ifstream metrics(config.logging.metrics_file);
+  std::string line;
+  int lines = 0;
+  while (std::getline(metrics, line)) {
+    ++lines;
+    for (const char* key : {"\"step\"", "\"loss\"", "\"lr\"", "\"grad_norm\"", "\"tokens_per_s\"",
+                            "\"memory_bytes\"", "\"ce\"", "\"accuracy\""}) {
+      EXPECT_NE(line.find(key), std::string::npos) << key << " missing in " << line;
+    }
+  }
+  EXPECT_EQ(lines, 60 / config.logging.every);
+}
+
+TEST(Trainer, ResumeMatchesUninterruptedRunBitwise) {
+  auto dir = fresh_dir("resume");
+  constexpr int64_t kSteps = 6;
+  auto interrupted = small_config(dir / "a", 2 * kSteps);
+  interrupted.training.dtype = "fp32";
+  {
+    dspine::train::Trainer first(interrupted, dspine::dist::make_single_process_communicator());
+    auto part = first.run(kSteps);
+    EXPECT_EQ(part.final_step, kSteps);
+    EXPECT_TRUE(fs::exists(fs::path(interrupted.checkpoint.dir) / "step-000006"));
+  }
+  interrupted.checkpoint.resume = "auto";
+  dspine::train::Trainer second(interrupted, dspine::dist::make_single_process_communicator());
+  auto rest = second.run();
+  EXPECT_EQ(rest.first_step, kSteps);
+
+  auto straight = small_config(dir / "b", 2 * kSteps);
+  dspine::train::Trainer reference(straight, dspine::dist::make_single_process_communicator());
+  auto full = reference.run();
+  ASSERT_EQ(full.losses.size(), static_cast<size_t>(2 * kSteps));
+  ASSERT_EQ(rest.losses.size(), static_cast<size_t>(kSteps));
+  for (int64_t i = 0; i < kSteps; ++i) {
+    EXPECT_EQ(rest.losses[i], full.losses[kSteps + i]) << "step " << kSteps + i;
+  }
+  auto resumed = parameters_of(second.module());
+  auto expected = parameters_of(reference.module());
+  ASSERT_EQ(resumed.size(), expected.size());
+  for (const auto& [name, tensor] : expected) {
+    EXPECT_TRUE(torch::equal(resumed.at(name), tensor)) << name;
+  }
+}
+
+TEST(Trainer, KeepLastKeepsOnlyTheNewestCheckpoints) {
+  auto dir = fresh_dir("keep_last");
+  auto config = small_config(dir, 5);
+  config.checkpoint.save_every = 1;
+  config.checkpoint.keep_last = 2;
+  dspine::train::Trainer trainer(config, dspine::dist::make_single_process_communicator());
+  trainer.run();
+  dspine::train::CheckpointManager manager(config.checkpoint.dir, 2);
+  auto kept = manager.list();
+  ASSERT_EQ(kept.size(), 2u);
+  EXPECT_EQ(fs::path(kept[0]).filename(), "step-000004");
+  EXPECT_EQ(fs::path(kept[1]).filename(), "step-000005");
+}
+
+TEST(Trainer, RefusesToStartFreshOverSavedCheckpoints) {
+  auto dir = fresh_dir("no_overwrite");
+  auto config = small_config(dir, 2);
+  dspine::train::Trainer(config, dspine::dist::make_single_process_communicator()).run();
+  dspine::train::Trainer again(config, dspine::dist::make_single_process_communicator());
+  try {
+    again.run();
+    FAIL() << "expected an error";
+  } catch (const dspine::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("checkpoint.resume: auto"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(fs::exists(fs::path(config.checkpoint.dir) / "step-000002"));
+}
+
+TEST(Checkpoint, InterruptedSaveLeavesPreviousCheckpointUsable) {
+  auto dir = fresh_dir("interrupted");
+  auto config = small_config(dir, 3);
+  config.checkpoint.save_every = 3;
+  dspine::train::Trainer(config, dspine::dist::make_single_process_communicator()).run();
+  const auto previous = fs::path(config.checkpoint.dir) / "step-000003";
+  ASSERT_TRUE(fs::exists(previous));
+
+  // A save that dies after writing its weights (as a killed job would).
+  dspine::train::CheckpointManager manager(config.checkpoint.dir, 1);
+  auto loaded = dspine::train::load_checkpoint(previous.string());
+  dspine::train::CheckpointContents contents{loaded.model.tensors, loaded.model_config,
+                                             loaded.optimizer.tensors, loaded.rng.tensors,
+                                             loaded.trainer_state};
+  EXPECT_THROW(manager.save(4, contents,
+                            [](const std::string& file) {
+                              if (file == "config.json") throw std::runtime_error("killed");
+                            }),
+               std::runtime_error);
+  EXPECT_EQ(manager.latest(), previous.string());
+  EXPECT_NO_THROW(dspine::train::load_checkpoint(manager.latest()));
+
+  // Resuming uses the previous checkpoint, cleans the leftovers and trains on.
+  config.checkpoint.resume = "auto";
+  config.training.total_steps = 5;
+  dspine::train::Trainer resumed(config, dspine::dist::make_single_process_communicator());
+  auto result = resumed.run();
+  EXPECT_EQ(result.first_step, 3);
+  EXPECT_EQ(result.final_step, 5);
+  for (const auto& entry : fs::directory_iterator(config.checkpoint.dir)) {
+    EXPECT_NE(entry.path().filename().string().rfind(".tmp-", 0), 0u) << entry.path();
+  }
+}
+
+TEST(Checkpoint, MissingFileIsNamedInTheError) {
+  auto dir = fresh_dir("missing_file");
+  auto config = small_config(dir, 1);
+  dspine::train::Trainer(config, dspine::dist::make_single_process_communicator()).run();
+  const auto checkpoint = fs::path(config.checkpoint.dir) / "step-000001";
+  fs::remove(checkpoint / "optimizer.safetensors");
+  try {
+    dspine::train::load_checkpoint(checkpoint.string());
+    FAIL() << "expected an error";
+  } catch (const dspine::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("optimizer.safetensors"), std::string::npos) << e.what();
+  }
+}
