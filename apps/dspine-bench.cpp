@@ -11,6 +11,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   dspine::bench::register_kernel_bench(app);
   dspine::bench::register_gspo_bench(app);
+  dspine::bench::register_step_bench(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

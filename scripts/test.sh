@@ -3,5 +3,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
+# Tests run in parallel (-j nproc) on small tensors: one intra-op thread each avoids OpenMP
+# spin-waiting between oversubscribed test processes.
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
 ctest --test-dir "${DSPINE_BUILD_DIR:-build}" --output-on-failure -j "$(nproc)" "$@"

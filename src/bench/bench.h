@@ -13,6 +13,9 @@ namespace dspine::bench {
 void register_kernel_bench(CLI::App& app);
 // Adds `gspo` (GSPO seam: reference vs fused vs monolithic) to `app`.
 void register_gspo_bench(CLI::App& app);
+// Adds `step` (time and peak memory of each phase of a training step: CE-only prepass, replay,
+// optimizer) for any run configuration.
+void register_step_bench(CLI::App& app);
 
 // Device-to-device copy bandwidth in GB/s (bytes read + written per second), measured with
 // CUDA events on a buffer of `bytes` (median of repeated copies).

@@ -118,7 +118,7 @@ struct Config {
   DistributedConfig distributed;
 };
 
-// The YAML text of configs/default.yaml, compiled in (what dspine-train runs without --config).
+// The YAML text of configs/tiny.yaml, compiled in (what dspine-train runs without --config).
 extern const char* const kEmbeddedDefaultConfig;
 
 // Parses YAML text into a validated Config. `source` names the text in error messages.

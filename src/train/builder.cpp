@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "model/simple_draft.h"
 #include "objectives/ce_objective.h"
+#include "objectives/dspine_objective.h"
 
 namespace dspine::train {
 namespace {
@@ -45,11 +46,27 @@ BuiltModel build_simple(const core::Config& config, const data::BatchSource& sou
   return built;
 }
 
+BuiltModel build_dspine(const core::Config& config, const data::BatchSource& source,
+                        torch::Device device, torch::Dtype dtype) {
+  if (config.objective.name != "dspine") {
+    fail("objective.name = {} does not train model.architecture: dspine; use objective.name: dspine",
+         config.objective.name);
+  }
+  auto objective = objectives::make_dspine_objective(config, source.embed_tokens(),
+                                                     source.lm_head(), device, dtype);
+  BuiltModel built;
+  built.module = objective->module();
+  built.hf_config = objective->hf_config();
+  built.objective = std::move(objective);
+  return built;
+}
+
 }  // namespace
 
 BuiltModel build_model(const core::Config& config, const data::BatchSource& source,
                        torch::Device device, torch::Dtype dtype) {
   if (config.model.architecture == "simple") return build_simple(config, source, device, dtype);
+  if (config.model.architecture == "dspine") return build_dspine(config, source, device, dtype);
   fail("model.architecture = {} is not available in this build", config.model.architecture);
 }
 

@@ -50,6 +50,7 @@ struct Trainer::State {
   at::Generator generator;
   int64_t step = 0;
   int64_t cursor = 0;  // global sample index of the next window
+  PhaseHook phase_hook;
 };
 
 Trainer::Trainer(core::Config config, std::shared_ptr<dist::Communicator> comm)
@@ -70,6 +71,8 @@ Trainer::Trainer(core::Config config, std::shared_ptr<dist::Communicator> comm)
 Trainer::~Trainer() = default;
 
 torch::nn::Module& Trainer::module() { return *state_->built.module; }
+
+void Trainer::set_phase_hook(PhaseHook hook) { state_->phase_hook = std::move(hook); }
 
 namespace {
 
@@ -209,13 +212,20 @@ TrainResult Trainer::run(int64_t stop_after) {
   int64_t saved_at = -1;
   while (s.step < last) {
     context.step = s.step;
+    const auto data_start = std::chrono::steady_clock::now();
     std::vector<data::DraftBatch> window;
     for (int64_t micro = 0; micro < accumulation; ++micro) {
       s.source->seek(s.cursor + rank * rows);
       window.push_back(s.source->next(rows).to(s.device));
       s.cursor += world * rows;
     }
+    auto phase = [&](const char* name) {
+      if (s.phase_hook) s.phase_hook(name);
+      return std::chrono::steady_clock::now();
+    };
+    const auto prepass_start = phase("prepass");
     s.built.objective->begin_window(window, context);
+    const auto replay_start = phase("replay");
     double local_loss = 0;
     int64_t local_tokens = 0;
     for (int64_t micro = 0; micro < accumulation; ++micro) {
@@ -225,10 +235,17 @@ TrainResult Trainer::run(int64_t stop_after) {
       local_tokens += window[micro].input_ids.numel();
     }
     auto terms = s.built.objective->end_window(context);
+    const auto optimizer_start = phase("optimizer");
     all_reduce_gradients(*s.built.module, *s.comm);
     const double lr = schedule.at(s.step);
     const double grad_norm = s.optimizer->step(lr);
     s.optimizer->zero_grad();
+    const auto window_end = phase("end");
+    auto seconds_between = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
+    terms["time/data_s"] = seconds_between(data_start, prepass_start);
+    terms["time/prepass_s"] = seconds_between(prepass_start, replay_start);
+    terms["time/replay_s"] = seconds_between(replay_start, optimizer_start);
+    terms["time/optimizer_s"] = seconds_between(optimizer_start, window_end);
     auto totals = torch::tensor({local_loss, static_cast<double>(local_tokens)}, torch::kDouble);
     s.comm->all_reduce(totals);
     const double loss = totals[0].item<double>();

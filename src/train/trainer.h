@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -35,6 +36,12 @@ class Trainer {
   TrainResult run(int64_t stop_after = -1);
 
   torch::nn::Module& module();
+
+  // Called when a phase of a window starts ("prepass": begin_window, i.e. the CE-only prepass
+  // and the global normalizers; "replay": the micro-steps with backward; "optimizer") and with
+  // "end" after the optimizer step. Benchmarks use it to measure each phase.
+  using PhaseHook = std::function<void(const std::string& phase)>;
+  void set_phase_hook(PhaseHook hook);
 
  private:
   struct State;

@@ -28,6 +28,8 @@ fs::path fresh_dir(const std::string& name) {
 // A small, fast run of the simple draft on the synthetic target.
 Config small_config(const fs::path& dir, int64_t total_steps) {
   Config config = dspine::core::load_config("");
+  config.model.architecture = "simple";
+  config.objective.name = "ce";
   config.model.hidden_size = 32;
   config.model.intermediate_size = 64;
   config.model.vocab_size = 64;

@@ -1,0 +1,54 @@
+#include "data/batch_source.h"
+
+#include <torch/torch.h>
+
+#include "core/error.h"
+#include "data/shards.h"
+#include "data/synthetic_target.h"
+
+namespace dspine::data {
+namespace {
+
+// Sample i is SyntheticTarget::sample(i): the batch depends only on the cursor, never on how
+// earlier batches were grouped or which rank asked.
+class SyntheticSource : public BatchSource {
+ public:
+  explicit SyntheticSource(const core::Config& config)
+      : target_(config.model, config.data.synthetic), seq_len_(config.data.seq_len) {}
+
+  DraftBatch next(int64_t rows) override {
+    if (rows < 1) fail("synthetic source: rows must be >= 1 (got {})", rows);
+    // Rows are independent samples: one per thread, each computed serially inside the region.
+    std::vector<DraftBatch> samples(static_cast<size_t>(rows));
+    at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) samples[i] = target_.sample(cursor_ + i, seq_len_);
+    });
+    cursor_ += rows;
+    return concat_rows(samples);
+  }
+  int64_t cursor() const override { return cursor_; }
+  void seek(int64_t cursor) override {
+    if (cursor < 0) fail("synthetic source: cursor must be >= 0 (got {})", cursor);
+    cursor_ = cursor;
+  }
+  at::Tensor embed_tokens() const override { return target_.embed_tokens(); }
+  at::Tensor lm_head() const override { return target_.lm_head(); }
+
+ private:
+  SyntheticTarget target_;
+  int64_t seq_len_;
+  int64_t cursor_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<BatchSource> make_batch_source(const core::Config& config) {
+  if (config.data.source == "synthetic") return std::make_unique<SyntheticSource>(config);
+  if (config.data.source == "shards") {
+    if (config.data.shards_dir.empty()) fail("data.source is 'shards' but data.shards_dir is empty");
+    return std::make_unique<ShardReader>(config.data.shards_dir, layout_from_config(config));
+  }
+  fail("data.source must be 'synthetic' or 'shards', got '{}'", config.data.source);
+}
+
+}  // namespace dspine::data

@@ -1,0 +1,318 @@
+#include "data/shards.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include <nlohmann/json.hpp>
+#include <fmt/ranges.h>
+#include <torch/torch.h>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "data/synthetic_target.h"
+
+namespace dspine::data {
+namespace fs = std::filesystem;
+namespace {
+
+constexpr const char* kIndexFile = "index.json";
+constexpr const char* kTargetFile = "target.safetensors";
+constexpr const char* kFormat = "dspine-shards";
+constexpr int64_t kFormatVersion = 1;
+constexpr const char* kEmbedKey = "model.embed_tokens.weight";
+constexpr const char* kHeadKey = "lm_head.weight";
+
+std::string shard_name(size_t shard) { return fmt::format("shard-{:05d}.safetensors", shard); }
+
+std::string shape_str(at::IntArrayRef shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
+
+at::ScalarType storage_dtype(const std::string& dtype, const std::string& where) {
+  if (dtype == "fp32") return at::kFloat;
+  if (dtype == "bf16") return at::kBFloat16;
+  fail("{}: dtype must be fp32 or bf16, got '{}'", where, dtype);
+}
+
+// A required index.json field of type T; errors name the file and the key.
+template <typename T>
+T field(const nlohmann::json& json, const char* key, const std::string& file) {
+  if (!json.contains(key)) fail("{}: missing key '{}'", file, key);
+  try {
+    return json.at(key).get<T>();
+  } catch (const nlohmann::json::exception&) {
+    fail("{}: key '{}' has the wrong type ({})", file, key, json.at(key).dump());
+  }
+}
+
+void check_layout(const ShardLayout& found, const ShardLayout& expected, const std::string& file) {
+  const auto mismatch = [&](const char* what, const std::string& have, const char* key,
+                            const std::string& want) {
+    fail("{}: shards have {} {} but the config has {} = {}", file, what, have, key, want);
+  };
+  if (found.hidden_size != expected.hidden_size) {
+    mismatch("hidden_size", std::to_string(found.hidden_size), "model.hidden_size",
+             std::to_string(expected.hidden_size));
+  }
+  if (found.vocab_size != expected.vocab_size) {
+    mismatch("vocab_size", std::to_string(found.vocab_size), "model.vocab_size",
+             std::to_string(expected.vocab_size));
+  }
+  if (found.seq_len != expected.seq_len) {
+    mismatch("seq_len", std::to_string(found.seq_len), "data.seq_len",
+             std::to_string(expected.seq_len));
+  }
+  if (found.target_layer_ids != expected.target_layer_ids) {
+    mismatch("target_layer_ids", fmt::format("[{}]", fmt::join(found.target_layer_ids, ", ")),
+             "model.target_layer_ids",
+             fmt::format("[{}]", fmt::join(expected.target_layer_ids, ", ")));
+  }
+}
+
+void check_tensor(const core::SafetensorsFile& file, const char* name, at::ScalarType dtype,
+                  std::vector<int64_t> shape) {
+  const at::Tensor& t = file.at(name);
+  if (t.scalar_type() != dtype) {
+    fail("{}: tensor '{}' has dtype {}, expected {}", file.path, name,
+         c10::toString(t.scalar_type()), c10::toString(dtype));
+  }
+  if (t.sizes() != at::IntArrayRef(shape)) {
+    fail("{}: tensor '{}' has shape {}, expected {}", file.path, name, shape_str(t.sizes()),
+         shape_str(shape));
+  }
+}
+
+// The frozen [V, H] weights from target.safetensors as fp32.
+at::Tensor read_target_weight(const core::SafetensorsFile& file, const char* name,
+                              const ShardLayout& layout) {
+  const at::Tensor& t = file.at(name);
+  if (!at::isFloatingType(t.scalar_type())) {
+    fail("{}: tensor '{}' must be floating point, got {}", file.path, name,
+         c10::toString(t.scalar_type()));
+  }
+  if (t.sizes() != at::IntArrayRef({layout.vocab_size, layout.hidden_size})) {
+    fail("{}: tensor '{}' has shape {}, expected [{}, {}] (model.vocab_size, model.hidden_size)",
+         file.path, name, shape_str(t.sizes()), layout.vocab_size, layout.hidden_size);
+  }
+  return t.to(at::kFloat).contiguous();
+}
+
+// std::filesystem::remove_all, but safe to call here: LibTorch's libtorch.so carries its own copy
+// of the std::filesystem operations, and its remove_all crashes on a non-empty directory when it
+// wins symbol resolution over libstdc++'s. directory_iterator and remove are not affected.
+void remove_tree(const fs::path& path) {
+  if (fs::is_directory(fs::symlink_status(path))) {
+    for (const auto& entry : fs::directory_iterator(path)) remove_tree(entry.path());
+  }
+  fs::remove(path);
+}
+
+}  // namespace
+
+ShardLayout layout_from_config(const core::Config& config) {
+  return ShardLayout{config.data.seq_len, config.model.hidden_size, config.model.vocab_size,
+                     config.model.target_layer_ids};
+}
+
+ShardIndex read_shard_index(const std::string& dir) {
+  const std::string path = (fs::path(dir) / kIndexFile).string();
+  std::ifstream in(path);
+  if (!in) {
+    fail("{}: cannot read the shard index (is {} a directory written by `dspine-data generate`?)",
+         path, dir);
+  }
+  nlohmann::json json;
+  try {
+    json = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    fail("{}: invalid JSON: {}", path, e.what());
+  }
+  if (!json.is_object()) fail("{}: expected a JSON object", path);
+  if (field<std::string>(json, "format", path) != kFormat ||
+      field<int64_t>(json, "version", path) != kFormatVersion) {
+    fail("{}: not a '{}' version {} index", path, kFormat, kFormatVersion);
+  }
+
+  ShardIndex index;
+  index.layout.seq_len = field<int64_t>(json, "seq_len", path);
+  index.layout.hidden_size = field<int64_t>(json, "hidden_size", path);
+  index.layout.vocab_size = field<int64_t>(json, "vocab_size", path);
+  index.layout.target_layer_ids = field<std::vector<int64_t>>(json, "target_layer_ids", path);
+  index.dtype = field<std::string>(json, "dtype", path);
+  storage_dtype(index.dtype, path);
+  index.num_samples = field<int64_t>(json, "num_samples", path);
+
+  const auto shards = field<nlohmann::json>(json, "shards", path);
+  if (!shards.is_array() || shards.empty()) fail("{}: 'shards' must be a non-empty list", path);
+  int64_t next_sample = 0;
+  for (size_t i = 0; i < shards.size(); ++i) {
+    const std::string where = fmt::format("{} (shards[{}])", path, i);
+    ShardEntry entry{field<std::string>(shards[i], "file", where),
+                     field<int64_t>(shards[i], "first_sample", where),
+                     field<int64_t>(shards[i], "samples", where)};
+    if (entry.file.empty() || fs::path(entry.file).filename() != entry.file) {
+      fail("{}: file '{}' must be a plain file name inside the directory", where, entry.file);
+    }
+    if (entry.samples < 1 || entry.first_sample != next_sample) {
+      fail("{}: shard '{}' must hold >= 1 samples starting at sample {} (has first_sample {}, "
+           "samples {})", where, entry.file, next_sample, entry.first_sample, entry.samples);
+    }
+    next_sample += entry.samples;
+    index.shards.push_back(std::move(entry));
+  }
+  if (next_sample != index.num_samples) {
+    fail("{}: shards hold {} samples but num_samples is {}", path, next_sample, index.num_samples);
+  }
+  return index;
+}
+
+void write_shards(const core::Config& config, const std::string& out_dir,
+                  const ShardWriteOptions& options) {
+  if (options.num_samples < 1 || options.samples_per_shard < 1) {
+    fail("write_shards: samples ({}) and samples per shard ({}) must be >= 1", options.num_samples,
+         options.samples_per_shard);
+  }
+  const at::ScalarType dtype = storage_dtype(options.dtype, "write_shards");
+  fs::path out = fs::path(out_dir).lexically_normal();
+  if (!out.has_filename()) out = out.parent_path();
+  if (out.empty()) fail("write_shards: empty output directory");
+  if (fs::exists(out)) fail("{}: output directory already exists; choose a new one", out.string());
+  const fs::path partial = out.parent_path() / (out.filename().string() + ".partial");
+
+  const SyntheticTarget target(config.model, config.data.synthetic);
+  const ShardLayout layout = layout_from_config(config);
+  try {
+    remove_tree(partial);  // left over from an interrupted run
+    fs::create_directories(partial);
+    core::save_safetensors((partial / kTargetFile).string(),
+                           {{kEmbedKey, target.embed_tokens()}, {kHeadKey, target.lm_head()}});
+
+    nlohmann::json shards = nlohmann::json::array();
+    const std::string layer_ids = fmt::format("[{}]", fmt::join(layout.target_layer_ids, ","));
+    for (int64_t first = 0; first < options.num_samples; first += options.samples_per_shard) {
+      const int64_t count = std::min(options.samples_per_shard, options.num_samples - first);
+      // Samples are independent: one per thread, each computed serially inside the region.
+      std::vector<DraftBatch> samples(static_cast<size_t>(count));
+      at::parallel_for(0, count, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) samples[i] = target.sample(first + i, layout.seq_len);
+      });
+      const DraftBatch batch = concat_rows(samples);
+      const std::string name = shard_name(shards.size());
+      core::save_safetensors(
+          (partial / name).string(),
+          {{"input_ids", batch.input_ids},
+           {"loss_mask", batch.loss_mask},
+           {"hidden_states", batch.hidden_states.to(dtype)},
+           {"target_last_hidden_states", batch.target_last_hidden_states.to(dtype)}},
+          {{"seq_len", std::to_string(layout.seq_len)},
+           {"hidden_size", std::to_string(layout.hidden_size)},
+           {"num_target_layers", std::to_string(layout.target_layer_ids.size())},
+           {"target_layer_ids", layer_ids},
+           {"sample_offset", std::to_string(first)}});
+      shards.push_back({{"file", name}, {"first_sample", first}, {"samples", count}});
+      log::info("wrote {} ({} samples, {}/{})", name, count, first + count, options.num_samples);
+    }
+
+    const nlohmann::json index = {{"format", kFormat},
+                                  {"version", kFormatVersion},
+                                  {"seq_len", layout.seq_len},
+                                  {"hidden_size", layout.hidden_size},
+                                  {"vocab_size", layout.vocab_size},
+                                  {"target_layer_ids", layout.target_layer_ids},
+                                  {"dtype", options.dtype},
+                                  {"num_samples", options.num_samples},
+                                  {"synthetic_seed", config.data.synthetic.seed},
+                                  {"shards", shards}};
+    std::ofstream((partial / kIndexFile).string()) << index.dump(2) << "\n";
+    fs::rename(partial, out);
+  } catch (...) {
+    try {
+      remove_tree(partial);
+    } catch (const fs::filesystem_error&) {  // keep the original error
+    }
+    throw;
+  }
+}
+
+ShardReader::ShardReader(const std::string& dir, const ShardLayout& expected)
+    : dir_(dir), index_(read_shard_index(dir)) {
+  check_layout(index_.layout, expected, (fs::path(dir) / kIndexFile).string());
+  for (const ShardEntry& entry : index_.shards) {
+    const fs::path path = fs::path(dir) / entry.file;
+    if (!fs::is_regular_file(path)) {
+      fail("{}: shard file listed in {} is missing", path.string(), kIndexFile);
+    }
+  }
+  const core::SafetensorsFile target = core::load_safetensors((fs::path(dir) / kTargetFile).string());
+  embed_tokens_ = read_target_weight(target, kEmbedKey, index_.layout);
+  lm_head_ = read_target_weight(target, kHeadKey, index_.layout);
+}
+
+void ShardReader::seek(int64_t cursor) {
+  if (cursor < 0) fail("ShardReader::seek: cursor must be >= 0 (got {})", cursor);
+  cursor_ = cursor;
+}
+
+const core::SafetensorsFile& ShardReader::load_shard(size_t shard) {
+  if (cached_shard_ == shard) return cached_;
+  const ShardEntry& entry = index_.shards[shard];
+  core::SafetensorsFile file = core::load_safetensors((fs::path(dir_) / entry.file).string());
+
+  const std::set<std::string> expected_names = {"input_ids", "loss_mask", "hidden_states",
+                                                "target_last_hidden_states"};
+  std::set<std::string> names;
+  for (const auto& [name, tensor] : file.tensors) names.insert(name);
+  if (names != expected_names) {
+    fail("{}: holds tensors [{}], expected [{}]", file.path, fmt::join(names, ", "),
+         fmt::join(expected_names, ", "));
+  }
+  const ShardLayout& layout = index_.layout;
+  const int64_t n = entry.samples, seq = layout.seq_len, hidden = layout.hidden_size;
+  const int64_t k = static_cast<int64_t>(layout.target_layer_ids.size());
+  const at::ScalarType dtype = storage_dtype(index_.dtype, kIndexFile);
+  check_tensor(file, "input_ids", at::kLong, {n, seq});
+  check_tensor(file, "loss_mask", at::kLong, {n, seq});
+  check_tensor(file, "hidden_states", dtype, {n, seq, k * hidden});
+  check_tensor(file, "target_last_hidden_states", dtype, {n, seq, hidden});
+  const auto offset = file.metadata.find("sample_offset");
+  if (offset == file.metadata.end() || offset->second != std::to_string(entry.first_sample)) {
+    fail("{}: metadata sample_offset is '{}', but {} places this shard at sample {}", file.path,
+         offset == file.metadata.end() ? "(missing)" : offset->second, kIndexFile,
+         entry.first_sample);
+  }
+  const at::Tensor& ids = file.at("input_ids");
+  if (ids.min().item<int64_t>() < 0 || ids.max().item<int64_t>() >= layout.vocab_size) {
+    fail("{}: input_ids outside the vocabulary [0, {})", file.path, layout.vocab_size);
+  }
+  for (auto& [name, tensor] : file.tensors) {
+    if (at::isFloatingType(tensor.scalar_type())) tensor = tensor.to(at::kFloat);
+  }
+  cached_ = std::move(file);
+  cached_shard_ = shard;
+  return cached_;
+}
+
+DraftBatch ShardReader::next(int64_t rows) {
+  if (rows < 1) fail("ShardReader::next: rows must be >= 1 (got {})", rows);
+  std::vector<DraftBatch> pieces;
+  for (int64_t remaining = rows; remaining > 0;) {
+    const int64_t position = cursor_ % index_.num_samples;  // wraps around: epochs
+    const auto it = std::upper_bound(
+        index_.shards.begin(), index_.shards.end(), position,
+        [](int64_t p, const ShardEntry& entry) { return p < entry.first_sample; });
+    const size_t shard = static_cast<size_t>(std::distance(index_.shards.begin(), it)) - 1;
+    const ShardEntry& entry = index_.shards[shard];
+    const int64_t local = position - entry.first_sample;
+    const int64_t take = std::min(remaining, entry.samples - local);
+    const core::SafetensorsFile& file = load_shard(shard);
+    pieces.push_back(DraftBatch{file.at("input_ids"), file.at("loss_mask"), file.at("hidden_states"),
+                                file.at("target_last_hidden_states")}
+                         .slice_rows(local, local + take));
+    cursor_ += take;
+    remaining -= take;
+  }
+  // concat_rows copies, so the batch never aliases the cached shard.
+  return concat_rows(pieces);
+}
+
+}  // namespace dspine::data

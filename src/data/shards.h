@@ -1,0 +1,88 @@
+// Safetensors shards of synthetic-target samples (what `dspine-data generate` writes) and the
+// reader that serves them to training. A shard directory holds:
+//   shard-00000.safetensors ...  input_ids [n, S] I64, loss_mask [n, S] I64,
+//                                hidden_states [n, S, K*H] and target_last_hidden_states [n, S, H]
+//                                (F32 or BF16); metadata seq_len, hidden_size, num_target_layers,
+//                                target_layer_ids, sample_offset
+//   target.safetensors           model.embed_tokens.weight and lm_head.weight, [V, H] F32
+//   index.json                   layout, dtype and the shards in sample order
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "core/config.h"
+#include "core/safetensors.h"
+#include "data/batch_source.h"
+
+namespace dspine::data {
+
+// The dimensions a shard directory must agree with.
+struct ShardLayout {
+  int64_t seq_len = 0;
+  int64_t hidden_size = 0;
+  int64_t vocab_size = 0;
+  std::vector<int64_t> target_layer_ids;  // K = size()
+};
+ShardLayout layout_from_config(const core::Config& config);
+
+struct ShardEntry {
+  std::string file;          // name inside the directory
+  int64_t first_sample = 0;  // global index of its first sample within an epoch
+  int64_t samples = 0;
+};
+
+struct ShardIndex {
+  ShardLayout layout;
+  std::string dtype;  // fp32 | bf16: storage of hidden_states / target_last_hidden_states
+  int64_t num_samples = 0;
+  std::vector<ShardEntry> shards;
+};
+
+// Reads and checks dir/index.json (errors name the file and the bad entry).
+ShardIndex read_shard_index(const std::string& dir);
+
+struct ShardWriteOptions {
+  int64_t num_samples = 1024;
+  int64_t samples_per_shard = 256;
+  std::string dtype = "fp32";  // fp32 | bf16
+};
+
+// Samples 0..num_samples-1 of the synthetic target described by config.model / config.data
+// (seq_len = config.data.seq_len), generated in parallel on ATen's intra-op threads and written
+// into `out_dir`, which must not exist yet. Everything goes to the sibling `out_dir`.partial
+// first, renamed to `out_dir` only when complete.
+void write_shards(const core::Config& config, const std::string& out_dir,
+                  const ShardWriteOptions& options);
+
+// Serves a shard directory in sample order, wrapping around at the end (epochs). The index and
+// target.safetensors are checked against `expected` up front; each shard is checked (names,
+// shapes, dtypes, sample count, token range) when first loaded, and only the current one is kept.
+class ShardReader : public BatchSource {
+ public:
+  ShardReader(const std::string& dir, const ShardLayout& expected);
+
+  DraftBatch next(int64_t rows) override;
+  int64_t cursor() const override { return cursor_; }
+  void seek(int64_t cursor) override;
+  at::Tensor embed_tokens() const override { return embed_tokens_; }
+  at::Tensor lm_head() const override { return lm_head_; }
+
+  const ShardIndex& index() const { return index_; }
+
+ private:
+  const core::SafetensorsFile& load_shard(size_t shard);
+
+  std::string dir_;
+  ShardIndex index_;
+  at::Tensor embed_tokens_, lm_head_;
+  int64_t cursor_ = 0;
+  std::optional<size_t> cached_shard_;
+  core::SafetensorsFile cached_;
+};
+
+}  // namespace dspine::data

@@ -1,0 +1,77 @@
+// Fused GSPO segment seam (gspo.md §2-3) on raw device pointers. One seam call is three launches
+// on `stream`: gspo_seam_prepare (a memset of the workspace's zeroed head), gspo_seam_reduce
+// (block 1 + deterministic segmented reduction into the fp32 [2, S] buffer) and gspo_seam_finish
+// (block 2: c_t and the loss / metric sums). Between reduce and finish the caller may all-reduce
+// the [2, S] buffer (SUM) across ranks: it is the first 2·S floats of the workspace.
+//
+// Packed segments are contiguous: the labelled tokens of one segment must form one run among
+// the labelled tokens (masked tokens between them, whatever their id, are skipped). Each segment
+// sum is then written by exactly one thread, in an order fixed by the token layout, so results
+// are bitwise reproducible and no float atomics are used. A segment found in two runs is
+// reported through the status word (kGspoSplitSegment), never written out of bounds.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+namespace dspine::kernels {
+
+enum class GspoIndexType { kInt32, kInt64 };
+enum class GspoCountType { kInt32, kInt64, kFloat32 };
+
+// Bits of the status word (an int in the workspace; the ops layer reads it when validating).
+constexpr int kGspoBadSegment = 1;    // unmasked token whose segment id is outside [0, S)
+constexpr int kGspoNonFinite = 2;     // non-finite logprob / old logprob / advantage / count
+constexpr int kGspoSplitSegment = 4;  // a segment's labelled tokens are not one contiguous run
+constexpr int kGspoBadTarget = 8;     // unmasked target outside [0, V) (vocab forward)
+
+// Per-token inputs, each a contiguous array of `num_tokens` elements. mask_t = target_t >= 0.
+struct GspoSeamTokens {
+  const float* logprobs = nullptr;  // lp_t
+  const int64_t* target = nullptr;
+  const float* old_logprobs = nullptr;
+  const float* advantages = nullptr;
+  const void* segment = nullptr;
+  GspoIndexType segment_type = GspoIndexType::kInt64;
+  const void* label_counts = nullptr;  // N_t: labelled tokens of the token's whole segment
+  GspoCountType count_type = GspoCountType::kInt64;
+  int64_t num_tokens = 0;
+  int64_t num_segments = 0;
+};
+
+// Block-2 scalars: the clip range [ratio_low, ratio_high] = [1−eps_low, 1+eps_high] (formed by
+// the caller in double, as the reference does), `divisor` D and coefficient_scale = g/D·λ.
+struct GspoSeamScalars {
+  float ratio_low = 1.f;
+  float ratio_high = 1.f;
+  float divisor = 1.f;
+  float coefficient_scale = 0.f;
+};
+
+// Bytes of device workspace for one seam call (4-byte aligned; first 2·S floats are the sums).
+size_t gspo_seam_workspace_bytes(int64_t num_tokens, int64_t num_segments);
+// Offset, in 4-byte words, of the int status word inside the workspace.
+int64_t gspo_seam_status_offset(int64_t num_segments);
+
+// Zeroes the sums, the per-segment labelled counts and weights, the status word and the block
+// tickets (the head of the workspace; the rest is written before it is read).
+cudaError_t gspo_seam_prepare(void* workspace, int64_t num_tokens, int64_t num_segments,
+                              cudaStream_t stream);
+
+// Block 1 and the segmented reduction: sums[0][s] = U_s = Σ u_t, sums[1][s] = V_s = Σ v_t, plus,
+// kept in the workspace for finish: this rank's labelled count n_s and W_s = Σ w_t per segment,
+// each token's key (its segment id, −1 when masked) and the per-block Σ m_t·lp_t·w_t.
+cudaError_t gspo_seam_reduce(const GspoSeamTokens& tokens, void* workspace, cudaStream_t stream);
+
+// Block 2: coefficient[t] = c_t (skipped when `coefficient` is null: forward only) and
+// scalars[4] = {loss_sum, new_logprobs_sum, clipped_sum, ratio_sum} / D, this rank's share.
+// clipped and ratio are weighted by w_t, so each labelled segment counts once over all ranks.
+// Only the sizes of `tokens` are read: the per-token state comes from the reduce's workspace,
+// so finish must follow a reduce on the same workspace and token count.
+cudaError_t gspo_seam_finish(const GspoSeamTokens& tokens, const GspoSeamScalars& scalars,
+                             void* workspace, float* coefficient, float* scalars_out,
+                             cudaStream_t stream);
+
+}  // namespace dspine::kernels

@@ -1,0 +1,132 @@
+// Device helpers shared by the RMSNorm and SwiGLU kernels: fp32 conversions, 128-bit packs,
+// warp/block sums and dtype dispatch. CUDA only; no framework headers.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "kernels/norm_swiglu_types.h"
+
+namespace dspine::kernels::detail {
+
+template <typename T>
+__device__ __forceinline__ float to_float(T v);
+template <>
+__device__ __forceinline__ float to_float<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ float to_float<__half>(__half v) { return __half2float(v); }
+template <>
+__device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+
+template <typename T>
+__device__ __forceinline__ T from_float(float v);
+template <>
+__device__ __forceinline__ float from_float<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+// N consecutive elements moved as one access: 16 bytes (one 128-bit load/store) when
+// N * sizeof(T) == 16, a plain scalar access when N == 1.
+template <typename T, int N>
+struct alignas(sizeof(T) * N) Pack {
+  T v[N];
+};
+
+// 16-byte packs go through uint4 so that the compiler emits one 128-bit access.
+template <typename T, int N>
+__device__ __forceinline__ Pack<T, N> load_pack(const T* p) {
+  Pack<T, N> out;
+  if constexpr (sizeof(Pack<T, N>) == 16) {
+    const uint4 raw = *reinterpret_cast<const uint4*>(p);
+    memcpy(&out, &raw, 16);
+  } else {
+#pragma unroll
+    for (int k = 0; k < N; ++k) out.v[k] = p[k];
+  }
+  return out;
+}
+
+__device__ __forceinline__ uint32_t bits(float v) { return __float_as_uint(v); }
+__device__ __forceinline__ uint32_t bits(__half v) { return __half_as_ushort(v); }
+__device__ __forceinline__ uint32_t bits(__nv_bfloat16 v) { return __bfloat16_as_ushort(v); }
+
+// One st.global.v4 written out: for strided rows the compiler split a uint4 store into four
+// 32-bit stores (it could not prove the 16-byte alignment the caller guarantees).
+template <typename T, int N>
+__device__ __forceinline__ void store_pack(T* p, const Pack<T, N>& v) {
+  if constexpr (sizeof(Pack<T, N>) == 16) {
+    uint32_t w[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      w[k] = sizeof(T) == 4 ? bits(v.v[k]) : bits(v.v[2 * k]) | (bits(v.v[2 * k + 1]) << 16);
+    }
+    asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(w[0]), "r"(w[1]),
+                 "r"(w[2]), "r"(w[3])
+                 : "memory");
+  } else {
+#pragma unroll
+    for (int k = 0; k < N; ++k) p[k] = v.v[k];
+  }
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+// Sum over the whole block, returned to every thread; `scratch` holds 32 floats. The order of
+// additions is fixed, so the result is deterministic.
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+  v = warp_sum(v);
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  float total = lane < static_cast<int>(blockDim.x / 32) ? scratch[lane] : 0.0f;
+  total = warp_sum(total);
+  __syncthreads();  // scratch is reused by the next call
+  return total;
+}
+
+template <typename T>
+struct TypeTag {
+  using type = T;
+};
+
+// Calls f(TypeTag<T>{}) with the CUDA element type for `dtype`.
+template <typename F>
+cudaError_t dispatch_dtype(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return f(TypeTag<float>{});
+    case DType::kFloat16:
+      return f(TypeTag<__half>{});
+    case DType::kBFloat16:
+      return f(TypeTag<__nv_bfloat16>{});
+  }
+  return cudaErrorInvalidValue;
+}
+
+inline size_t dtype_size(DType dtype) { return dtype == DType::kFloat32 ? 4 : 2; }
+
+inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+inline int multiprocessor_count() {
+  int device = 0;
+  cudaGetDevice(&device);
+  int count = 0;
+  cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device);
+  return count > 0 ? count : 1;
+}
+
+}  // namespace dspine::kernels::detail

@@ -1,0 +1,50 @@
+// AdjacentInjection (dspine.md §4): after every decoder layer each proposal slot receives a gated
+// low-rank message computed from its predecessor (previous slot's feature, or the anchor token's
+// transfer code for the first proposal), in the rank-r transfer space.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/linear.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace dspine::model {
+
+class AdjacentInjectionImpl : public torch::nn::Module {
+ public:
+  // Registration order (state-dict keys): bias, readouts.{i}, writes.{i}, message,
+  // receiver_gate, predecessor_gate. writes, predecessor_gate and bias start at zero so every
+  // write is the identity at init; message/receiver_gate/readouts keep the default Linear init.
+  AdjacentInjectionImpl(int64_t hidden_size, int64_t transfer_rank, int64_t message_size,
+                        int64_t num_layers, int64_t replacement_layers);
+
+  // sqrt(r) * normalize(fp32(readouts[layer](h))), returned in h's dtype: [..., r].
+  torch::Tensor feature(const torch::Tensor& h, int64_t layer);
+
+  // h + rms(h) * writes[layer](sigmoid(receiver_gate(receiver) + predecessor_gate(pred) + bias)
+  //                            * message(pred)); pred is cast to receiver's dtype first.
+  torch::Tensor write(const torch::Tensor& h, const torch::Tensor& receiver,
+                      const torch::Tensor& pred, int64_t layer);
+
+  // h [B, N, bs, H] pre-injection state of `layer`; token_ids [B, N, bs] (slot 0 = anchor);
+  // codes [V, r]; replace [B, N] bool or undefined. Slot 0 is never written. Blocks with
+  // replace = true use the true tokens' codes as predecessors when layer < replacement_layers.
+  torch::Tensor forward(const torch::Tensor& h, int64_t layer, const torch::Tensor& token_ids,
+                        const torch::Tensor& codes, const torch::Tensor& replace);
+
+  // sqrt(r) * codes[ids]: [..., r] in the codes' dtype.
+  torch::Tensor scaled_codes(const torch::Tensor& codes, const torch::Tensor& ids) const;
+
+  torch::Tensor bias;
+  torch::nn::ModuleList readouts{nullptr}, writes{nullptr};
+  std::vector<torch::nn::Linear> readout_layers, write_layers;
+  torch::nn::Linear message{nullptr}, receiver_gate{nullptr}, predecessor_gate{nullptr};
+
+ private:
+  int64_t hidden_size_, rank_, replacement_layers_;
+};
+TORCH_MODULE(AdjacentInjection);
+
+}  // namespace dspine::model

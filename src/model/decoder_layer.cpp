@@ -1,0 +1,22 @@
+#include "model/decoder_layer.h"
+
+#include <torch/torch.h>
+
+namespace dspine::model {
+
+DecoderLayerImpl::DecoderLayerImpl(const core::ModelConfig& c, bool fused) {
+  self_attn = register_module("self_attn", DSpineAttention(c, fused));
+  mlp = register_module("mlp", SwiGLUMLP(c.hidden_size, c.intermediate_size, fused));
+  input_layernorm =
+      register_module("input_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps, fused));
+  post_attention_layernorm =
+      register_module("post_attention_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps, fused));
+}
+
+torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& x, const torch::Tensor& context,
+                                        const AttentionMask& mask, const RopeTables& rope) {
+  auto h = x + self_attn(input_layernorm(x), context, mask, rope);
+  return h + mlp(post_attention_layernorm(h));
+}
+
+}  // namespace dspine::model

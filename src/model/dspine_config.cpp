@@ -1,0 +1,131 @@
+#include "model/dspine_config.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+
+namespace dspine::model {
+
+void validate_dspine_model_config(const core::ModelConfig& c) {
+  const auto& d = c.dspine;
+  if (c.hidden_size <= 0 || c.intermediate_size <= 0 || c.num_hidden_layers <= 0 ||
+      c.vocab_size <= 1) {
+    fail(
+        "DSpine draft needs positive hidden_size, intermediate_size, num_hidden_layers and "
+        "vocab_size > 1 (got H={}, I={}, L={}, V={})",
+        c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.vocab_size);
+  }
+  if (c.num_attention_heads <= 0 || c.num_key_value_heads <= 0 ||
+      c.num_attention_heads % c.num_key_value_heads != 0) {
+    fail(
+        "DSpine draft: num_attention_heads ({}) must be a positive multiple of "
+        "num_key_value_heads ({})",
+        c.num_attention_heads, c.num_key_value_heads);
+  }
+  if (c.head_dim <= 0 || c.head_dim % 2 != 0) {
+    fail("DSpine draft: head_dim must be positive and even for RoPE (got {})", c.head_dim);
+  }
+  if (c.target_layer_ids.empty()) fail("DSpine draft: model.target_layer_ids must not be empty");
+  if (c.block_size < 2) {
+    fail("DSpine block_size must include an anchor and at least one proposal (got {})",
+         c.block_size);
+  }
+  const int64_t mask = resolved_mask_token_id(c);
+  if (mask < 0 || mask >= c.vocab_size) {
+    fail("DSpine mask_token_id {} is outside the vocabulary [0, {})", mask, c.vocab_size);
+  }
+  for (auto [name, value] : {std::pair<const char*, double>{"ce_weight", d.ce_weight},
+                             {"alignment_weight", d.alignment_weight},
+                             {"replacement_probability", d.replacement_probability},
+                             {"replacement_hold_ratio", d.replacement_hold_ratio},
+                             {"replacement_end_ratio", d.replacement_end_ratio},
+                             {"candidate_mass_threshold", d.candidate_mass_threshold}}) {
+    if (!std::isfinite(value)) fail("DSpine {} must be finite (got {})", name, value);
+  }
+  if (d.transfer_rank < 1 || d.transfer_rank > std::min(c.hidden_size, c.vocab_size - 1)) {
+    fail(
+        "DSpine transfer_rank must be in [1, min(hidden_size, vocab_size - 1)] (got {}, H={}, "
+        "V={})",
+        d.transfer_rank, c.hidden_size, c.vocab_size);
+  }
+  if (d.message_size <= 0 || d.top_k < 1 || d.top_k > c.vocab_size) {
+    fail(
+        "DSpine requires message_size > 0 and top_k in [1, vocab_size] (got message_size={}, "
+        "top_k={}, V={})",
+        d.message_size, d.top_k, c.vocab_size);
+  }
+  if (d.ce_weight < 0 || d.ce_weight > 1 || d.alignment_weight < 0) {
+    fail("DSpine requires ce_weight in [0, 1] and alignment_weight >= 0 (got {}, {})", d.ce_weight,
+         d.alignment_weight);
+  }
+  if (d.alignment_warmup_steps < 0 || d.replacement_layers < 0) {
+    fail("DSpine warmup steps and replacement layers must be nonnegative (got {}, {})",
+         d.alignment_warmup_steps, d.replacement_layers);
+  }
+  if (d.replacement_probability < 0 || d.replacement_probability > 1) {
+    fail("DSpine replacement_probability must be in [0, 1] (got {})", d.replacement_probability);
+  }
+  if (!(0 <= d.replacement_hold_ratio && d.replacement_hold_ratio < d.replacement_end_ratio &&
+        d.replacement_end_ratio <= 1)) {
+    fail("DSpine requires 0 <= replacement_hold_ratio < replacement_end_ratio <= 1 (got {}, {})",
+         d.replacement_hold_ratio, d.replacement_end_ratio);
+  }
+  if (d.candidate_mass_threshold < 0 || d.candidate_mass_threshold >= 1) {
+    fail("DSpine candidate_mass_threshold must be in [0, 1) (got {})", d.candidate_mass_threshold);
+  }
+}
+
+int64_t resolved_mask_token_id(const core::ModelConfig& config) {
+  return config.mask_token_id < 0 ? config.vocab_size - 1 : config.mask_token_id;
+}
+
+nlohmann::json dspine_hf_config(const core::ModelConfig& c, const std::string& dtype) {
+  const auto& d = c.dspine;
+  nlohmann::json dspine = {
+      {"transfer_rank", d.transfer_rank},
+      {"message_size", d.message_size},
+      {"top_k", d.top_k},
+      {"ce_weight", d.ce_weight},
+      {"alignment_weight", d.alignment_weight},
+      {"alignment_warmup_steps", d.alignment_warmup_steps},
+      {"replacement_layers", d.replacement_layers},
+      {"replacement_probability", d.replacement_probability},
+      {"replacement_hold_ratio", d.replacement_hold_ratio},
+      {"replacement_end_ratio", d.replacement_end_ratio},
+      {"candidate_mass_threshold", d.candidate_mass_threshold},
+  };
+  return {
+      {"architectures", {"DSpineDraftModel"}},
+      {"attention_bias", false},
+      {"attention_dropout", 0.0},
+      {"auto_map", {{"AutoModel", "dspine.DSpineDraftModel"}}},
+      {"block_size", c.block_size},
+      {"dflash_config",
+       {{"mask_token_id", resolved_mask_token_id(c)}, {"target_layer_ids", c.target_layer_ids}}},
+      {"dspine_config", dspine},
+      {"dtype", dtype == "bf16" ? "bfloat16" : "float32"},
+      {"head_dim", c.head_dim},
+      {"hidden_act", "silu"},
+      {"hidden_size", c.hidden_size},
+      {"initializer_range", c.initializer_range},
+      {"intermediate_size", c.intermediate_size},
+      {"is_causal", true},
+      {"layer_types", std::vector<std::string>(c.num_hidden_layers, "full_attention")},
+      {"max_window_layers", c.num_hidden_layers},
+      {"model_type", "qwen3"},
+      {"num_attention_heads", c.num_attention_heads},
+      {"num_hidden_layers", c.num_hidden_layers},
+      {"num_key_value_heads", c.num_key_value_heads},
+      {"rms_norm_eps", c.rms_norm_eps},
+      {"rope_scaling", nullptr},
+      {"rope_theta", c.rope_theta},
+      {"sliding_window", nullptr},
+      {"tie_word_embeddings", false},
+      {"use_cache", true},
+      {"use_sliding_window", false},
+      {"vocab_size", c.vocab_size},
+  };
+}
+
+}  // namespace dspine::model

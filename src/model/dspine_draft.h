@@ -1,0 +1,72 @@
+// The DSpine draft model (dspine.md §3.1, §5.8): context projection of the K target layers, L
+// decoder layers over [context | block tokens] with an AdjacentInjection after each, the final
+// norm, the refinement head, and the fixed transfer space (buffers `transfer_codes` [V, r] fp32 and
+// `transfer_ready` 0-d bool). named_parameters()/named_buffers() are the reference state-dict keys.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/linear.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "core/config.h"
+#include "model/adjacent_injection.h"
+#include "model/decoder_layer.h"
+#include "model/norm_mlp.h"
+
+namespace dspine::model {
+
+struct DraftOutput {
+  at::Tensor hidden_states;   // [B, N, bs, H] final, normed
+  at::Tensor pre_injection;   // [B, N, bs, H] last layer's decoder output before injection
+  at::Tensor layer_features;  // [L, B, N, bs, r] post-injection features of every layer
+};
+
+class DSpineDraftImpl : public torch::nn::Module {
+ public:
+  // Validates the config, builds the modules in reference order and initializes them: backbone
+  // Linear weights N(0, initializer_range), norms 1 (global torch RNG); injection per §3.1;
+  // transfer_codes zero and transfer_ready false until initialize_transfer_space().
+  DSpineDraftImpl(const core::ModelConfig& config, bool fused);
+
+  // position_ids [B, S+Q]; attention_mask [B, 1, Q, S+Q] bool; noise_embedding [B, Q, H];
+  // target_hidden [B, S, K*H]; block_token_ids [B, N, bs]; replace_mask [B, N] bool or undefined.
+  DraftOutput forward(const torch::Tensor& position_ids, const torch::Tensor& attention_mask,
+                      const torch::Tensor& noise_embedding, const torch::Tensor& target_hidden,
+                      const torch::Tensor& block_token_ids, const torch::Tensor& replace_mask);
+
+  // hidden_norm(fc(target_hidden)): [B, S, H].
+  torch::Tensor context(const torch::Tensor& target_hidden);
+
+  // norm(write(h, feature(h, L-1), sqrt(r) * codes[pred_ids], L-1)) (dspine.md §4 refine).
+  torch::Tensor refine(const torch::Tensor& h, const torch::Tensor& pred_ids);
+
+  // Sets the codes and every readout from the frozen head [V, H] (dspine.md §6) and marks the
+  // space ready. Call once on a fresh draft; a loaded checkpoint carries its buffers instead.
+  void initialize_transfer_space(const torch::Tensor& head, int64_t chunk_size = 4096);
+  bool transfer_ready() const;
+
+  const core::ModelConfig& config() const { return config_; }
+
+  torch::nn::ModuleList layers{nullptr};
+  std::vector<DecoderLayer> layer_modules;
+  RMSNorm norm{nullptr};
+  torch::nn::Linear fc{nullptr};
+  RMSNorm hidden_norm{nullptr};
+  AdjacentInjection injection{nullptr};
+  torch::Tensor transfer_codes;
+  torch::Tensor transfer_ready_flag;  // registered as "transfer_ready"
+
+ private:
+  core::ModelConfig config_;
+  torch::Tensor inv_freq_;  // non-persistent rotary_emb.inv_freq
+};
+TORCH_MODULE(DSpineDraft);
+
+// Moves parameters to (device, dtype) and buffers to device only: transfer_codes stay fp32 and
+// transfer_ready stays bool (torch::nn::Module::to(dtype) would cast every buffer).
+void place_draft(DSpineDraftImpl& draft, const torch::Device& device, torch::Dtype dtype);
+
+}  // namespace dspine::model

@@ -1,0 +1,116 @@
+#include "objectives/dspine_blocks.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+
+namespace dspine::objectives {
+
+namespace {
+
+torch::Tensor valid_anchor_positions(const torch::Tensor& loss_mask) {
+  auto supervised = loss_mask > 0.5;
+  return supervised.slice(1, 0, -1) & supervised.slice(1, 1);  // [B, S-1]
+}
+
+// Uniform [rows, cols] fp32 from `generator`, on the generator's device, then moved to `device`
+// (the draw order and generator are what make anchors and replacement reproducible).
+torch::Tensor uniform(at::Generator& generator, int64_t rows, int64_t cols,
+                      const torch::Device& device) {
+  if (!generator.defined()) fail("DSpine sampling needs a defined generator (StepContext)");
+  auto options = torch::TensorOptions().dtype(torch::kFloat32).device(generator.device());
+  return at::rand({rows, cols}, generator, options).to(device);
+}
+
+}  // namespace
+
+int64_t max_valid_anchors(const at::Tensor& loss_mask) {
+  auto counts = valid_anchor_positions(loss_mask.cpu()).sum(1);
+  return counts.numel() == 0 ? 0 : counts.max().item<int64_t>();
+}
+
+AnchorSample sample_anchors(const at::Tensor& loss_mask, int64_t num_anchors,
+                            at::Generator& generator) {
+  const int64_t rows = loss_mask.size(0), seq_len = loss_mask.size(1);
+  const int64_t width = std::min(num_anchors, std::max<int64_t>(0, max_valid_anchors(loss_mask)));
+  if (width <= 0) {
+    fail("DFlash-family training requires two consecutive supervised tokens (loss_mask {})",
+         c10::str(loss_mask.sizes()));
+  }
+  auto valid = valid_anchor_positions(loss_mask);
+  auto counts = valid.sum(1, /*keepdim=*/true);
+  auto u = uniform(generator, rows, seq_len - 1, loss_mask.device());
+  u.masked_fill_(valid.logical_not(), 2.0);
+  auto candidates =
+      std::get<1>(u.sort(std::optional<bool>(true), 1, /*descending=*/false)).slice(1, 0, width);
+  auto slot = torch::arange(width, candidates.options()).unsqueeze(0);
+  auto kept = slot < counts.clamp_max(width);
+  auto anchors = std::get<0>(torch::where(kept, candidates, seq_len - 1).sort(1));
+  auto keep = anchors < seq_len - 1;
+  return {torch::where(keep, anchors, 0), keep};
+}
+
+at::Tensor draw_replacement(const at::Tensor& keep, double probability, at::Generator& generator) {
+  return (uniform(generator, keep.size(0), keep.size(1), keep.device()) < probability) & keep;
+}
+
+BlockLayout layout_blocks(const at::Tensor& input_ids, const at::Tensor& loss_mask,
+                          const at::Tensor& anchors, const at::Tensor& keep, int64_t block_size,
+                          double gamma) {
+  const int64_t rows = anchors.size(0), blocks = anchors.size(1);
+  const int64_t seq_len = input_ids.size(1);
+  BlockLayout layout;
+  layout.anchors = anchors;
+  layout.keep = keep.to(torch::kBool);
+  auto index = anchors.unsqueeze(-1) + torch::arange(block_size, anchors.options());
+  layout.source_index = index.clamp_max(seq_len - 1);
+  auto flat = layout.source_index.view({rows, blocks * block_size});
+  layout.labels = input_ids.gather(1, flat).view({rows, blocks, block_size});
+  auto mask_at = (loss_mask.gather(1, flat) > 0.5).view({rows, blocks, block_size});
+  auto supervised_slot = (index < seq_len) & layout.keep.unsqueeze(-1) & mask_at;
+  // A gap ends supervision for the rest of the block (cumulative product over slots 1..bs-1).
+  layout.supervised = supervised_slot.slice(2, 1).to(torch::kInt64).cumprod(2).to(torch::kBool);
+  layout.weights = layout.supervised.to(torch::kFloat32);
+  if (gamma > 0) {
+    auto decay = torch::exp(
+        -torch::arange(block_size - 1,
+                       torch::TensorOptions().dtype(torch::kFloat32).device(anchors.device())) /
+        gamma);
+    layout.weights = layout.weights * decay;
+  }
+  return layout;
+}
+
+at::Tensor block_position_ids(const at::Tensor& anchors, int64_t seq_len, int64_t block_size) {
+  const int64_t rows = anchors.size(0);
+  auto context = torch::arange(seq_len, anchors.options()).unsqueeze(0).expand({rows, seq_len});
+  auto blocks =
+      (anchors.unsqueeze(-1) + torch::arange(block_size, anchors.options())).view({rows, -1});
+  return torch::cat({context, blocks}, 1);
+}
+
+at::Tensor block_input_ids(const at::Tensor& input_ids, const at::Tensor& anchors,
+                           const at::Tensor& keep, int64_t block_size, int64_t mask_token_id) {
+  const int64_t rows = anchors.size(0), blocks = anchors.size(1);
+  auto anchor_tokens = input_ids.gather(1, anchors.clamp(0, input_ids.size(1) - 1));
+  auto first = torch::where(keep.to(torch::kBool), anchor_tokens, mask_token_id);
+  auto ids = torch::full({rows, blocks, block_size}, mask_token_id, input_ids.options());
+  ids.select(2, 0).copy_(first);
+  return ids.view({rows, blocks * block_size});
+}
+
+at::Tensor teacher_hidden(const at::Tensor& target_last_hidden_states,
+                          const at::Tensor& source_index) {
+  const int64_t rows = source_index.size(0), blocks = source_index.size(1);
+  const int64_t proposals = source_index.size(2) - 1;
+  const int64_t hidden = target_last_hidden_states.size(2);
+  auto position = (source_index.slice(2, 1) - 1).clamp_min(0).reshape({rows, -1});
+  auto gathered = target_last_hidden_states.gather(
+      1, position.unsqueeze(-1).expand({rows, position.size(1), hidden}));
+  return gathered.view({rows, blocks, proposals, hidden});
+}
+
+}  // namespace dspine::objectives

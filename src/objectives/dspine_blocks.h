@@ -1,0 +1,61 @@
+// DSpine block construction (dspine.md §5.2–5.5, §5.7, §5.9): anchor sampling, labels, the
+// cumulative supervision chain with decayed weights, replacement draws, position ids, block input
+// ids, and the [M = B*N, T] layout the objective consumes.
+#pragma once
+
+#include <ATen/core/Generator.h>
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+
+namespace dspine::objectives {
+
+// Explicit anchors [B, N] int64, keep [B, N] bool and replace [B, N] bool that override the
+// sampling (dspine-eval, tests). Undefined fields are sampled as usual; keep defaults to all
+// true when anchors are given.
+struct BlockOverrides {
+  at::Tensor anchors, keep, replace;
+};
+
+// Number of valid anchor positions of the fullest row, counted on the host (§5.2 step 2):
+// i is valid iff loss_mask[i] > 0.5 and loss_mask[i+1] > 0.5.
+int64_t max_valid_anchors(const at::Tensor& loss_mask);
+
+struct AnchorSample {
+  at::Tensor anchors;  // [B, N] int64 ascending valid positions, then zeros
+  at::Tensor keep;     // [B, N] bool
+};
+
+// RNG draw #1: a uniform subset of min(count_b, N) valid positions per row, N = min(num_anchors,
+// max_valid_anchors). Throws when no row has two consecutive supervised tokens.
+AnchorSample sample_anchors(const at::Tensor& loss_mask, int64_t num_anchors,
+                            at::Generator& generator);
+
+// RNG draw #2: (uniform [B, N] < probability) & keep.
+at::Tensor draw_replacement(const at::Tensor& keep, double probability, at::Generator& generator);
+
+struct BlockLayout {
+  at::Tensor anchors;       // [B, N] int64
+  at::Tensor keep;          // [B, N] bool
+  at::Tensor labels;        // [B, N, bs] int64 (slot 0 = anchor token)
+  at::Tensor source_index;  // [B, N, bs] min(anchor + j, S-1)
+  at::Tensor supervised;    // [B, N, T] bool, cumulative over slots 1..bs-1
+  at::Tensor weights;       // [B, N, T] fp32, supervised * exp(-t/gamma) (gamma <= 0: no decay)
+};
+
+BlockLayout layout_blocks(const at::Tensor& input_ids, const at::Tensor& loss_mask,
+                          const at::Tensor& anchors, const at::Tensor& keep, int64_t block_size,
+                          double gamma);
+
+// [B, S + N*bs]: 0..S-1 then anchor + 0..bs-1 per block (§5.5).
+at::Tensor block_position_ids(const at::Tensor& anchors, int64_t seq_len, int64_t block_size);
+
+// [B, N*bs]: mask_token_id everywhere except slot 0 of kept blocks = the anchor token (§5.7).
+at::Tensor block_input_ids(const at::Tensor& input_ids, const at::Tensor& anchors,
+                           const at::Tensor& keep, int64_t block_size, int64_t mask_token_id);
+
+// target_last_hidden_states rows before each proposal's label: [B, N, T, H] (§5.9).
+at::Tensor teacher_hidden(const at::Tensor& target_last_hidden_states,
+                          const at::Tensor& source_index);
+
+}  // namespace dspine::objectives

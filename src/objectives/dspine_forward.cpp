@@ -1,0 +1,201 @@
+#include "objectives/dspine_forward.h"
+
+#include <torch/torch.h>
+
+#include "core/error.h"
+#include "model/block_mask.h"
+#include "model/dspine_config.h"
+#include "objectives/chunking.h"
+#include "objectives/dspine_terms.h"
+
+namespace dspine::objectives {
+
+namespace {
+
+void check_batch(const data::DraftBatch& b, const core::ModelConfig& c) {
+  const char* missing = !b.input_ids.defined()                   ? "input_ids"
+                        : !b.loss_mask.defined()                 ? "loss_mask"
+                        : !b.hidden_states.defined()             ? "hidden_states"
+                        : !b.target_last_hidden_states.defined() ? "target_last_hidden_states"
+                                                                 : nullptr;
+  if (missing) fail("dspine batch missing required feature {}", missing);
+  const int64_t rows = b.input_ids.size(0), seq = b.input_ids.size(1);
+  const int64_t width = c.hidden_size * static_cast<int64_t>(c.target_layer_ids.size());
+  if (b.input_ids.dim() != 2 || b.loss_mask.sizes() != b.input_ids.sizes() ||
+      b.hidden_states.dim() != 3 || b.hidden_states.size(0) != rows ||
+      b.hidden_states.size(1) != seq || b.hidden_states.size(2) != width ||
+      b.target_last_hidden_states.dim() != 3 || b.target_last_hidden_states.size(0) != rows ||
+      b.target_last_hidden_states.size(1) != seq ||
+      b.target_last_hidden_states.size(2) != c.hidden_size) {
+    fail(
+        "dspine batch shapes: input_ids {}, loss_mask {}, hidden_states {} (expected [B, S, {}]), "
+        "target_last_hidden_states {} (expected [B, S, {}])",
+        c10::str(b.input_ids.sizes()), c10::str(b.loss_mask.sizes()),
+        c10::str(b.hidden_states.sizes()), width, c10::str(b.target_last_hidden_states.sizes()),
+        c.hidden_size);
+  }
+}
+
+AnchorSample anchors_for(const torch::Tensor& loss_mask, int64_t num_anchors,
+                         at::Generator& generator, const BlockOverrides* overrides) {
+  if (overrides == nullptr || !overrides->anchors.defined()) {
+    return sample_anchors(loss_mask, num_anchors, generator);
+  }
+  auto anchors = overrides->anchors.to(loss_mask.device(), torch::kInt64);
+  if (anchors.dim() != 2 || anchors.size(0) != loss_mask.size(0)) {
+    fail("DSpine explicit anchors must be [B, N] with B = {}, got {}", loss_mask.size(0),
+         c10::str(anchors.sizes()));
+  }
+  if ((anchors < 0).any().item<bool>() || (anchors > loss_mask.size(1) - 2).any().item<bool>()) {
+    fail("DSpine explicit anchors must lie in [0, S-2] (S = {})", loss_mask.size(1));
+  }
+  auto keep = overrides->keep.defined()
+                  ? overrides->keep.to(loss_mask.device(), torch::kBool)
+                  : torch::ones(anchors.sizes(), anchors.options().dtype(torch::kBool));
+  if (keep.sizes() != anchors.sizes()) {
+    fail("DSpine explicit keep {} must match anchors {}", c10::str(keep.sizes()),
+         c10::str(anchors.sizes()));
+  }
+  return {anchors, keep};
+}
+
+}  // namespace
+
+DSpineTrainingModel::DSpineTrainingModel(const core::Config& config, model::DSpineDraft draft,
+                                         at::Tensor embed_tokens, at::Tensor lm_head)
+    : model_config_(config.model),
+      training_config_(config.training),
+      draft_(std::move(draft)),
+      mask_token_id_(model::resolved_mask_token_id(config.model)) {
+  if (training_config_.objective_chunk_blocks < 0) {
+    fail("training.objective_chunk_blocks must be >= 0 (got {})",
+         training_config_.objective_chunk_blocks);
+  }
+  if (training_config_.num_anchors < 1) {
+    fail("training.num_anchors must be >= 1 (got {})", training_config_.num_anchors);
+  }
+  const auto& weight = draft_->fc->weight;
+  auto place = [&](const at::Tensor& t, const char* name) {
+    const auto& c = model_config_;
+    if (t.dim() != 2 || t.size(0) != c.vocab_size || t.size(1) != c.hidden_size) {
+      fail("DSpine frozen {} must be [{}, {}], got {}", name, c.vocab_size, c.hidden_size,
+           c10::str(t.sizes()));
+    }
+    return t.detach().to(weight.device(), weight.scalar_type()).set_requires_grad(false);
+  };
+  embed_tokens_ = place(embed_tokens, "embed_tokens");
+  lm_head_ = place(lm_head, "lm_head");
+}
+
+DSpineOutput DSpineTrainingModel::forward(const data::DraftBatch& batch, at::Generator& generator,
+                                          const DSpineForwardOptions& options) {
+  if (options.ce_only && torch::GradMode::is_enabled()) {
+    fail("DSpine CE prepass requires gradients to be disabled");
+  }
+  check_batch(batch, model_config_);
+  const auto device = lm_head_.device();
+  const auto dtype = lm_head_.scalar_type();
+  const int64_t bs = model_config_.block_size, proposals = bs - 1;
+  auto input_ids = batch.input_ids.to(device, torch::kInt64);
+  auto loss_mask = batch.loss_mask.to(device);
+  auto hidden_states = batch.hidden_states.detach().to(device, dtype);
+  const int64_t rows = input_ids.size(0), seq = input_ids.size(1);
+
+  DSpineOutput out;
+  out.schedule = dspine_schedule(model_config_.dspine, options.step, options.total_steps);
+  auto sample =
+      anchors_for(batch.loss_mask, training_config_.num_anchors, generator, options.overrides);
+  sample.anchors = sample.anchors.to(device);
+  sample.keep = sample.keep.to(device);
+  out.blocks = layout_blocks(input_ids, loss_mask, sample.anchors, sample.keep, bs,
+                             training_config_.loss_decay_gamma);
+  if (options.overrides != nullptr && options.overrides->replace.defined()) {
+    out.replace = options.overrides->replace.to(device, torch::kBool) & out.blocks.keep;
+  } else if (options.training && out.schedule.replacement_probability > 0) {
+    out.replace =
+        draw_replacement(out.blocks.keep, out.schedule.replacement_probability, generator);
+  }
+  out.position_ids = block_position_ids(out.blocks.anchors, seq, bs);
+  auto mask = model::block_attention_mask(out.blocks.anchors, out.blocks.keep, seq, bs);
+  auto noise = torch::embedding(
+      embed_tokens_,
+      block_input_ids(input_ids, out.blocks.anchors, out.blocks.keep, bs, mask_token_id_));
+
+  auto draft =
+      draft_->forward(out.position_ids, mask, noise, hidden_states, out.blocks.labels, out.replace);
+
+  // §5.9: blocks become rows, M = B·N.
+  const int64_t blocks = rows * out.blocks.anchors.size(1);
+  const int64_t hidden = model_config_.hidden_size;
+  auto hidden_rows = draft.hidden_states.slice(2, 1).reshape({blocks, proposals, hidden});
+  auto labels = out.blocks.labels.slice(2, 1).reshape({blocks, proposals});
+  auto weights = out.blocks.weights.reshape({blocks, proposals});
+  auto supervised = out.blocks.supervised.reshape({blocks, proposals});
+  out.denominator = weights.sum();
+  out.count = supervised.sum().to(torch::kFloat32);
+  const int64_t chunk = training_config_.objective_chunk_blocks;
+
+  if (options.ce_only) {
+    auto sums = checkpointed_chunk_reduce(
+        [this](const std::vector<at::Tensor>& c) { return ce_terms(lm_head_, c); },
+        {hidden_rows, labels, weights, supervised}, chunk, {});
+    out.ce = sums[0].to(torch::kFloat32);
+    out.correct = sums[1].to(torch::kFloat32);
+    out.numerator = out.ce;
+    out.loss = out.numerator / out.denominator.clamp_min(1.0);
+    return out;
+  }
+
+  auto pre_rows = draft.pre_injection.slice(2, 1).reshape({blocks, proposals, hidden});
+  auto features = draft.layer_features.slice(3, 1)
+                      .permute({1, 2, 0, 3, 4})
+                      .reshape({blocks, model_config_.num_hidden_layers, proposals, -1});
+  auto predecessors = out.blocks.labels.slice(2, 0, proposals).reshape({blocks, proposals});
+  auto teacher = teacher_hidden(batch.target_last_hidden_states.detach().to(device, dtype),
+                                out.blocks.source_index)
+                     .reshape({blocks, proposals, hidden});
+
+  std::vector<at::Tensor> trainable;
+  for (const auto& p : draft_->parameters()) {
+    if (p.requires_grad()) trainable.push_back(p);
+  }
+  auto& draft_impl = *draft_;
+  const auto& dspine = model_config_.dspine;
+  auto sums = checkpointed_chunk_reduce(
+      [this, &draft_impl, &dspine](const std::vector<at::Tensor>& c) {
+        return objective_terms(draft_impl, lm_head_, dspine, c);
+      },
+      {hidden_rows, pre_rows, features, labels, predecessors, teacher, weights, supervised}, chunk,
+      trainable);
+
+  // §7.2: CE̅ of the window (replay) or of this batch over all ranks (immediate path).
+  if (options.alignment_ce.defined()) {
+    out.alignment_ce = options.alignment_ce.detach().to(device, torch::kFloat32);
+  } else {
+    if (options.comm == nullptr) fail("DSpine immediate forward needs a communicator");
+    // Host fp64 buffer, like every collective of the objectives (the check needs the host).
+    auto totals = torch::stack({sums[kCe].detach(), out.denominator.detach()})
+                      .to(torch::kCPU, torch::kFloat64)
+                      .contiguous();
+    options.comm->all_reduce(totals);
+    out.global_ce = totals[0];
+    out.global_denominator = totals[1];
+    if (!(out.global_denominator.item<double>() > 0)) {
+      fail("DSpine has no supervised proposal tokens");
+    }
+    out.alignment_ce = (out.global_ce / out.global_denominator).to(device, torch::kFloat32);
+  }
+  const double cw = dspine.ce_weight;
+  auto scale = out.schedule.alignment_beta * out.alignment_ce;
+  out.numerator = cw * sums[kCe] + (1.0 - cw) * sums[kL1] + sums[kRefine] + scale * sums[kAlign];
+  out.loss = out.numerator / out.denominator.clamp_min(1.0);
+  out.ce = sums[kCe].detach();
+  out.l1 = sums[kL1].detach();
+  out.refinement = sums[kRefine].detach();
+  out.alignment = sums[kAlign].detach();
+  out.correct = sums[kCorrect].detach().to(torch::kFloat32);
+  out.coverage = sums[kCoverage].detach().to(torch::kFloat32);
+  return out;
+}
+
+}  // namespace dspine::objectives

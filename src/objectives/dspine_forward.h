@@ -1,0 +1,70 @@
+// The DSpine training forward (dspine.md §5, §7.2–7.3, §7.7): owns the draft plus the frozen
+// target embed_tokens / lm_head [V, H], turns a DraftBatch into anchor blocks, runs the draft and
+// evaluates the full objective (or only its CE in the graph-free prepass) in chunks.
+#pragma once
+
+#include <ATen/core/Generator.h>
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+
+#include "core/config.h"
+#include "data/batch.h"
+#include "dist/communicator.h"
+#include "model/dspine_draft.h"
+#include "objectives/dspine_blocks.h"
+#include "objectives/dspine_schedule.h"
+
+namespace dspine::objectives {
+
+struct DSpineForwardOptions {
+  int64_t step = 0;         // completed optimizer steps (schedules)
+  int64_t total_steps = 0;  // horizon; <= 0: no replacement
+  bool training = true;     // replacement is drawn only in training
+  bool ce_only = false;     // graph-free CE prepass (§7.7); requires autograd disabled
+  // Window CE̅ (replay): defined → used as the alignment scale's CE; undefined → [CE, D] are
+  // all-reduced over `comm` inside this forward (immediate path, one collective).
+  at::Tensor alignment_ce;
+  dist::Communicator* comm = nullptr;
+  const BlockOverrides* overrides = nullptr;
+};
+
+struct DSpineOutput {
+  at::Tensor numerator;    // cw·CE + (1−cw)·L1 + R + β·CE̅·A (has grad); ce_only: CE
+  at::Tensor denominator;  // D = Σ weights (fp32 scalar, local)
+  at::Tensor loss;         // numerator / max(D, 1)
+  // Detached sums (fp32 scalars); l1/refinement/alignment/coverage undefined when ce_only.
+  at::Tensor ce, l1, refinement, alignment, correct, coverage, count;
+  at::Tensor global_ce, global_denominator;  // the reduced [CE, D] (immediate path only)
+  at::Tensor alignment_ce;                   // CE̅ used for the alignment scale
+  DSpineSchedule schedule;
+  BlockLayout blocks;
+  at::Tensor replace;       // [B, N] bool or undefined
+  at::Tensor position_ids;  // [B, S + N·bs]
+};
+
+class DSpineTrainingModel {
+ public:
+  // embed_tokens / lm_head: the target's [V, H] tables, moved to the draft's device and dtype
+  // and never given gradients.
+  DSpineTrainingModel(const core::Config& config, model::DSpineDraft draft, at::Tensor embed_tokens,
+                      at::Tensor lm_head);
+
+  // Draws anchors (and the replacement mask when training and p > 0) from `generator`, in that
+  // order, unless overridden.
+  DSpineOutput forward(const data::DraftBatch& batch, at::Generator& generator,
+                       const DSpineForwardOptions& options);
+
+  model::DSpineDraft draft() const { return draft_; }
+  const at::Tensor& embed_tokens() const { return embed_tokens_; }
+  const at::Tensor& lm_head() const { return lm_head_; }
+
+ private:
+  core::ModelConfig model_config_;
+  core::TrainingConfig training_config_;
+  model::DSpineDraft draft_;
+  at::Tensor embed_tokens_, lm_head_;
+  int64_t mask_token_id_;
+};
+
+}  // namespace dspine::objectives

@@ -1,0 +1,187 @@
+#include "objectives/dspine_objective.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "model/dspine_config.h"
+#include "model/norm_mlp.h"
+
+namespace dspine::objectives {
+
+namespace {
+
+model::DSpineDraft build_draft(const core::Config& config, torch::Device device,
+                               torch::Dtype dtype) {
+  const bool fused =
+      model::use_fused_kernels(model::parse_fused_kernels(config.model.fused_kernels), device);
+  model::DSpineDraft draft(config.model, fused);
+  model::place_draft(*draft, device, dtype);
+  return draft;
+}
+
+enum WindowSum : int64_t {
+  kSumNumerator,
+  kSumDenominator,
+  kSumCe,
+  kSumL1,
+  kSumRefine,
+  kSumAlign,
+  kSumCorrect,
+  kSumCount,
+  kSumCoverage,
+  kWindowSums
+};
+
+at::Tensor output_sums(const DSpineOutput& out) {
+  return torch::stack({out.numerator.detach(), out.denominator, out.ce, out.l1, out.refinement,
+                       out.alignment, out.correct, out.count, out.coverage})
+      .to(torch::kCPU, torch::kFloat64);
+}
+
+}  // namespace
+
+DSpineObjective::DSpineObjective(const core::Config& config, at::Tensor embed_tokens,
+                                 at::Tensor lm_head, torch::Device device, torch::Dtype dtype)
+    : config_(config),
+      draft_(build_draft(config, device, dtype)),
+      model_(config, draft_, std::move(embed_tokens), std::move(lm_head)) {
+  if (config.training.accumulation_steps < 1) {
+    fail("training.accumulation_steps must be >= 1 (got {})", config.training.accumulation_steps);
+  }
+}
+
+nlohmann::json DSpineObjective::hf_config() const {
+  return model::dspine_hf_config(config_.model, config_.training.dtype);
+}
+
+void DSpineObjective::on_fresh_start() { draft_->initialize_transfer_space(model_.lm_head()); }
+
+DSpineOutput DSpineObjective::run(const data::DraftBatch& batch, StepContext& context,
+                                  DSpineForwardOptions options) {
+  options.step = context.step;
+  options.total_steps = context.total_steps;
+  options.comm = context.comm;
+  auto out = model_.forward(batch, context.generator, options);
+  if (observer_) observer_(out);
+  return out;
+}
+
+void DSpineObjective::accumulate(const DSpineOutput& out) {
+  auto sums = output_sums(out);
+  window_sums_ = window_sums_.defined() ? window_sums_ + sums : sums;
+  window_schedule_ = out.schedule;
+  window_alignment_ce_ = out.alignment_ce.item<double>();
+}
+
+void DSpineObjective::begin_window(const std::vector<data::DraftBatch>& micro_batches,
+                                   StepContext& context) {
+  const int64_t expected = config_.training.accumulation_steps;
+  window_.begin(static_cast<int64_t>(micro_batches.size()), expected);
+  window_sums_ = at::Tensor();
+  immediate_window_ = expected == 1;
+  immediate_steps_ = 0;
+  if (immediate_window_) return;
+  // §8.2: graph-free CE-only prepass of every micro-batch, RNG state saved before each.
+  torch::NoGradGuard no_grad;
+  for (const auto& batch : micro_batches) {
+    auto state = generator_state(context.generator);
+    DSpineForwardOptions options;
+    options.ce_only = true;
+    options.training = context.training;
+    auto out = run(batch, context, options);
+    window_.record_prepass(state, out.ce.item<double>(), out.denominator.item<double>());
+  }
+  window_.reduce(*context.comm);
+}
+
+MicroStepResult DSpineObjective::micro_step(const data::DraftBatch& batch, int64_t index,
+                                            StepContext& context) {
+  DSpineForwardOptions options;
+  options.training = context.training;
+  if (immediate_window_) {
+    window_.check_immediate();
+    if (index != 0 || immediate_steps_ != 0) {
+      fail("DSpine immediate window has one micro-batch; got micro-step {}", index);
+    }
+    ++immediate_steps_;
+    auto out = run(batch, context, options);
+    accumulate(out);
+    return {out.numerator / out.global_denominator.item<double>(),
+            static_cast<int64_t>(out.count.item<double>())};
+  }
+  if (!window_.active()) fail("DSpine micro_step {} without begin_window", index);
+  const auto& state = window_.replay_state(index);
+  options.alignment_ce = torch::tensor(static_cast<float>(window_.alignment_ce()));
+  DSpineOutput out;
+  {
+    GeneratorFork fork(context.generator, state);
+    out = run(batch, context, options);
+  }
+  window_.finish_replay(index, out.denominator.item<double>());
+  accumulate(out);
+  return {out.numerator / window_.global_denominator(),
+          static_cast<int64_t>(out.count.item<double>())};
+}
+
+std::map<std::string, double> DSpineObjective::reduced_metrics(at::Tensor sums,
+                                                               dist::Communicator& comm,
+                                                               const DSpineOutput& last) const {
+  sums = sums.contiguous();
+  comm.all_reduce(sums);
+  auto s = sums.accessor<double, 1>();
+  const double d = s[kSumDenominator];
+  const double count = std::max(s[kSumCount], 1.0);
+  const double ratio_d = std::max(d, 1e-30);
+  return {
+      {"loss", s[kSumNumerator] / ratio_d},
+      {"accuracy", s[kSumCorrect] / count},
+      {"tokens", s[kSumCount]},
+      {"dspine/denominator", d},
+      {"dspine/backbone_ce", s[kSumCe] / ratio_d},
+      {"dspine/backbone_l1", s[kSumL1] / ratio_d},
+      {"dspine/refinement_loss", s[kSumRefine] / ratio_d},
+      {"dspine/alignment_loss", s[kSumAlign] / ratio_d},
+      {"dspine/candidate_coverage", s[kSumCoverage] / count},
+      {"dspine/alignment_beta", last.schedule.alignment_beta},
+      {"dspine/replacement_probability", last.schedule.replacement_probability},
+      {"dspine/alignment_ce", last.alignment_ce.item<double>()},
+  };
+}
+
+std::map<std::string, double> DSpineObjective::end_window(StepContext& context) {
+  if (immediate_window_) {
+    if (immediate_steps_ != 1) fail("DSpine window ended before its micro-step ran");
+  } else {
+    window_.end();
+  }
+  DSpineOutput last;
+  last.schedule = window_schedule_;
+  last.alignment_ce = torch::tensor(window_alignment_ce_);
+  auto metrics = reduced_metrics(window_sums_, *context.comm, last);
+  window_sums_ = at::Tensor();
+  immediate_steps_ = 0;
+  immediate_window_ = false;
+  return metrics;
+}
+
+std::map<std::string, double> DSpineObjective::evaluate(const data::DraftBatch& batch,
+                                                        StepContext& context) {
+  // §8.6: evaluation never replays; no replacement outside training.
+  window_.check_immediate();
+  torch::NoGradGuard no_grad;
+  DSpineForwardOptions options;
+  options.training = false;
+  auto out = run(batch, context, options);
+  return reduced_metrics(output_sums(out), *context.comm, out);
+}
+
+std::unique_ptr<DSpineObjective> make_dspine_objective(const core::Config& config,
+                                                       at::Tensor embed_tokens, at::Tensor lm_head,
+                                                       torch::Device device, torch::Dtype dtype) {
+  return std::make_unique<DSpineObjective>(config, std::move(embed_tokens), std::move(lm_head),
+                                           device, dtype);
+}
+
+}  // namespace dspine::objectives

@@ -1,0 +1,89 @@
+// The DSpine objective as the trainer drives it (objective.name: dspine; dspine.md §7–8).
+//
+// Trainer usage:
+//   auto objective = make_dspine_objective(config, source.embed_tokens(), source.lm_head(),
+//                                          device, dtype);
+//   auto module = objective->module();        // trainable draft: optimizer, sharding, checkpoints
+//   fresh run:  objective->on_fresh_start();  // transfer space from the frozen lm_head (§6)
+//   resume:     load the checkpoint's parameters AND buffers into module (transfer_codes [V, r]
+//               fp32, transfer_ready bool) — never cast buffers with Module::to(dtype).
+//   checkpoint: module->named_parameters() + named_buffers() are the reference state-dict keys;
+//               objective->hf_config() is config.json.
+//   window:     begin_window(all A micro-batches) → micro_step(i) for i = 0..A-1 in order, each
+//               followed by backward(loss) → end_window() → optimizer step.
+// Each micro_step loss is numerator / D_glob (D_glob = Σ over the window's micro-batches and all
+// ranks), so gradients add up with SUM over micro-batches and ranks: no further scaling.
+// Collectives per window: A = 1 → one 2-element all-reduce inside micro_step; A > 1 → one in
+// begin_window (after the A CE-only prepasses, none inside them); end_window adds one for metrics.
+// StepContext::generator draws anchors and replacement masks (it must be a CPU generator or one on
+// the training device); begin_window saves its state per micro-batch and micro_step replays under
+// that state, leaving the generator as after the prepasses.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/types.h>
+
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "core/config.h"
+#include "model/dspine_draft.h"
+#include "objectives/dspine_forward.h"
+#include "objectives/objective.h"
+#include "objectives/window_replay.h"
+
+namespace dspine::objectives {
+
+class DSpineObjective final : public Objective {
+ public:
+  // Builds the draft on CPU fp32 from the global torch RNG (seed it first), then places its
+  // parameters on (device, dtype); buffers keep their dtypes. Kernels: model.fused_kernels.
+  DSpineObjective(const core::Config& config, at::Tensor embed_tokens, at::Tensor lm_head,
+                  torch::Device device, torch::Dtype dtype);
+
+  std::string name() const override { return "dspine"; }
+  std::shared_ptr<torch::nn::Module> module() { return draft_.ptr(); }
+  model::DSpineDraft draft() { return draft_; }
+  DSpineTrainingModel& training_model() { return model_; }
+  nlohmann::json hf_config() const;
+
+  void on_fresh_start() override;
+  void begin_window(const std::vector<data::DraftBatch>& micro_batches,
+                    StepContext& context) override;
+  MicroStepResult micro_step(const data::DraftBatch& batch, int64_t index,
+                             StepContext& context) override;
+  std::map<std::string, double> end_window(StepContext& context) override;
+  std::map<std::string, double> evaluate(const data::DraftBatch& batch,
+                                         StepContext& context) override;
+
+  // Called after every forward (prepass, replay, immediate, evaluation) — for diagnostics and
+  // tests that check the replay reproduces its prepass.
+  using ForwardObserver = std::function<void(const DSpineOutput&)>;
+  void set_forward_observer(ForwardObserver observer) { observer_ = std::move(observer); }
+
+ private:
+  DSpineOutput run(const data::DraftBatch& batch, StepContext& context,
+                   DSpineForwardOptions options);
+  void accumulate(const DSpineOutput& out);
+  std::map<std::string, double> reduced_metrics(at::Tensor sums, dist::Communicator& comm,
+                                                const DSpineOutput& last) const;
+
+  core::Config config_;
+  model::DSpineDraft draft_;
+  DSpineTrainingModel model_;
+  WindowReplay window_;
+  bool immediate_window_ = false;
+  int64_t immediate_steps_ = 0;
+  at::Tensor window_sums_;  // fp64 host [numerator, D, CE, L1, R, A, correct, count, coverage]
+  DSpineSchedule window_schedule_;
+  double window_alignment_ce_ = 0;
+  ForwardObserver observer_;
+};
+
+// The trainer's entry point for objective.name = dspine (see the usage above).
+std::unique_ptr<DSpineObjective> make_dspine_objective(const core::Config& config,
+                                                       at::Tensor embed_tokens, at::Tensor lm_head,
+                                                       torch::Device device, torch::Dtype dtype);
+
+}  // namespace dspine::objectives

@@ -1,0 +1,46 @@
+// Per-chunk DSpine objective terms (dspine.md §7.1) and the CE-only terms of the prepass (§7.7),
+// over blocks laid out as [c, T, ...] (c blocks of T proposals).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "core/config.h"
+#include "model/dspine_draft.h"
+
+namespace dspine::objectives {
+
+// Flattened vocabulary projection (§9): x [..., H] -> [rows, H] @ head^T -> [..., V].
+at::Tensor project_logits(const at::Tensor& x, const at::Tensor& lm_head);
+
+// Chunk input order of objective_terms.
+enum FullTermInput : size_t {
+  kHidden,         // [c, T, H] final normed draft states
+  kPre,            // [c, T, H] last layer's pre-injection states
+  kFeatures,       // [c, L, T, r] post-injection features
+  kLabels,         // [c, T] int64
+  kPredecessors,   // [c, T] int64 true previous tokens
+  kTeacherHidden,  // [c, T, H]
+  kWeights,        // [c, T] fp32
+  kSupervised,     // [c, T] bool
+  kFullTermInputs
+};
+// Output order of objective_terms.
+enum FullTermOutput : size_t { kCe, kL1, kRefine, kAlign, kCorrect, kCoverage, kFullTermOutputs };
+
+// The six sums of §7.1 step 10: CE = Σw·ce, L1 = Σw·l1, R = Σw·(cw·rce + (1−cw)·rl1·gate),
+// A = Σ_l Σ w·(1 − cos(feature_l, code_y)), correct, coverage. `draft` supplies refine() and the
+// codes; `lm_head` is frozen.
+std::vector<at::Tensor> objective_terms(model::DSpineDraftImpl& draft, const at::Tensor& lm_head,
+                                        const core::DSpineConfig& config,
+                                        const std::vector<at::Tensor>& chunk);
+
+// Chunk input order of ce_terms: hidden [c, T, H], labels, weights, supervised.
+enum CeTermInput : size_t { kCeHidden, kCeLabels, kCeWeights, kCeSupervised, kCeTermInputs };
+
+// {CE = Σw·(−log_softmax(z)[y]), correct}: no teacher, L1, top-k, refinement or alignment.
+std::vector<at::Tensor> ce_terms(const at::Tensor& lm_head, const std::vector<at::Tensor>& chunk);
+
+}  // namespace dspine::objectives

@@ -1,0 +1,72 @@
+// Tensor front end of the fused GSPO kernels (kernels/gspo_seam.h, kernels/gspo_vocab.h): checks
+// dtypes, shapes and devices with messages that name the tensor, turns tensors into kernel
+// arguments and launches on the current CUDA stream. The orchestration (all-reduce hook,
+// validation policy, reference fallback) lives in objectives/gspo_seam.h.
+#pragma once
+
+#include <cstdint>
+
+#include <ATen/core/Tensor.h>
+
+namespace dspine::ops {
+
+// Launches one fused seam call issues: workspace memset, reduce kernel, finish kernel.
+constexpr int kGspoFusedSeamLaunches = 3;
+// The monolithic path adds the vocab forward and backward kernels around the seam.
+constexpr int kGspoMonolithicLaunches = kGspoFusedSeamLaunches + 2;
+
+// Per-token inputs of one seam call, each [N] and contiguous on one CUDA device.
+struct GspoSeamArgs {
+  at::Tensor logprobs;      // fp32 lp_t
+  at::Tensor target;        // int64; < 0 = masked
+  at::Tensor old_logprobs;  // fp32
+  at::Tensor advantages;    // fp32
+  at::Tensor segment;       // int32 / int64
+  at::Tensor label_counts;  // int32 / int64 / fp32
+  int64_t num_segments = 0;
+};
+
+// Block-2 scalars, in the spec's terms (gspo.md §1-2).
+struct GspoFinishArgs {
+  double eps_low = 0.0;
+  double eps_high = 0.0;
+  double divisor = 1.0;
+  double coefficient_scale = 0.0;  // g/D·λ
+};
+
+// The device state of one fused seam call. Construction zeroes the workspace (launch 1);
+// reduce() runs block 1 + the segmented reduction (launch 2); segment_sums() is where the
+// cross-rank all-reduce goes; finish() runs block 2 (launch 3).
+class GspoFusedSeam {
+ public:
+  GspoFusedSeam(int64_t num_tokens, int64_t num_segments, const at::Device& device);
+
+  void reduce(const GspoSeamArgs& args);
+  // [2, S] fp32 view of the workspace: row 0 = U_s, row 1 = V_s.
+  at::Tensor segment_sums() const;
+  // Returns fp32 [4] = {loss, new_logprobs, clipped_fraction, ratio_mean} (this rank's share).
+  // Writes c_t into `coefficient` ([N] fp32, contiguous) unless it is undefined.
+  at::Tensor finish(const GspoSeamArgs& args, const GspoFinishArgs& scalars,
+                    const at::Tensor& coefficient);
+  // Status bits of kernels/gspo_seam.h raised so far; waits for the stream.
+  int status() const;
+  int* status_pointer();
+
+ private:
+  at::Tensor workspace_;  // fp32 words
+  int64_t num_tokens_;
+  int64_t num_segments_;
+};
+
+// Vocab forward of the monolithic path: logits [N, V] bf16/fp32 (unit column stride) → logprobs
+// and lse, [N] fp32 each (allocated here). Bad targets are flagged in `seam`'s status.
+void gspo_vocab_forward(const at::Tensor& logits, const at::Tensor& target, double logits_scale,
+                        GspoFusedSeam& seam, at::Tensor& logprobs, at::Tensor& lse);
+
+// Vocab backward: grad (logits' shape and dtype, unit column stride) = c·(p − δ), overwritten or
+// accumulated (masked rows zeroed or left untouched).
+void gspo_vocab_backward(const at::Tensor& logits, const at::Tensor& target,
+                         const at::Tensor& lse, const at::Tensor& coefficient,
+                         double logits_scale, at::Tensor& grad, bool accumulate);
+
+}  // namespace dspine::ops

@@ -1,0 +1,145 @@
+#include "ops/swiglu_ops.h"
+
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/torch.h>
+
+#include "core/error.h"
+#include "kernels/swiglu.h"
+
+namespace dspine::ops {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+bool kernel_dtype(at::ScalarType type, kernels::DType* out) {
+  switch (type) {
+    case at::kFloat: *out = kernels::DType::kFloat32; return true;
+    case at::kHalf: *out = kernels::DType::kFloat16; return true;
+    case at::kBFloat16: *out = kernels::DType::kBFloat16; return true;
+    default: return false;
+  }
+}
+
+void check_launch(cudaError_t status, const char* what, const at::Tensor& t) {
+  if (status != cudaSuccess) {
+    fail("{} failed for input of shape {} ({}): {}", what, c10::str(t.sizes()),
+         c10::toString(t.scalar_type()), cudaGetErrorString(status));
+  }
+}
+
+// [rows, cols] view whose last dimension is contiguous (copied only when it is not).
+at::Tensor as_rows(const at::Tensor& t, int64_t cols) {
+  at::Tensor rows = t.reshape({-1, cols});
+  return rows.stride(1) == 1 ? rows : rows.contiguous();
+}
+
+kernels::DType dtype_of(const at::Tensor& t) {
+  kernels::DType dtype = kernels::DType::kFloat32;
+  kernel_dtype(t.scalar_type(), &dtype);
+  return dtype;
+}
+
+// out = silu(gate) * up; gate and up are [rows, I] views with contiguous rows.
+at::Tensor launch_forward(const at::Tensor& gate, const at::Tensor& up) {
+  const c10::cuda::CUDAGuard guard(gate.device());
+  at::Tensor out = at::empty(gate.sizes(), gate.options());
+  check_launch(kernels::swiglu_forward(gate.data_ptr(), gate.stride(0), up.data_ptr(), up.stride(0),
+                                       out.data_ptr(), out.stride(0), {gate.size(0), gate.size(1)},
+                                       dtype_of(gate), at::cuda::getCurrentCUDAStream()),
+               "SwiGLU forward", gate);
+  return out;
+}
+
+// Writes d(gate) and d(up) into the [rows, I] views dgate and dup.
+void launch_backward(const at::Tensor& dout, const at::Tensor& gate, const at::Tensor& up,
+                     at::Tensor& dgate, at::Tensor& dup) {
+  const c10::cuda::CUDAGuard guard(gate.device());
+  const at::Tensor d = as_rows(dout, gate.size(1));
+  check_launch(kernels::swiglu_backward(d.data_ptr(), d.stride(0), gate.data_ptr(), gate.stride(0),
+                                        up.data_ptr(), up.stride(0), dgate.data_ptr(),
+                                        dgate.stride(0), dup.data_ptr(), dup.stride(0),
+                                        {gate.size(0), gate.size(1)}, dtype_of(gate),
+                                        at::cuda::getCurrentCUDAStream()),
+               "SwiGLU backward", gate);
+}
+
+struct SwiGLUFunction : public torch::autograd::Function<SwiGLUFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up) {
+    const int64_t cols = gate.size(-1);
+    const at::Tensor g = as_rows(gate, cols);
+    const at::Tensor u = as_rows(up, cols);
+    ctx->save_for_backward({g, u});
+    return launch_forward(g, u).view(gate.sizes());
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    at::Tensor dgate = at::empty(saved[0].sizes(), saved[0].options());
+    at::Tensor dup = at::empty(saved[1].sizes(), saved[1].options());
+    launch_backward(grads[0], saved[0], saved[1], dgate, dup);
+    return {dgate.view(grads[0].sizes()), dup.view(grads[0].sizes())};
+  }
+};
+
+struct PackedSwiGLUFunction : public torch::autograd::Function<PackedSwiGLUFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate_up) {
+    const int64_t half = gate_up.size(-1) / 2;
+    const at::Tensor gu = as_rows(gate_up, 2 * half);
+    ctx->save_for_backward({gu});
+    std::vector<int64_t> shape = gate_up.sizes().vec();
+    shape.back() = half;
+    return launch_forward(gu.narrow(1, 0, half), gu.narrow(1, half, half)).view(shape);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const at::Tensor gu = ctx->get_saved_variables()[0];
+    const int64_t half = gu.size(1) / 2;
+    at::Tensor dgu = at::empty(gu.sizes(), gu.options());
+    at::Tensor dgate = dgu.narrow(1, 0, half);
+    at::Tensor dup = dgu.narrow(1, half, half);
+    launch_backward(grads[0], gu.narrow(1, 0, half), gu.narrow(1, half, half), dgate, dup);
+    std::vector<int64_t> shape = grads[0].sizes().vec();
+    shape.back() = 2 * half;
+    return {dgu.view(shape)};
+  }
+};
+
+void require_fusable(const at::Tensor& gate, const at::Tensor& up, const char* what) {
+  if (!swiglu_fusable(gate, up)) {
+    fail("{} needs CUDA fp32/fp16/bf16 gate and up of one shape and dtype; got gate {} {} on {} "
+         "and up {} {} on {}",
+         what, c10::str(gate.sizes()), c10::toString(gate.scalar_type()), gate.device().str(),
+         c10::str(up.sizes()), c10::toString(up.scalar_type()), up.device().str());
+  }
+}
+
+}  // namespace
+
+at::Tensor swiglu_reference(const at::Tensor& gate, const at::Tensor& up) {
+  return at::silu(gate) * up;
+}
+
+bool swiglu_fusable(const at::Tensor& gate, const at::Tensor& up) {
+  kernels::DType dtype;
+  return gate.is_cuda() && gate.dim() > 0 && kernel_dtype(gate.scalar_type(), &dtype) &&
+         up.scalar_type() == gate.scalar_type() && up.device() == gate.device() &&
+         up.sizes() == gate.sizes();
+}
+
+at::Tensor swiglu_fused(const at::Tensor& gate, const at::Tensor& up) {
+  require_fusable(gate, up, "fused SwiGLU");
+  return SwiGLUFunction::apply(gate, up);
+}
+
+at::Tensor swiglu_packed_fused(const at::Tensor& gate_up) {
+  require_fusable(gate_up, gate_up, "fused SwiGLU (packed gate_up)");
+  if (gate_up.size(-1) % 2 != 0) {
+    fail("fused SwiGLU (packed gate_up): last dimension must be 2 * intermediate, got {}",
+         c10::str(gate_up.sizes()));
+  }
+  return PackedSwiGLUFunction::apply(gate_up);
+}
+
+}  // namespace dspine::ops

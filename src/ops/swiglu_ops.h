@@ -1,0 +1,24 @@
+// SwiGLU activation silu(gate) * up as tensor operations: the ATen reference and the fused CUDA
+// kernels (src/kernels/swiglu.h) as autograd functions whose backward recomputes the activation
+// in fp32 from gate and up (nothing extra is saved).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+namespace dspine::ops {
+
+at::Tensor swiglu_reference(const at::Tensor& gate, const at::Tensor& up);
+
+// Whether the fused kernel takes these inputs: CUDA, one fp32/fp16/bf16 dtype, one shape. Rows
+// may be strided (views of a wider tensor); a last dimension that is not contiguous is copied.
+bool swiglu_fusable(const at::Tensor& gate, const at::Tensor& up);
+
+// silu(gate) * up for separate gate and up tensors of one shape [..., I].
+at::Tensor swiglu_fused(const at::Tensor& gate, const at::Tensor& up);
+
+// silu(g) * u where gate_up = [..., 2I] holds g in its first half and u in its second (the output
+// of one fused gate/up projection); the gradient comes back as one [..., 2I] tensor, so the
+// projection's backward stays one GEMM.
+at::Tensor swiglu_packed_fused(const at::Tensor& gate_up);
+
+}  // namespace dspine::ops

@@ -1,0 +1,212 @@
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "core/error.h"
+#include "core/safetensors.h"
+#include "data/batch_source.h"
+#include "data/shards.h"
+#include "data/synthetic_target.h"
+
+namespace dspine::data {
+namespace {
+namespace fs = std::filesystem;
+
+core::Config small_config() {
+  core::Config config;
+  config.model.hidden_size = 16;
+  config.model.vocab_size = 48;
+  config.model.target_layer_ids = {0, 2};
+  config.data.seq_len = 10;
+  config.data.synthetic.num_layers = 3;
+  config.data.synthetic.num_attention_heads = 2;
+  config.data.synthetic.num_key_value_heads = 1;
+  config.data.synthetic.head_dim = 8;
+  config.data.synthetic.intermediate_size = 32;
+  config.data.synthetic.prompt_length = 2;
+  return config;
+}
+
+// Recursive delete without std::filesystem::remove_all, whose copy in libtorch.so crashes on a
+// non-empty directory (see remove_tree in shards.cpp).
+void remove_tree(const fs::path& path) {
+  if (fs::is_directory(fs::symlink_status(path))) {
+    for (const auto& entry : fs::directory_iterator(path)) remove_tree(entry.path());
+  }
+  fs::remove(path);
+}
+
+// A fresh directory per test, removed afterwards.
+class Shards : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = fs::temp_directory_path() /
+            fmt::format("dspine-test-shards-{}-{}", getpid(),
+                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    remove_tree(root_);
+    fs::create_directories(root_);
+  }
+  void TearDown() override { remove_tree(root_); }
+
+  // Writes 5 samples in shards of 2 (3 shards, the last one short).
+  std::string write(const std::string& dtype = "fp32") {
+    const std::string dir = (root_ / "shards").string();
+    write_shards(small_config(), dir, ShardWriteOptions{5, 2, dtype});
+    return dir;
+  }
+
+  fs::path root_;
+};
+
+DraftBatch live_samples(const std::vector<int64_t>& indices) {
+  const auto config = small_config();
+  const SyntheticTarget target(config.model, config.data.synthetic);
+  std::vector<DraftBatch> samples;
+  for (int64_t i : indices) samples.push_back(target.sample(i, config.data.seq_len));
+  return concat_rows(samples);
+}
+
+void expect_batches_equal(const DraftBatch& a, const DraftBatch& b) {
+  EXPECT_TRUE(torch::equal(a.input_ids, b.input_ids));
+  EXPECT_TRUE(torch::equal(a.loss_mask, b.loss_mask));
+  EXPECT_TRUE(torch::equal(a.hidden_states, b.hidden_states));
+  EXPECT_TRUE(torch::equal(a.target_last_hidden_states, b.target_last_hidden_states));
+}
+
+// Runs `body`, expecting a dspine::Error whose message contains every one of `parts`.
+template <typename Body>
+void expect_error_mentioning(Body body, const std::vector<std::string>& parts) {
+  try {
+    body();
+    FAIL() << "expected a dspine::Error";
+  } catch (const Error& e) {
+    for (const auto& part : parts) {
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos)
+          << "'" << e.what() << "' does not mention '" << part << "'";
+    }
+  }
+}
+
+TEST_F(Shards, WrittenShardsReadBackAsTheLiveSamples) {
+  const std::string dir = write();
+  EXPECT_FALSE(fs::exists(dir + ".partial"));
+  const ShardIndex index = read_shard_index(dir);
+  ASSERT_EQ(index.shards.size(), 3u);
+  EXPECT_EQ(index.shards[2].file, "shard-00002.safetensors");
+  EXPECT_EQ(index.shards[2].first_sample, 4);
+  EXPECT_EQ(index.shards[2].samples, 1);
+
+  const auto shard = core::load_safetensors((fs::path(dir) / "shard-00001.safetensors").string());
+  EXPECT_EQ(shard.at("hidden_states").sizes(), torch::IntArrayRef({2, 10, 32}));
+  EXPECT_EQ(shard.metadata.at("sample_offset"), "2");
+  EXPECT_EQ(shard.metadata.at("num_target_layers"), "2");
+
+  ShardReader reader(dir, layout_from_config(small_config()));
+  expect_batches_equal(reader.next(5), live_samples({0, 1, 2, 3, 4}));
+  const auto config = small_config();
+  const SyntheticTarget target(config.model, config.data.synthetic);
+  EXPECT_TRUE(torch::equal(reader.embed_tokens(), target.embed_tokens()));
+  EXPECT_TRUE(torch::equal(reader.lm_head(), target.lm_head()));
+}
+
+TEST_F(Shards, ReaderWrapsAroundEpochsAndSeeks) {
+  ShardReader reader(write(), layout_from_config(small_config()));
+  reader.next(3);
+  EXPECT_EQ(reader.cursor(), 3);
+  expect_batches_equal(reader.next(3), live_samples({3, 4, 0}));  // crosses the epoch boundary
+  EXPECT_EQ(reader.cursor(), 6);
+  reader.seek(12);  // epoch 2, sample 2
+  expect_batches_equal(reader.next(2), live_samples({2, 3}));
+  EXPECT_THROW(reader.seek(-1), Error);
+}
+
+TEST_F(Shards, Bf16ShardsServeFp32HiddenStates) {
+  ShardReader reader(write("bf16"), layout_from_config(small_config()));
+  const DraftBatch read = reader.next(5), live = live_samples({0, 1, 2, 3, 4});
+  EXPECT_EQ(read.hidden_states.scalar_type(), torch::kFloat);
+  EXPECT_TRUE(torch::equal(read.input_ids, live.input_ids));
+  EXPECT_TRUE(torch::equal(read.hidden_states, live.hidden_states.to(torch::kBFloat16).to(torch::kFloat)));
+  EXPECT_FALSE(torch::equal(read.hidden_states, live.hidden_states));
+}
+
+TEST_F(Shards, MakeBatchSourceServesEitherSourceByCursor) {
+  auto config = small_config();
+  auto synthetic = make_batch_source(config);
+  expect_batches_equal(synthetic->next(2), live_samples({0, 1}));
+  synthetic->seek(4);
+  expect_batches_equal(synthetic->next(1), live_samples({4}));
+  EXPECT_EQ(synthetic->cursor(), 5);
+
+  config.data.source = "shards";
+  config.data.shards_dir = write();
+  auto shards = make_batch_source(config);
+  shards->seek(1);
+  expect_batches_equal(shards->next(2), live_samples({1, 2}));
+  EXPECT_TRUE(torch::equal(shards->lm_head(), synthetic->lm_head()));
+
+  config.data.shards_dir = "";
+  expect_error_mentioning([&] { make_batch_source(config); }, {"data.shards_dir"});
+  config.data.source = "files";
+  expect_error_mentioning([&] { make_batch_source(config); }, {"data.source", "files"});
+}
+
+TEST_F(Shards, MissingShardFileIsNamed) {
+  const std::string dir = write();
+  fs::remove(fs::path(dir) / "shard-00001.safetensors");
+  expect_error_mentioning([&] { ShardReader(dir, layout_from_config(small_config())); },
+                          {"shard-00001.safetensors", "missing"});
+}
+
+TEST_F(Shards, CorruptShardIsNamedWhenLoaded) {
+  const std::string dir = write();
+  const fs::path shard = fs::path(dir) / "shard-00002.safetensors";
+  fs::resize_file(shard, fs::file_size(shard) / 2);
+  ShardReader reader(dir, layout_from_config(small_config()));
+  reader.next(4);  // shards 0 and 1 are intact
+  expect_error_mentioning([&] { reader.next(1); }, {"shard-00002.safetensors"});
+}
+
+TEST_F(Shards, ShardWithWrongWidthIsNamed) {
+  const std::string dir = write();
+  const auto path = (fs::path(dir) / "shard-00000.safetensors").string();
+  auto shard = core::load_safetensors(path);
+  shard.tensors.at(2).second = torch::zeros({2, 10, 48});  // hidden_states with K = 3
+  core::save_safetensors(path, shard.tensors, shard.metadata);
+  ShardReader reader(dir, layout_from_config(small_config()));
+  expect_error_mentioning([&] { reader.next(1); },
+                          {"shard-00000.safetensors", "hidden_states", "[2, 10, 48]", "[2, 10, 32]"});
+}
+
+TEST_F(Shards, MismatchedConfigIsRejected) {
+  const std::string dir = write();
+  auto layout = layout_from_config(small_config());
+  layout.hidden_size = 32;
+  expect_error_mentioning([&] { ShardReader(dir, layout); },
+                          {"index.json", "hidden_size 16", "model.hidden_size = 32"});
+  layout = layout_from_config(small_config());
+  layout.target_layer_ids = {0, 1};
+  expect_error_mentioning([&] { ShardReader(dir, layout); }, {"target_layer_ids"});
+}
+
+TEST_F(Shards, MissingOrBrokenIndexIsNamed) {
+  expect_error_mentioning([&] { read_shard_index(root_.string()); }, {"index.json"});
+  const std::string dir = write();
+  std::ofstream(fs::path(dir) / "index.json") << "{\"format\": \"dspine-shards\", \"version\": 1}";
+  expect_error_mentioning([&] { read_shard_index(dir); }, {"index.json", "seq_len"});
+}
+
+TEST_F(Shards, WriteRefusesAnExistingDirectory) {
+  const std::string dir = write();
+  expect_error_mentioning([&] { write_shards(small_config(), dir, ShardWriteOptions{1, 1, "fp32"}); },
+                          {dir, "already exists"});
+  EXPECT_THROW(write_shards(small_config(), (root_ / "other").string(), ShardWriteOptions{1, 1, "fp16"}),
+               Error);
+  EXPECT_FALSE(fs::exists(root_ / "other"));
+}
+
+}  // namespace
+}  // namespace dspine::data

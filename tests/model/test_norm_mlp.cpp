@@ -1,0 +1,132 @@
+// The kernel factory on a machine without CUDA: choice parsing, the reference modules' values and
+// parameter names, and clear errors when fused kernels are demanded without CUDA.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <set>
+#include <string>
+
+#include "core/error.h"
+#include "model/norm_mlp.h"
+#include "ops/rms_norm_ops.h"
+#include "ops/swiglu_ops.h"
+
+namespace dspine::model {
+namespace {
+
+std::set<std::string> parameter_names(const torch::nn::Module& module) {
+  std::set<std::string> names;
+  for (const auto& item : module.named_parameters()) names.insert(item.key());
+  return names;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(KernelFactory, ParsesAutoTrueFalseAndRejectsOthers) {
+  EXPECT_EQ(parse_fused_kernels("auto"), FusedKernels::kAuto);
+  EXPECT_EQ(parse_fused_kernels("true"), FusedKernels::kOn);
+  EXPECT_EQ(parse_fused_kernels("false"), FusedKernels::kOff);
+  const std::string message = error_of([] { parse_fused_kernels("yes"); });
+  EXPECT_NE(message.find("model.fused_kernels"), std::string::npos) << message;
+  EXPECT_NE(message.find("yes"), std::string::npos) << message;
+}
+
+TEST(KernelFactory, AutoAndFalsePickTheReferenceOnCpu) {
+  EXPECT_FALSE(use_fused_kernels(FusedKernels::kAuto, torch::kCPU));
+  EXPECT_FALSE(use_fused_kernels(FusedKernels::kOff, torch::kCPU));
+}
+
+TEST(KernelFactory, AutoAndTruePickFusedOnCuda) {
+  EXPECT_TRUE(use_fused_kernels(FusedKernels::kAuto, torch::Device(torch::kCUDA, 0)));
+  EXPECT_TRUE(use_fused_kernels(FusedKernels::kOn, torch::Device(torch::kCUDA, 0)));
+  EXPECT_FALSE(use_fused_kernels(FusedKernels::kOff, torch::Device(torch::kCUDA, 0)));
+}
+
+TEST(KernelFactory, TrueWithoutCudaIsAClearError) {
+  const std::string message = error_of([] { use_fused_kernels(FusedKernels::kOn, torch::kCPU); });
+  EXPECT_NE(message.find("CUDA"), std::string::npos) << message;
+  EXPECT_NE(message.find("fused_kernels"), std::string::npos) << message;
+}
+
+TEST(KernelFactory, FusedModulesRejectCpuInputsNamingCuda) {
+  RMSNorm norm(8, 1e-6, /*fused=*/true);
+  SwiGLUMLP mlp(8, 16, /*fused=*/true);
+  const auto x = torch::randn({2, 8});
+  EXPECT_NE(error_of([&] { norm(x); }).find("CUDA"), std::string::npos);
+  EXPECT_NE(error_of([&] { norm->forward_add(x, x); }).find("CUDA"), std::string::npos);
+  EXPECT_NE(error_of([&] { mlp(x); }).find("CUDA"), std::string::npos);
+}
+
+TEST(KernelFactory, ParameterNamesAreIdenticalFusedOrNot) {
+  const std::set<std::string> norm_names{"weight"};
+  EXPECT_EQ(parameter_names(*RMSNorm(8, 1e-6, true)), norm_names);
+  EXPECT_EQ(parameter_names(*RMSNorm(8, 1e-6, false)), norm_names);
+  const std::set<std::string> mlp_names{"gate_proj.weight", "up_proj.weight", "down_proj.weight"};
+  EXPECT_EQ(parameter_names(*SwiGLUMLP(8, 16, true)), mlp_names);
+  EXPECT_EQ(parameter_names(*SwiGLUMLP(8, 16, false)), mlp_names);
+  SwiGLUMLP mlp(8, 16, false);
+  EXPECT_EQ(mlp->gate_proj->weight.sizes(), torch::IntArrayRef({16, 8}));
+  EXPECT_EQ(mlp->down_proj->weight.sizes(), torch::IntArrayRef({8, 16}));
+}
+
+TEST(ReferenceRMSNorm, MatchesTheFormulaInDoublePrecision) {
+  torch::manual_seed(0);
+  RMSNorm norm(7, 1e-5, false);
+  torch::NoGradGuard no_grad;
+  norm->weight.copy_(torch::randn({7}));
+  const auto x = torch::randn({3, 5, 7});
+  const auto xd = x.to(torch::kFloat64);
+  const auto expected = xd / torch::sqrt(xd.pow(2).mean(-1, true) + 1e-5) * norm->weight.to(torch::kFloat64);
+  EXPECT_TRUE(torch::allclose(norm(x).to(torch::kFloat64), expected, 1e-5, 1e-6));
+}
+
+TEST(ReferenceRMSNorm, ComputesStatisticsInFp32ForBf16Inputs) {
+  torch::manual_seed(1);
+  const auto x = (torch::randn({4, 64}) * 100).to(torch::kBFloat16);
+  const auto w = torch::ones({64}, torch::kBFloat16);
+  const auto y = ops::rms_norm_reference(x, w, 1e-6);
+  EXPECT_EQ(y.scalar_type(), torch::kBFloat16);
+  // Unit-weight RMSNorm output has mean square 1 per row, whatever the input scale.
+  const auto mean_square = y.to(torch::kFloat32).pow(2).mean(-1);
+  EXPECT_TRUE(torch::allclose(mean_square, torch::ones({4}), 2e-2, 0));
+}
+
+TEST(ReferenceRMSNorm, ForwardAddReturnsTheSumAndItsNorm) {
+  torch::manual_seed(2);
+  RMSNorm norm(16, 1e-6, false);
+  const auto x = torch::randn({3, 16});
+  const auto residual = torch::randn({3, 16});
+  auto [sum, normed] = norm->forward_add(x, residual);
+  EXPECT_TRUE(torch::equal(sum, x + residual));
+  EXPECT_TRUE(torch::allclose(normed, norm(x + residual)));
+}
+
+TEST(ReferenceSwiGLUMLP, MatchesDownOfSiluGateTimesUp) {
+  torch::manual_seed(3);
+  SwiGLUMLP mlp(8, 24, false);
+  const auto x = torch::randn({2, 3, 8});
+  const auto gate = torch::matmul(x, mlp->gate_proj->weight.t());
+  const auto up = torch::matmul(x, mlp->up_proj->weight.t());
+  const auto expected = torch::matmul(gate * torch::sigmoid(gate) * up, mlp->down_proj->weight.t());
+  EXPECT_TRUE(torch::allclose(mlp(x), expected, 1e-5, 1e-6));
+  EXPECT_TRUE(torch::allclose(ops::swiglu_reference(gate, up), gate * torch::sigmoid(gate) * up));
+}
+
+TEST(FusedOps, RefuseCpuTensorsWithAClearMessage) {
+  const auto x = torch::randn({2, 8});
+  EXPECT_FALSE(ops::rms_norm_fusable(x, torch::ones({8})));
+  EXPECT_FALSE(ops::swiglu_fusable(x, x));
+  EXPECT_NE(error_of([&] { ops::rms_norm_fused(x, torch::ones({8}), 1e-6); }).find("CUDA"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { ops::swiglu_fused(x, x); }).find("CUDA"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace dspine::model
