@@ -11,7 +11,8 @@ namespace dspine::bench {
 namespace {
 
 void check(cudaError_t status, const char* what) {
-  if (status != cudaSuccess) fail("copy bandwidth: {} failed: {}", what, cudaGetErrorString(status));
+  if (status != cudaSuccess)
+    fail("copy bandwidth: {} failed: {}", what, cudaGetErrorString(status));
 }
 
 }  // namespace

@@ -11,8 +11,8 @@
 #include <vector>
 
 #include <ATen/cuda/CUDAContext.h>
-#include <CLI/CLI.hpp>
 #include <torch/torch.h>
+#include <CLI/CLI.hpp>
 
 #include "bench/bench.h"
 #include "core/error.h"
@@ -57,20 +57,22 @@ struct Kernel {
 
 std::map<std::string, Kernel> kernels() {
   std::map<std::string, Kernel> k;
-  k["rms_norm"] = Kernel{
-      {"x", "weight"},
-      {"y"},
-      {"reference", "aten", "fused"},
-      [](const std::string& impl, const Tensors& in, double eps) -> Tensors {
-        if (impl == "reference") return {ops::rms_norm_reference(in[0], in[1], eps)};
-        if (impl == "aten") return {at::rms_norm(in[0], {in[0].size(-1)}, in[1], eps)};
-        return {ops::rms_norm_fused(in[0], in[1], eps)};
-      },
-      // x, weight in; y, rstd out.
-      [](int64_t r, int64_t c, double e) { return 2.0 * r * c * e + c * e + 4.0 * r; },
-      // dy, x, weight, rstd in; dx, dweight out.
-      [](int64_t r, int64_t c, double e) { return 3.0 * r * c * e + 2.0 * c * e + 4.0 * r; },
-      [](int64_t r, int64_t c) { return std::vector<std::vector<int64_t>>{{r, c}, {c}}; }};
+  k["rms_norm"] =
+      Kernel{{"x", "weight"},
+             {"y"},
+             {"reference", "aten", "fused"},
+             [](const std::string& impl, const Tensors& in, double eps) -> Tensors {
+               if (impl == "reference") return {ops::rms_norm_reference(in[0], in[1], eps)};
+               if (impl == "aten") return {at::rms_norm(in[0], {in[0].size(-1)}, in[1], eps)};
+               return {ops::rms_norm_fused(in[0], in[1], eps)};
+             },
+             // x, weight in; y, rstd out.
+             [](int64_t r, int64_t c, double e) { return 2.0 * r * c * e + c * e + 4.0 * r; },
+             // dy, x, weight, rstd in; dx, dweight out.
+             [](int64_t r, int64_t c, double e) { return 3.0 * r * c * e + 2.0 * c * e + 4.0 * r; },
+             [](int64_t r, int64_t c) {
+               return std::vector<std::vector<int64_t>>{{r, c}, {c}};
+             }};
   k["add_rms_norm"] = Kernel{
       {"x", "residual", "weight"},
       {"sum", "y"},
@@ -84,27 +86,31 @@ std::map<std::string, Kernel> kernels() {
       [](int64_t r, int64_t c, double e) { return 4.0 * r * c * e + c * e + 4.0 * r; },
       // dy, dsum, sum, weight, rstd in; dx, dweight out.
       [](int64_t r, int64_t c, double e) { return 4.0 * r * c * e + 2.0 * c * e + 4.0 * r; },
-      [](int64_t r, int64_t c) { return std::vector<std::vector<int64_t>>{{r, c}, {r, c}, {c}}; }};
-  k["swiglu"] = Kernel{
-      {"gate", "up"},
-      {"out"},
-      {"reference", "fused"},
-      [](const std::string& impl, const Tensors& in, double) -> Tensors {
-        if (impl == "reference") return {ops::swiglu_reference(in[0], in[1])};
-        return {ops::swiglu_fused(in[0], in[1])};
-      },
-      // gate, up in; out out.
-      [](int64_t r, int64_t c, double e) { return 3.0 * r * c * e; },
-      // dout, gate, up in; dgate, dup out.
-      [](int64_t r, int64_t c, double e) { return 5.0 * r * c * e; },
-      [](int64_t r, int64_t c) { return std::vector<std::vector<int64_t>>{{r, c}, {r, c}}; }};
+      [](int64_t r, int64_t c) {
+        return std::vector<std::vector<int64_t>>{{r, c}, {r, c}, {c}};
+      }};
+  k["swiglu"] = Kernel{{"gate", "up"},
+                       {"out"},
+                       {"reference", "fused"},
+                       [](const std::string& impl, const Tensors& in, double) -> Tensors {
+                         if (impl == "reference") return {ops::swiglu_reference(in[0], in[1])};
+                         return {ops::swiglu_fused(in[0], in[1])};
+                       },
+                       // gate, up in; out out.
+                       [](int64_t r, int64_t c, double e) { return 3.0 * r * c * e; },
+                       // dout, gate, up in; dgate, dup out.
+                       [](int64_t r, int64_t c, double e) { return 5.0 * r * c * e; },
+                       [](int64_t r, int64_t c) {
+                         return std::vector<std::vector<int64_t>>{{r, c}, {r, c}};
+                       }};
   return k;
 }
 
 const Kernel& kernel_named(const std::string& name) {
   static const std::map<std::string, Kernel> all = kernels();
   const auto it = all.find(name);
-  if (it == all.end()) fail("dspine-bench kernels: unknown kernel '{}' (rms_norm | add_rms_norm | swiglu)", name);
+  if (it == all.end())
+    fail("dspine-bench kernels: unknown kernel '{}' (rms_norm | add_rms_norm | swiglu)", name);
   return it->second;
 }
 
@@ -118,7 +124,8 @@ torch::Dtype parse_dtype(const std::string& name) {
 std::pair<int64_t, int64_t> parse_shape(const std::string& text) {
   const auto x = text.find('x');
   try {
-    if (x != std::string::npos) return {std::stoll(text.substr(0, x)), std::stoll(text.substr(x + 1))};
+    if (x != std::string::npos)
+      return {std::stoll(text.substr(0, x)), std::stoll(text.substr(x + 1))};
   } catch (const std::exception&) {
   }
   fail("dspine-bench kernels: --shapes entries are ROWSxCOLS, got '{}'", text);
@@ -137,7 +144,8 @@ double time_ms(const std::function<void()>& fn, int warmup, int iterations) {
   }
   cudaEventSynchronize(events.back());
   std::vector<float> times(iterations);
-  for (int i = 0; i < iterations; ++i) cudaEventElapsedTime(&times[i], events[2 * i], events[2 * i + 1]);
+  for (int i = 0; i < iterations; ++i)
+    cudaEventElapsedTime(&times[i], events[2 * i], events[2 * i + 1]);
   for (auto& e : events) cudaEventDestroy(e);
   std::sort(times.begin(), times.end());
   return times[iterations / 2];
@@ -189,11 +197,15 @@ void run_benchmarks(const Options& options) {
         const double bwd = time_ms([&] { gradients(outputs, inputs, grad_outputs, true); },
                                    options.warmup, options.iterations);
         const double both = time_ms(
-            [&] { gradients(kernel.forward(impl, inputs, options.eps), inputs, grad_outputs, false); },
+            [&] {
+              gradients(kernel.forward(impl, inputs, options.eps), inputs, grad_outputs, false);
+            },
             options.warmup, options.iterations);
-        const double fb = kernel.forward_bytes(r, c, element), bb = kernel.backward_bytes(r, c, element);
-        for (const Row& row : {Row{name, impl, "fwd", r, c, fwd, fb}, Row{name, impl, "bwd", r, c, bwd, bb},
-                               Row{name, impl, "fwd+bwd", r, c, both, fb + bb}}) {
+        const double fb = kernel.forward_bytes(r, c, element),
+                     bb = kernel.backward_bytes(r, c, element);
+        for (const Row& row :
+             {Row{name, impl, "fwd", r, c, fwd, fb}, Row{name, impl, "bwd", r, c, bwd, bb},
+              Row{name, impl, "fwd+bwd", r, c, both, fb + bb}}) {
           const double gbs = row.bytes / (row.ms * 1e-3) / 1e9;
           std::printf("%-13s %13s %-9s %-8s %9.4f %10.1f %9.1f %7.1f%%\n", row.kernel.c_str(),
                       (std::to_string(r) + "x" + std::to_string(c)).c_str(), row.impl.c_str(),
@@ -219,37 +231,46 @@ void run_benchmarks(const Options& options) {
 // Runs one kernel on the tensors of --in (its inputs by name, plus d<output> gradients) and
 // writes the outputs and the inputs' gradients (d<input>) to --out.
 void run_file(const Options& options) {
-  if (options.kernels.size() != 1) fail("dspine-bench kernels --in: name exactly one kernel with --kernels");
+  if (options.kernels.size() != 1)
+    fail("dspine-bench kernels --in: name exactly one kernel with --kernels");
   const Kernel& kernel = kernel_named(options.kernels[0]);
   if (std::find(kernel.impls.begin(), kernel.impls.end(), options.impl) == kernel.impls.end()) {
-    fail("dspine-bench kernels: kernel '{}' has no implementation '{}'", options.kernels[0], options.impl);
+    fail("dspine-bench kernels: kernel '{}' has no implementation '{}'", options.kernels[0],
+         options.impl);
   }
   const auto file = core::load_safetensors(options.in);
   const torch::Device device = torch::cuda::is_available() ? torch::kCUDA : torch::kCPU;
   Tensors inputs;
-  for (const auto& name : kernel.input_names) inputs.push_back(file.at(name).to(device).requires_grad_(true));
+  for (const auto& name : kernel.input_names)
+    inputs.push_back(file.at(name).to(device).requires_grad_(true));
   const Tensors outputs = kernel.forward(options.impl, inputs, options.eps);
   Tensors grad_outputs;
   for (size_t i = 0; i < outputs.size(); ++i) {
     const std::string name = "d" + kernel.output_names[i];
-    grad_outputs.push_back(file.contains(name) ? file.at(name).to(device) : torch::zeros_like(outputs[i]));
+    grad_outputs.push_back(file.contains(name) ? file.at(name).to(device)
+                                               : torch::zeros_like(outputs[i]));
   }
   const Tensors grads = gradients(outputs, inputs, grad_outputs, false);
   core::NamedTensors written;
-  for (size_t i = 0; i < outputs.size(); ++i) written.emplace_back(kernel.output_names[i], outputs[i].detach());
-  for (size_t i = 0; i < grads.size(); ++i) written.emplace_back("d" + kernel.input_names[i], grads[i]);
+  for (size_t i = 0; i < outputs.size(); ++i)
+    written.emplace_back(kernel.output_names[i], outputs[i].detach());
+  for (size_t i = 0; i < grads.size(); ++i)
+    written.emplace_back("d" + kernel.input_names[i], grads[i]);
   core::save_safetensors(options.out, written,
-                         {{"kernel", options.kernels[0]}, {"impl", options.impl}, {"eps", std::to_string(options.eps)}});
-  std::printf("%s (%s): wrote %zu tensors to %s\n", options.kernels[0].c_str(), options.impl.c_str(),
-              written.size(), options.out.c_str());
+                         {{"kernel", options.kernels[0]},
+                          {"impl", options.impl},
+                          {"eps", std::to_string(options.eps)}});
+  std::printf("%s (%s): wrote %zu tensors to %s\n", options.kernels[0].c_str(),
+              options.impl.c_str(), written.size(), options.out.c_str());
 }
 
 }  // namespace
 
 void register_kernel_bench(CLI::App& app) {
   auto options = std::make_shared<Options>();
-  CLI::App* cmd = app.add_subcommand(
-      "kernels", "RMSNorm, add+RMSNorm and SwiGLU: ATen reference vs fused kernels (time, GB/s, % of copy bandwidth)");
+  CLI::App* cmd = app.add_subcommand("kernels",
+                                     "RMSNorm, add+RMSNorm and SwiGLU: ATen reference vs fused "
+                                     "kernels (time, GB/s, % of copy bandwidth)");
   cmd->add_option("--kernels", options->kernels, "rms_norm | add_rms_norm | swiglu (default: all)");
   cmd->add_option("--shapes", options->shapes, "ROWSxCOLS list (default: each kernel's shapes)");
   cmd->add_option("--dtype", options->dtype, "bf16 | fp16 | fp32");
@@ -257,17 +278,20 @@ void register_kernel_bench(CLI::App& app) {
   cmd->add_option("--iters", options->iterations, "timed calls (the median is reported)");
   cmd->add_option("--eps", options->eps, "RMSNorm epsilon");
   cmd->add_option("--csv", options->csv, "also write the table as CSV");
-  cmd->add_option("--in", options->in, "safetensors inputs: run one kernel on them instead of benchmarking");
+  cmd->add_option("--in", options->in,
+                  "safetensors inputs: run one kernel on them instead of benchmarking");
   cmd->add_option("--out", options->out, "safetensors file for the outputs and gradients of --in");
   cmd->add_option("--impl", options->impl, "implementation for --in: fused | reference | aten");
   cmd->callback([options] {
     if (!options->in.empty() || !options->out.empty()) {
-      if (options->in.empty() || options->out.empty()) fail("dspine-bench kernels: --in and --out go together");
+      if (options->in.empty() || options->out.empty())
+        fail("dspine-bench kernels: --in and --out go together");
       run_file(*options);
       return;
     }
     if (!torch::cuda::is_available()) fail("dspine-bench kernels: benchmarks need a CUDA device");
-    if (options->iterations < 1) fail("dspine-bench kernels: --iters must be >= 1, got {}", options->iterations);
+    if (options->iterations < 1)
+      fail("dspine-bench kernels: --iters must be >= 1, got {}", options->iterations);
     run_benchmarks(*options);
   });
 }

@@ -101,6 +101,7 @@ std::vector<Key> keys_of(Config& c) {
       {"training.num_anchors", &t.num_anchors},
       {"training.loss_decay_gamma", &t.loss_decay_gamma},
       {"training.objective_chunk_blocks", &t.objective_chunk_blocks},
+      {"training.cpu_threads", &t.cpu_threads},
       {"objective.name", &c.objective.name, {"ce", "dspine"}},
       {"checkpoint.dir", &c.checkpoint.dir},
       {"checkpoint.save_every", &c.checkpoint.save_every},
@@ -657,6 +658,7 @@ void validate(const Context& ctx, const Config& c) {
   at_least("training.seed", t.seed, 0);
   at_least("training.num_anchors", t.num_anchors, 1);
   at_least("training.objective_chunk_blocks", t.objective_chunk_blocks, 0);
+  at_least("training.cpu_threads", t.cpu_threads, 0);
 
   non_empty("checkpoint.dir", c.checkpoint.dir);
   at_least("checkpoint.save_every", c.checkpoint.save_every, 0);

@@ -53,7 +53,7 @@ struct SyntheticTargetConfig {
   int64_t num_key_value_heads = 2;
   int64_t head_dim = 16;
   int64_t intermediate_size = 128;
-  double logit_scale = 1.0;     // multiplies the target's logits before sampling (peakedness)
+  double logit_scale = 1.0;     // multiplies the target's logits; folded into its lm_head()
   double temperature = 1.0;     // sampling temperature
   int64_t prompt_length = 8;    // leading tokens with loss_mask 0 (the "prompt")
 };
@@ -83,6 +83,9 @@ struct TrainingConfig {
   int64_t num_anchors = 512;       // DSpine: max anchor blocks per row
   double loss_decay_gamma = 7.0;   // DSpine: position decay; <= 0 disables
   int64_t objective_chunk_blocks = 128;  // DSpine: blocks per objective chunk; 0 = no chunking
+  // Intra-op CPU threads (0 = LibTorch's default). Small models run fastest on 1: MKL's threads
+  // spin-wait between tiny GEMMs.
+  int64_t cpu_threads = 0;
 };
 
 struct ObjectiveConfig {

@@ -10,6 +10,7 @@
 #include <torch/torch.h>
 
 #include "core/error.h"
+#include "core/files.h"
 #include "core/log.h"
 #include "data/synthetic_target.h"
 
@@ -97,16 +98,6 @@ at::Tensor read_target_weight(const core::SafetensorsFile& file, const char* nam
   return t.to(at::kFloat).contiguous();
 }
 
-// std::filesystem::remove_all, but safe to call here: LibTorch's libtorch.so carries its own copy
-// of the std::filesystem operations, and its remove_all crashes on a non-empty directory when it
-// wins symbol resolution over libstdc++'s. directory_iterator and remove are not affected.
-void remove_tree(const fs::path& path) {
-  if (fs::is_directory(fs::symlink_status(path))) {
-    for (const auto& entry : fs::directory_iterator(path)) remove_tree(entry.path());
-  }
-  fs::remove(path);
-}
-
 }  // namespace
 
 ShardLayout layout_from_config(const core::Config& config) {
@@ -182,7 +173,7 @@ void write_shards(const core::Config& config, const std::string& out_dir,
   const SyntheticTarget target(config.model, config.data.synthetic);
   const ShardLayout layout = layout_from_config(config);
   try {
-    remove_tree(partial);  // left over from an interrupted run
+    core::remove_tree(partial.string());  // left over from an interrupted run
     fs::create_directories(partial);
     core::save_safetensors((partial / kTargetFile).string(),
                            {{kEmbedKey, target.embed_tokens()}, {kHeadKey, target.lm_head()}});
@@ -227,7 +218,7 @@ void write_shards(const core::Config& config, const std::string& out_dir,
     fs::rename(partial, out);
   } catch (...) {
     try {
-      remove_tree(partial);
+      core::remove_tree(partial.string());
     } catch (const fs::filesystem_error&) {  // keep the original error
     }
     throw;

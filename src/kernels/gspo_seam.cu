@@ -6,12 +6,8 @@
 // the first and last run of each range may continue into a neighbour, so they go to a boundary
 // list of 2 entries per block. The last block to finish (integer ticket) reduces that list with
 // the same segmented scan, in block order: every sum is formed in an order fixed by the layout.
-// Besides (U_s, V_s) each run stores this rank's labelled count n_s and weight W_s = Σ w_t, and
-// every token's key (segment id, −1 when masked) is written as one int.
-// Finish kernel: the loss / metric sums are per segment (Σ_t m_t·ℓ_t = Σ_s n_s·ℓ_s, and the
-// w-weighted metrics use W_s), so tokens are not reread for them; the per-token pass only turns
-// each key into c_t (4 bytes read, 4 written) and is skipped in forward-only calls. The last
-// block combines the per-block partials.
+// Finish kernel: one pass over the tokens gathering (U_s, V_s) from the L2-resident buffer, with
+// the same last-block pattern for the loss / metric sums.
 #include "kernels/gspo_seam.h"
 
 #include <cstring>
@@ -24,9 +20,6 @@ namespace dspine::kernels {
 namespace {
 
 constexpr int kThreads = 256;
-// The reduce kernel's register budget is sized for this many blocks per SM, so that its grid
-// (at most kMaxBlocks blocks) is resident in one wave on a 132-SM H200 up to 1M tokens.
-constexpr int kMinBlocks = 4;
 constexpr int kItems = 8;
 constexpr int64_t kTile = int64_t(kThreads) * kItems;
 // Bounds the boundary list (2 entries per block) to one tile of the combining block.
@@ -34,23 +27,19 @@ constexpr int64_t kMaxBlocks = kTile / 2;
 
 // Word offsets into the workspace (every entry is 4 bytes).
 struct Layout {
-  int64_t segments, blocks, tokens;
-  __host__ __device__ int64_t weights() const { return 2 * segments; }  // W_s (float)
-  __host__ __device__ int64_t counts() const { return 3 * segments; }   // n_s (int), the writers
-  __host__ __device__ int64_t status() const { return 4 * segments; }
+  int64_t segments, blocks;
+  __host__ __device__ int64_t writers() const { return 2 * segments; }
+  __host__ __device__ int64_t status() const { return 3 * segments; }
   __host__ __device__ int64_t reduce_ticket() const { return status() + 1; }
   __host__ __device__ int64_t finish_ticket() const { return status() + 2; }
-  __host__ __device__ int64_t zeroed() const { return status() + 3; }
+  __host__ __device__ int64_t logprob_total() const { return status() + 3; }
+  __host__ __device__ int64_t zeroed() const { return status() + 4; }
   __host__ __device__ int64_t boundary_keys() const { return zeroed(); }
   __host__ __device__ int64_t boundary_u() const { return boundary_keys() + 2 * blocks; }
   __host__ __device__ int64_t boundary_v() const { return boundary_u() + 2 * blocks; }
-  __host__ __device__ int64_t boundary_w() const { return boundary_v() + 2 * blocks; }
-  __host__ __device__ int64_t boundary_n() const { return boundary_w() + 2 * blocks; }
-  __host__ __device__ int64_t logprob_partials() const { return boundary_n() + 2 * blocks; }
+  __host__ __device__ int64_t logprob_partials() const { return boundary_v() + 2 * blocks; }
   __host__ __device__ int64_t finish_partials() const { return logprob_partials() + blocks; }
-  // Per-token keys start on a 16-byte boundary (relative to the workspace) for vector access.
-  __host__ __device__ int64_t keys() const { return (finish_partials() + 3 * blocks + 3) / 4 * 4; }
-  __host__ __device__ int64_t total() const { return keys() + tokens; }
+  __host__ __device__ int64_t total() const { return finish_partials() + 3 * blocks; }
 };
 
 struct Grid {
@@ -81,35 +70,15 @@ __device__ __forceinline__ void load_items(const T* base, int64_t first, int64_t
   }
 }
 
-// Blocked store of kItems consecutive elements starting at this thread's slot of the tile.
-template <typename T>
-__device__ __forceinline__ void store_items(T* base, int64_t first, int64_t end,
-                                            const T (&in)[kItems]) {
-  T* p = base + first;
-  if (first + kItems <= end && (reinterpret_cast<uintptr_t>(p) & 15) == 0) {
-    constexpr int kPerVector = 16 / sizeof(T);
-#pragma unroll
-    for (int i = 0; i < kItems; i += kPerVector) {
-      uint4 raw;
-      memcpy(&raw, &in[i], sizeof(raw));
-      *reinterpret_cast<uint4*>(p + i) = raw;
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < kItems; ++i)
-      if (first + i < end) p[i] = in[i];
-  }
-}
-
 // A run's partial sums in the segmented scan; `first` marks a run that began after no labelled
 // token of the range (the range's first run, which may continue a neighbour's last run).
 struct RunScan {
-  int head, first, n;
-  float u, v, w;
+  int head, first;
+  float u, v;
 };
 struct RunScanOp {
   __device__ RunScan operator()(const RunScan& a, const RunScan& b) const {
-    return b.head ? b : RunScan{a.head, a.first, a.n + b.n, a.u + b.u, a.v + b.v, a.w + b.w};
+    return b.head ? b : RunScan{a.head, a.first, a.u + b.u, a.v + b.v};
   }
 };
 // Forward fill: masked tokens take the key of the last labelled token before them.
@@ -118,10 +87,9 @@ struct FillOp {
 };
 
 struct Carry {
-  int key, first, n;
-  float u, v, w;
+  int key, first;
+  float u, v;
 };
-constexpr Carry kNoCarry{-1, 1, 0, 0.f, 0.f, 0.f};
 
 struct Triple {
   float a, b, c;
@@ -144,13 +112,12 @@ struct SeamShared {
   int is_last;
 };
 
-// One tile of the segmented reduction: key -1 = no label (its n, u, v, w are 0). Every complete
-// run (one that ends before the tile's last item) is passed to emit(key, first, run); the run
-// open at the tile's end becomes the carry for the next tile.
+// One tile of the segmented reduction: key -1 = no label (its u, v are 0). Every complete run
+// (one that ends before the tile's last item) is passed to emit(key, first, u, v); the run open
+// at the tile's end becomes the carry for the next tile.
 template <typename Emit>
-__device__ void reduce_tile(SeamShared& sh, int (&key)[kItems], const int (&n)[kItems],
-                            const float (&u)[kItems], const float (&v)[kItems],
-                            const float (&w)[kItems], Emit&& emit) {
+__device__ void reduce_tile(SeamShared& sh, int (&key)[kItems], const float (&u)[kItems],
+                            const float (&v)[kItems], Emit&& emit) {
   const Carry carry = sh.carry;
   int thread_last = -1;
 #pragma unroll
@@ -162,7 +129,7 @@ __device__ void reduce_tile(SeamShared& sh, int (&key)[kItems], const int (&n)[k
 #pragma unroll
   for (int i = 0; i < kItems; ++i) {
     const int k = key[i] >= 0 ? key[i] : prev;
-    items[i] = RunScan{k != prev, prev < 0, n[i], u[i], v[i], w[i]};
+    items[i] = RunScan{k != prev, prev < 0, u[i], v[i]};
     key[i] = k;
     prev = k;
   }
@@ -172,7 +139,7 @@ __device__ void reduce_tile(SeamShared& sh, int (&key)[kItems], const int (&n)[k
   for (int i = 1; i < kItems; ++i) aggregate = op(aggregate, items[i]);
   RunScan running;
   cub::BlockScan<RunScan, kThreads>(sh.run).ExclusiveScan(
-      aggregate, running, RunScan{0, carry.first, carry.n, carry.u, carry.v, carry.w}, op);
+      aggregate, running, RunScan{0, carry.first, carry.u, carry.v}, op);
 #pragma unroll
   for (int i = 0; i < kItems; ++i) {
     running = op(running, items[i]);
@@ -185,26 +152,24 @@ __device__ void reduce_tile(SeamShared& sh, int (&key)[kItems], const int (&n)[k
   for (int i = 0; i < kItems; ++i) {
     if (threadIdx.x == kThreads - 1 && i == kItems - 1) continue;
     const int next = i + 1 < kItems ? key[i + 1] : sh.next_key[threadIdx.x + 1];
-    if (key[i] >= 0 && next != key[i]) emit(key[i], items[i].first != 0, items[i]);
+    if (key[i] >= 0 && next != key[i]) emit(key[i], items[i].first != 0, items[i].u, items[i].v);
   }
   __syncthreads();
   if (threadIdx.x == kThreads - 1) {
     const RunScan& last = items[kItems - 1];
-    sh.carry = Carry{key[kItems - 1], last.first, last.n, last.u, last.v, last.w};
+    sh.carry = Carry{key[kItems - 1], last.first, last.u, last.v};
   }
   __syncthreads();
 }
 
-// A complete segment: its single writer stores the sums. A run holds at least one labelled
-// token, so a nonzero count already there means a second writer: the segment was split into
-// two runs (contract violation), flagged, and its values are not trusted.
-__device__ __forceinline__ void store_segment(float* ws, const Layout& layout, int key, int n,
-                                              float u, float v, float w) {
+// A complete segment: its single writer stores both sums. A second writer means the segment was
+// split into two runs (contract violation): flagged, and the value is not trusted.
+__device__ __forceinline__ void store_segment(float* ws, const Layout& layout, int key, float u,
+                                              float v) {
   ws[key] = u;
   ws[layout.segments + key] = v;
-  ws[layout.weights() + key] = w;
-  int* counts = reinterpret_cast<int*>(ws + layout.counts());
-  if (atomicAdd(counts + key, n) != 0)
+  int* writers = reinterpret_cast<int*>(ws + layout.writers());
+  if (atomicAdd(writers + key, 1) != 0)
     atomicOr(reinterpret_cast<int*>(ws + layout.status()), kGspoSplitSegment);
 }
 
@@ -219,30 +184,20 @@ __device__ bool last_block_done(SeamShared& sh, unsigned* ticket) {
 }
 
 template <typename Seg, typename Count>
-__global__ void __launch_bounds__(kThreads, kMinBlocks)
+__global__ void __launch_bounds__(kThreads)
     seam_reduce_kernel(GspoSeamTokens tokens, float* ws, int64_t tiles_per_block) {
   __shared__ SeamShared sh;
-  const Layout layout{tokens.num_segments, gridDim.x, tokens.num_tokens};
+  const Layout layout{tokens.num_segments, gridDim.x};
   const int64_t num_segments = tokens.num_segments;
   const int64_t begin = int64_t(blockIdx.x) * tiles_per_block * kTile;
   const int64_t end = min(tokens.num_tokens, begin + tiles_per_block * kTile);
   const auto* segment = static_cast<const Seg*>(tokens.segment);
   const auto* counts = static_cast<const Count*>(tokens.label_counts);
-  int* token_keys = reinterpret_cast<int*>(ws + layout.keys());
   int* boundary_keys = reinterpret_cast<int*>(ws + layout.boundary_keys());
-  int* boundary_n = reinterpret_cast<int*>(ws + layout.boundary_n());
   float* boundary_u = ws + layout.boundary_u();
   float* boundary_v = ws + layout.boundary_v();
-  float* boundary_w = ws + layout.boundary_w();
-  auto set_boundary = [&](int64_t slot, int key, const RunScan& run) {
-    boundary_keys[slot] = key;
-    boundary_n[slot] = run.n;
-    boundary_u[slot] = run.u;
-    boundary_v[slot] = run.v;
-    boundary_w[slot] = run.w;
-  };
   if (threadIdx.x == 0) {
-    sh.carry = kNoCarry;
+    sh.carry = Carry{-1, 1, 0.f, 0.f};
     sh.first_emitted = 0;
   }
   __syncthreads();
@@ -261,40 +216,37 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     load_items(tokens.logprobs, first, end, 0.f, lp);
     load_items(tokens.old_logprobs, first, end, 0.f, old);
     load_items(tokens.advantages, first, end, 0.f, adv);
-    int key[kItems], n[kItems];
-    float u[kItems], v[kItems], w[kItems];
+    int key[kItems];
+    float u[kItems], v[kItems];
 #pragma unroll
     for (int i = 0; i < kItems; ++i) {
       key[i] = -1;
-      n[i] = 0;
       u[i] = 0.f;
       v[i] = 0.f;
-      w[i] = 0.f;
       if (target[i] < 0) continue;  // masked: selected away, whatever its values
-      const float count_i = static_cast<float>(count[i]);
-      const float weight = 1.0f / fmaxf(count_i, 1.0f);
-      if (!isfinite(lp[i]) || !isfinite(old[i]) || !isfinite(adv[i]) || !isfinite(count_i))
+      const float n = static_cast<float>(count[i]);
+      const float w = 1.0f / fmaxf(n, 1.0f);
+      if (!isfinite(lp[i]) || !isfinite(old[i]) || !isfinite(adv[i]) || !isfinite(n))
         bad |= kGspoNonFinite;
-      logprob_sum += lp[i] * weight;
+      logprob_sum += lp[i] * w;
       const int64_t s = static_cast<int64_t>(seg[i]);
       if (s < 0 || s >= num_segments) {
         bad |= kGspoBadSegment;
         continue;
       }
       key[i] = static_cast<int>(s);
-      n[i] = 1;
-      u[i] = (lp[i] - old[i]) * weight;
-      v[i] = adv[i] * weight;
-      w[i] = weight;
+      u[i] = (lp[i] - old[i]) * w;
+      v[i] = adv[i] * w;
     }
-    store_items(token_keys, first, end, key);
-    reduce_tile(sh, key, n, u, v, w, [&](int k, bool first_run, const RunScan& run) {
+    reduce_tile(sh, key, u, v, [&](int k, bool first_run, float su, float sv) {
       if (first_run) {  // may continue the previous range's last run: boundary slot 0
-        set_boundary(2 * int64_t(blockIdx.x), k, run);
+        boundary_keys[2 * blockIdx.x] = k;
+        boundary_u[2 * blockIdx.x] = su;
+        boundary_v[2 * blockIdx.x] = sv;
         sh.first_emitted = 1;
         sh.first_key = k;
       } else {
-        store_segment(ws, layout, k, run.n, run.u, run.v, run.w);
+        store_segment(ws, layout, k, su, sv);
       }
     });
   }
@@ -302,15 +254,15 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   if (threadIdx.x == 0) {
     // The run open at the range's end goes to slot 1 (slot 0 when it is also the first run).
     const Carry c = sh.carry;
-    const int64_t slot = 2 * int64_t(blockIdx.x) + (sh.first_emitted ? 1 : 0);
+    const int slot = sh.first_emitted ? 1 : 0;
     // Slots 0 and 1 are distinct runs with other runs between them; the combine below would
     // merge them if they shared a key, so a split segment is caught here.
     if (sh.first_emitted && c.key == sh.first_key)
       atomicOr(reinterpret_cast<int*>(ws + layout.status()), kGspoSplitSegment);
     if (!sh.first_emitted) boundary_keys[2 * blockIdx.x + 1] = -1;
-    const bool open = c.key >= 0;
-    set_boundary(slot, c.key,
-                 RunScan{0, 0, open ? c.n : 0, open ? c.u : 0.f, open ? c.v : 0.f, open ? c.w : 0.f});
+    boundary_keys[2 * blockIdx.x + slot] = c.key;
+    boundary_u[2 * blockIdx.x + slot] = c.key >= 0 ? c.u : 0.f;
+    boundary_v[2 * blockIdx.x + slot] = c.key >= 0 ? c.v : 0.f;
   }
   const float block_sum = cub::BlockReduce<float, kThreads>(sh.reduce).Sum(logprob_sum);
   if (threadIdx.x == 0) ws[layout.logprob_partials() + blockIdx.x] = block_sum;
@@ -318,84 +270,88 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   if (!last_block_done(sh, reinterpret_cast<unsigned*>(ws + layout.reduce_ticket()))) return;
 
   // The last block: runs in the boundary list, in block order, are complete segments.
-  if (threadIdx.x == 0) sh.carry = kNoCarry;
+  if (threadIdx.x == 0) sh.carry = Carry{-1, 1, 0.f, 0.f};
   __syncthreads();
   const int64_t entries = 2 * int64_t(gridDim.x);
   for (int64_t tile = 0; tile < entries; tile += kTile) {
-    int key[kItems], n[kItems];
-    float u[kItems], v[kItems], w[kItems];
+    int key[kItems];
+    float u[kItems], v[kItems];
     const int64_t first = tile + int64_t(threadIdx.x) * kItems;
 #pragma unroll
     for (int i = 0; i < kItems; ++i) {
       const bool in = first + i < entries;
       key[i] = in ? __ldcg(boundary_keys + first + i) : -1;
-      const bool live = in && key[i] >= 0;
-      n[i] = live ? __ldcg(boundary_n + first + i) : 0;
-      u[i] = live ? __ldcg(boundary_u + first + i) : 0.f;
-      v[i] = live ? __ldcg(boundary_v + first + i) : 0.f;
-      w[i] = live ? __ldcg(boundary_w + first + i) : 0.f;
+      u[i] = in && key[i] >= 0 ? __ldcg(boundary_u + first + i) : 0.f;
+      v[i] = in && key[i] >= 0 ? __ldcg(boundary_v + first + i) : 0.f;
     }
-    reduce_tile(sh, key, n, u, v, w, [&](int k, bool, const RunScan& run) {
-      store_segment(ws, layout, k, run.n, run.u, run.v, run.w);
-    });
+    reduce_tile(sh, key, u, v,
+                [&](int k, bool, float su, float sv) { store_segment(ws, layout, k, su, sv); });
   }
-  if (threadIdx.x == 0 && sh.carry.key >= 0) {
-    const Carry c = sh.carry;
-    store_segment(ws, layout, c.key, c.n, c.u, c.v, c.w);
-  }
+  if (threadIdx.x == 0 && sh.carry.key >= 0)
+    store_segment(ws, layout, sh.carry.key, sh.carry.u, sh.carry.v);
+
+  float partial = 0.f;
+  for (int64_t b = threadIdx.x; b < gridDim.x; b += kThreads)
+    partial += __ldcg(ws + layout.logprob_partials() + b);
+  __syncthreads();
+  const float total = cub::BlockReduce<float, kThreads>(sh.reduce).Sum(partial);
+  if (threadIdx.x == 0) ws[layout.logprob_total()] = total;
 }
 
+template <typename Seg, typename Count>
 __global__ void __launch_bounds__(kThreads)
-    seam_finish_kernel(int64_t num_tokens, int64_t num_segments, GspoSeamScalars scalars,
-                       float* ws, float* coefficient, float* out, int64_t tiles_per_block) {
+    seam_finish_kernel(GspoSeamTokens tokens, GspoSeamScalars scalars, float* ws,
+                       float* coefficient, float* out, int64_t tiles_per_block) {
   __shared__ SeamShared sh;
-  const Layout layout{num_segments, gridDim.x, num_tokens};
+  const Layout layout{tokens.num_segments, gridDim.x};
+  const int64_t num_segments = tokens.num_segments;
+  const int64_t begin = int64_t(blockIdx.x) * tiles_per_block * kTile;
+  const int64_t end = min(tokens.num_tokens, begin + tiles_per_block * kTile);
+  const auto* segment = static_cast<const Seg*>(tokens.segment);
+  const auto* counts = static_cast<const Count*>(tokens.label_counts);
   const float lo = scalars.ratio_low;
   const float hi = scalars.ratio_high;
-  const int* segment_counts = reinterpret_cast<const int*>(ws + layout.counts());
 
-  // Loss and metrics per segment, over this block's slice of the segments: a segment with no
-  // labelled token on this rank contributes nothing (selected away, whatever its sums).
-  const int64_t per_block = (num_segments + gridDim.x - 1) / gridDim.x;
-  const int64_t segment_end = min(num_segments, (int64_t(blockIdx.x) + 1) * per_block);
   Triple sums{0.f, 0.f, 0.f};  // loss, clipped, ratio
-  for (int64_t s = int64_t(blockIdx.x) * per_block + threadIdx.x; s < segment_end; s += kThreads) {
-    const int n = __ldg(segment_counts + s);
-    if (n == 0) continue;
-    const float ratio = expf(__ldg(ws + s));
-    const float advantage = __ldg(ws + num_segments + s);
-    const float weight = __ldg(ws + layout.weights() + s);
-    const float clipped_ratio = fminf(fmaxf(ratio, lo), hi);
-    sums.a += static_cast<float>(n) * -fminf(ratio * advantage, clipped_ratio * advantage);
-    sums.b += weight * static_cast<float>(ratio < lo || ratio > hi);
-    sums.c += weight * ratio;
-  }
-
-  // c_t from each token's key: the same (U_s, V_s) gather for every token of a segment.
-  if (coefficient != nullptr) {
-    const int* token_keys = reinterpret_cast<const int*>(ws + layout.keys());
-    const int64_t begin = int64_t(blockIdx.x) * tiles_per_block * kTile;
-    const int64_t end = min(num_tokens, begin + tiles_per_block * kTile);
-    for (int64_t tile = begin; tile < end; tile += kTile) {
-      const int64_t first = tile + int64_t(threadIdx.x) * kItems;
-      int key[kItems];
-      load_items(token_keys, first, end, -1, key);
-      float c[kItems];
+  for (int64_t tile = begin; tile < end; tile += kTile) {
+    const int64_t first = tile + int64_t(threadIdx.x) * kItems;
+    int64_t target[kItems];
+    Seg seg[kItems];
+    Count count[kItems];
+    load_items(tokens.target, first, end, int64_t(-1), target);
+    load_items(segment, first, end, Seg(0), seg);
+    load_items(counts, first, end, Count(0), count);
+    float c[kItems];
 #pragma unroll
-      for (int i = 0; i < kItems; ++i) {
-        c[i] = 0.f;
-        if (key[i] < 0) continue;
-        const float ratio = expf(__ldg(ws + key[i]));
-        const float advantage = __ldg(ws + num_segments + key[i]);
-        const float c_tilde = (fmaxf(advantage, 0.f) * static_cast<float>(ratio <= hi) +
-                               fminf(advantage, 0.f) * static_cast<float>(ratio >= lo)) *
-                              ratio;
-        c[i] = c_tilde * scalars.coefficient_scale;
+    for (int i = 0; i < kItems; ++i) {
+      c[i] = 0.f;
+      const int64_t s = static_cast<int64_t>(seg[i]);
+      if (target[i] < 0 || s < 0 || s >= num_segments) continue;
+      const float ratio = expf(__ldg(ws + s));
+      const float advantage = __ldg(ws + num_segments + s);
+      const float w = 1.0f / fmaxf(static_cast<float>(count[i]), 1.0f);
+      const float clipped_ratio = fminf(fmaxf(ratio, lo), hi);
+      sums.a += -fminf(ratio * advantage, clipped_ratio * advantage);
+      sums.b += w * static_cast<float>(ratio < lo || ratio > hi);
+      sums.c += w * ratio;
+      const float c_tilde = (fmaxf(advantage, 0.f) * static_cast<float>(ratio <= hi) +
+                             fminf(advantage, 0.f) * static_cast<float>(ratio >= lo)) *
+                            ratio;
+      c[i] = c_tilde * scalars.coefficient_scale;
+    }
+    if (coefficient != nullptr) {
+      float* p = coefficient + first;
+      if (first + kItems <= end && (reinterpret_cast<uintptr_t>(p) & 15) == 0) {
+#pragma unroll
+        for (int i = 0; i < kItems; i += 4)
+          *reinterpret_cast<float4*>(p + i) = make_float4(c[i], c[i + 1], c[i + 2], c[i + 3]);
+      } else {
+#pragma unroll
+        for (int i = 0; i < kItems; ++i)
+          if (first + i < end) p[i] = c[i];
       }
-      store_items(coefficient, first, end, c);
     }
   }
-
   const Triple block_sums = cub::BlockReduce<Triple, kThreads>(sh.reduce3).Reduce(sums, TripleSum());
   if (threadIdx.x == 0) {
     float* partial = ws + layout.finish_partials() + 3 * int64_t(blockIdx.x);
@@ -405,21 +361,16 @@ __global__ void __launch_bounds__(kThreads)
   }
   if (!last_block_done(sh, reinterpret_cast<unsigned*>(ws + layout.finish_ticket()))) return;
 
-  // The reduce kernel ran on the same grid: its per-block log-prob partials are combined here.
   Triple total{0.f, 0.f, 0.f};
-  float logprob = 0.f;
   for (int64_t b = threadIdx.x; b < gridDim.x; b += kThreads) {
     const float* partial = ws + layout.finish_partials() + 3 * b;
     total = TripleSum()(total, Triple{__ldcg(partial), __ldcg(partial + 1), __ldcg(partial + 2)});
-    logprob += __ldcg(ws + layout.logprob_partials() + b);
   }
   __syncthreads();
   total = cub::BlockReduce<Triple, kThreads>(sh.reduce3).Reduce(total, TripleSum());
-  __syncthreads();
-  logprob = cub::BlockReduce<float, kThreads>(sh.reduce).Sum(logprob);
   if (threadIdx.x == 0) {
     out[0] = total.a / scalars.divisor;
-    out[1] = logprob / scalars.divisor;
+    out[1] = __ldcg(ws + layout.logprob_total()) / scalars.divisor;
     out[2] = total.b / scalars.divisor;
     out[3] = total.c / scalars.divisor;
   }
@@ -443,14 +394,14 @@ cudaError_t dispatch(const GspoSeamTokens& tokens, F&& f) {
 }  // namespace
 
 size_t gspo_seam_workspace_bytes(int64_t num_tokens, int64_t num_segments) {
-  return size_t(Layout{num_segments, grid_for(num_tokens).blocks, num_tokens}.total()) * 4;
+  return size_t(Layout{num_segments, grid_for(num_tokens).blocks}.total()) * 4;
 }
 
-int64_t gspo_seam_status_offset(int64_t num_segments) { return Layout{num_segments, 0, 0}.status(); }
+int64_t gspo_seam_status_offset(int64_t num_segments) { return Layout{num_segments, 0}.status(); }
 
 cudaError_t gspo_seam_prepare(void* workspace, int64_t num_tokens, int64_t num_segments,
                               cudaStream_t stream) {
-  const Layout layout{num_segments, grid_for(num_tokens).blocks, num_tokens};
+  const Layout layout{num_segments, grid_for(num_tokens).blocks};
   return cudaMemsetAsync(workspace, 0, size_t(layout.zeroed()) * 4, stream);
 }
 
@@ -469,10 +420,14 @@ cudaError_t gspo_seam_finish(const GspoSeamTokens& tokens, const GspoSeamScalars
                              void* workspace, float* coefficient, float* scalars_out,
                              cudaStream_t stream) {
   const Grid grid = grid_for(tokens.num_tokens);
-  seam_finish_kernel<<<grid.blocks, kThreads, 0, stream>>>(
-      tokens.num_tokens, tokens.num_segments, scalars, static_cast<float*>(workspace), coefficient,
-      scalars_out, grid.tiles_per_block);
-  return cudaGetLastError();
+  return dispatch(tokens, [&](auto* seg, auto* count) {
+    using Seg = std::remove_pointer_t<decltype(seg)>;
+    using Count = std::remove_pointer_t<decltype(count)>;
+    seam_finish_kernel<Seg, Count><<<grid.blocks, kThreads, 0, stream>>>(
+        tokens, scalars, static_cast<float*>(workspace), coefficient, scalars_out,
+        grid.tiles_per_block);
+    return cudaGetLastError();
+  });
 }
 
 }  // namespace dspine::kernels

@@ -55,21 +55,17 @@ size_t gspo_seam_workspace_bytes(int64_t num_tokens, int64_t num_segments);
 // Offset, in 4-byte words, of the int status word inside the workspace.
 int64_t gspo_seam_status_offset(int64_t num_segments);
 
-// Zeroes the sums, the per-segment labelled counts and weights, the status word and the block
-// tickets (the head of the workspace; the rest is written before it is read).
+// Zeroes the sums, the per-segment writer counts, the status word and the block tickets.
 cudaError_t gspo_seam_prepare(void* workspace, int64_t num_tokens, int64_t num_segments,
                               cudaStream_t stream);
 
-// Block 1 and the segmented reduction: sums[0][s] = U_s = Σ u_t, sums[1][s] = V_s = Σ v_t, plus,
-// kept in the workspace for finish: this rank's labelled count n_s and W_s = Σ w_t per segment,
-// each token's key (its segment id, −1 when masked) and the per-block Σ m_t·lp_t·w_t.
+// Block 1 and the segmented reduction: sums[0][s] = U_s = Σ u_t, sums[1][s] = V_s = Σ v_t, plus
+// the rank's Σ m_t·lp_t·w_t for the new_logprobs metric (kept in the workspace for finish).
 cudaError_t gspo_seam_reduce(const GspoSeamTokens& tokens, void* workspace, cudaStream_t stream);
 
 // Block 2: coefficient[t] = c_t (skipped when `coefficient` is null: forward only) and
 // scalars[4] = {loss_sum, new_logprobs_sum, clipped_sum, ratio_sum} / D, this rank's share.
 // clipped and ratio are weighted by w_t, so each labelled segment counts once over all ranks.
-// Only the sizes of `tokens` are read: the per-token state comes from the reduce's workspace,
-// so finish must follow a reduce on the same workspace and token count.
 cudaError_t gspo_seam_finish(const GspoSeamTokens& tokens, const GspoSeamScalars& scalars,
                              void* workspace, float* coefficient, float* scalars_out,
                              cudaStream_t stream);

@@ -2,7 +2,8 @@
 // block per row. Each thread keeps kUnroll raw 16-byte packets in flight (raw bf16 words are half
 // the registers of their floats, so more bytes stay in flight per SM) and works in the base-2
 // domain: y = z·λ·log2(e), so every exponential is one ex2 instruction. The forward reduces a
-// whole iteration's packets to one (max, sum) update: max pass, one rescale, sum pass.
+// whole iteration's packets to one (max, sum) update: max pass, one rescale, sum pass. The
+// backward forms λ·z − lse in the natural base (one fused multiply-add) before its ex2.
 #include "kernels/gspo_vocab.h"
 
 #include <cuda_bf16.h>
@@ -17,8 +18,10 @@ namespace dspine::kernels {
 namespace {
 
 constexpr int kThreads = 256;
-// Blocks per SM the register budget is sized for (64 registers per thread).
-constexpr int kMinBlocks = 4;
+// Blocks per SM the register budgets are sized for: 64 registers a thread in the forward, 80 in
+// the backward (which also holds the output, and the old gradient when accumulating).
+constexpr int kForwardMinBlocks = 4;
+constexpr int kBackwardMinBlocks = 3;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
@@ -103,7 +106,7 @@ __device__ __forceinline__ void merge_stats(float& m, float& s, float m2, float 
 }
 
 template <typename T, int kWidth>
-__global__ void __launch_bounds__(kThreads, kMinBlocks)
+__global__ void __launch_bounds__(kThreads, kForwardMinBlocks)
     vocab_forward_kernel(GspoLogits logits, const int64_t* target, float scale, float* logprobs,
                          float* lse, int* status) {
   constexpr int kUnroll = 8;
@@ -168,7 +171,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     merge_stats(m, s, __shfl_xor_sync(0xffffffffu, m, offset),
                 __shfl_xor_sync(0xffffffffu, s, offset));
   if (lane == 0) {
-    const float row_lse = (m + log2f(s)) * kLn2;
+    // m is the reference point the terms were formed against (each by one fused multiply-add),
+    // so only this sum and the scaling round: in double, once per row.
+    const float row_lse = static_cast<float>((double(m) + log2(double(s))) * double(kLn2));
     lse[row] = row_lse;
     logprobs[row] = to_float(p[y]) * scale - row_lse;
   }
@@ -177,7 +182,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 // Rows run in reverse order of the forward's, so the first rows read here are the ones the
 // forward read last (possibly still in L2).
 template <typename T, int kWidth, bool kAccumulate>
-__global__ void __launch_bounds__(kThreads, kMinBlocks)
+__global__ void __launch_bounds__(kThreads, kBackwardMinBlocks)
     vocab_backward_kernel(GspoLogits logits, const int64_t* target, const float* lse,
                           const float* coefficient, float scale, T* grad, int64_t grad_row_stride) {
   // Accumulating holds the gradient's packets too: half as many per thread.
@@ -188,9 +193,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   if (!labelled && kAccumulate) return;
   const T* p = static_cast<const T*>(logits.data) + row * logits.row_stride;
   T* g = grad + row * grad_row_stride;
-  const float k = scale * kLog2e;
   const float c = labelled ? coefficient[row] : 0.f;
-  const float row_lse2 = labelled ? lse[row] * kLog2e : 0.f;
+  const float row_lse = labelled ? lse[row] : 0.f;
+  // p = 2^((λ·z − lse)·log2 e): the difference by one fused multiply-add, as accurate as the
+  // natural-base form.
+  auto prob = [&](float z) { return exp2_fast(fmaf(z, scale, -row_lse) * kLog2e); };
   const int64_t vectors = logits.vocab / kWidth;
   const int64_t y_vector = labelled ? y / kWidth : -1;
   const int y_lane = labelled ? static_cast<int>(y - y_vector * kWidth) : -1;
@@ -211,7 +218,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
       float out[kWidth];
 #pragma unroll
       for (int e = 0; e < kWidth; ++e) {
-        const float value = labelled ? c * exp2_fast(x[u].at(e) * k - row_lse2) : 0.f;
+        const float value = labelled ? c * prob(x[u].at(e)) : 0.f;
         out[e] = kAccumulate ? previous[u].at(e) + value : value;
       }
       if (v == y_vector) {
@@ -219,7 +226,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 #pragma unroll
         for (int e = 0; e < kWidth; ++e) {
           if (e != y_lane) continue;
-          const float value = c * (exp2_fast(x[u].at(e) * k - row_lse2) - 1.f);
+          const float value = c * (prob(x[u].at(e)) - 1.f);
           out[e] = kAccumulate ? previous[u].at(e) + value : value;
         }
       }
@@ -228,7 +235,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   }
   for (int64_t j = vectors * kWidth + threadIdx.x; j < logits.vocab; j += kThreads) {
     const float value =
-        labelled ? c * (exp2_fast(to_float(p[j]) * k - row_lse2) - static_cast<float>(j == y)) : 0.f;
+        labelled ? c * (prob(to_float(p[j])) - static_cast<float>(j == y)) : 0.f;
     g[j] = from_float<T>(kAccumulate ? to_float(g[j]) + value : value);
   }
 }

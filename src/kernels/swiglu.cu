@@ -14,7 +14,12 @@ using detail::store_pack;
 using detail::to_float;
 
 constexpr int kThreads = 256;
-constexpr int kUnroll = 4;  // packs per thread, all loaded before the first use
+// Packs per thread, all loaded before the first use. With 4, the bf16 backward took 138
+// registers (one 256-thread block per SM) and reached 45% of copy bandwidth on an H200; 2 packs
+// and a register cap keep 4 (forward) or 3 (backward, which spills at 4) blocks per SM resident.
+constexpr int kUnroll = 2;
+constexpr int kForwardBlocksPerSm = 4;
+constexpr int kBackwardBlocksPerSm = 3;
 constexpr int64_t kMaxGridY = 65535;
 constexpr int64_t kMaxGridX = 1 << 30;
 
@@ -23,10 +28,10 @@ __device__ __forceinline__ float sigmoid(float g) { return 1.0f / (1.0f + __expf
 // Rows come from blockIdx.y, columns (in packs) from blockIdx.x; both loop, so any shape fits in
 // the grid limits.
 template <typename T, int kVec>
-__global__ void swiglu_forward_kernel(const T* __restrict__ gate, int64_t gate_stride,
-                                      const T* __restrict__ up, int64_t up_stride,
-                                      T* __restrict__ out, int64_t out_stride, int64_t rows,
-                                      int64_t nvec) {
+__global__ void __launch_bounds__(kThreads, kForwardBlocksPerSm)
+    swiglu_forward_kernel(const T* __restrict__ gate, int64_t gate_stride, const T* __restrict__ up,
+                          int64_t up_stride, T* __restrict__ out, int64_t out_stride, int64_t rows,
+                          int64_t nvec) {
   const int64_t step = int64_t(gridDim.x) * blockDim.x * kUnroll;
   for (int64_t row = blockIdx.y; row < rows; row += gridDim.y) {
     const T* g_row = gate + row * gate_stride;
@@ -61,12 +66,12 @@ __global__ void swiglu_forward_kernel(const T* __restrict__ gate, int64_t gate_s
 }
 
 template <typename T, int kVec>
-__global__ void swiglu_backward_kernel(const T* __restrict__ dout, int64_t dout_stride,
-                                       const T* __restrict__ gate, int64_t gate_stride,
-                                       const T* __restrict__ up, int64_t up_stride,
-                                       T* __restrict__ dgate, int64_t dgate_stride,
-                                       T* __restrict__ dup, int64_t dup_stride, int64_t rows,
-                                       int64_t nvec) {
+__global__ void __launch_bounds__(kThreads, kBackwardBlocksPerSm)
+    swiglu_backward_kernel(const T* __restrict__ dout, int64_t dout_stride,
+                           const T* __restrict__ gate, int64_t gate_stride,
+                           const T* __restrict__ up, int64_t up_stride, T* __restrict__ dgate,
+                           int64_t dgate_stride, T* __restrict__ dup, int64_t dup_stride,
+                           int64_t rows, int64_t nvec) {
   const int64_t step = int64_t(gridDim.x) * blockDim.x * kUnroll;
   for (int64_t row = blockIdx.y; row < rows; row += gridDim.y) {
     const T* d_row = dout + row * dout_stride;

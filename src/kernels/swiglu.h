@@ -19,14 +19,14 @@ struct Strided2d {
 };
 
 cudaError_t swiglu_forward(const void* gate, int64_t gate_stride, const void* up, int64_t up_stride,
-                    void* out, int64_t out_stride, Strided2d shape, DType dtype,
-                    cudaStream_t stream);
+                           void* out, int64_t out_stride, Strided2d shape, DType dtype,
+                           cudaStream_t stream);
 
 // Recomputes silu(gate) in fp32 from gate and up (nothing is saved by the forward):
 // dgate = dout * up * sigmoid(gate) * (1 + gate * (1 - sigmoid(gate))), dup = dout * silu(gate).
-cudaError_t swiglu_backward(const void* dout, int64_t dout_stride, const void* gate, int64_t gate_stride,
-                     const void* up, int64_t up_stride, void* dgate, int64_t dgate_stride,
-                     void* dup, int64_t dup_stride, Strided2d shape, DType dtype,
-                     cudaStream_t stream);
+cudaError_t swiglu_backward(const void* dout, int64_t dout_stride, const void* gate,
+                            int64_t gate_stride, const void* up, int64_t up_stride, void* dgate,
+                            int64_t dgate_stride, void* dup, int64_t dup_stride, Strided2d shape,
+                            DType dtype, cudaStream_t stream);
 
 }  // namespace dspine::kernels

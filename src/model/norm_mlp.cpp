@@ -11,9 +11,10 @@ namespace {
 
 void require_cuda(const torch::Tensor& x, const char* module) {
   if (!x.is_cuda()) {
-    fail("{} was built with fused kernels but got an input on {}; fused kernels need CUDA "
-         "(model.fused_kernels=auto picks the reference on CPU)",
-         module, x.device().str());
+    fail(
+        "{} was built with fused kernels but got an input on {}; fused kernels need CUDA "
+        "(model.fused_kernels=auto picks the reference on CPU)",
+        module, x.device().str());
   }
 }
 
@@ -34,9 +35,10 @@ bool use_fused_kernels(FusedKernels choice, const torch::Device& device) {
       return device.is_cuda();
     case FusedKernels::kOn:
       if (!device.is_cuda()) {
-        fail("model.fused_kernels=true needs a CUDA device, but the model runs on {}; "
-             "use auto or false without CUDA",
-             device.str());
+        fail(
+            "model.fused_kernels=true needs a CUDA device, but the model runs on {}; "
+            "use auto or false without CUDA",
+            device.str());
       }
       return true;
   }

@@ -15,10 +15,17 @@ using torch::autograd::variable_list;
 
 bool kernel_dtype(at::ScalarType type, kernels::DType* out) {
   switch (type) {
-    case at::kFloat: *out = kernels::DType::kFloat32; return true;
-    case at::kHalf: *out = kernels::DType::kFloat16; return true;
-    case at::kBFloat16: *out = kernels::DType::kBFloat16; return true;
-    default: return false;
+    case at::kFloat:
+      *out = kernels::DType::kFloat32;
+      return true;
+    case at::kHalf:
+      *out = kernels::DType::kFloat16;
+      return true;
+    case at::kBFloat16:
+      *out = kernels::DType::kBFloat16;
+      return true;
+    default:
+      return false;
   }
 }
 
@@ -38,10 +45,11 @@ at::Tensor as_rows(const at::Tensor& t, int64_t hidden) {
 
 void require_fusable(const at::Tensor& x, const at::Tensor& weight) {
   if (!rms_norm_fusable(x, weight)) {
-    fail("fused RMSNorm needs CUDA fp32/fp16/bf16 input [..., H] with a weight [H] of the same "
-         "dtype; got input {} {} on {} and weight {} {}",
-         c10::str(x.sizes()), c10::toString(x.scalar_type()), x.device().str(),
-         c10::str(weight.sizes()), c10::toString(weight.scalar_type()));
+    fail(
+        "fused RMSNorm needs CUDA fp32/fp16/bf16 input [..., H] with a weight [H] of the same "
+        "dtype; got input {} {} on {} and weight {} {}",
+        c10::str(x.sizes()), c10::toString(x.scalar_type()), x.device().str(),
+        c10::str(weight.sizes()), c10::toString(weight.scalar_type()));
   }
 }
 
@@ -66,12 +74,12 @@ Forward launch_forward(const at::Tensor& x, const at::Tensor* residual, const at
     r2 = as_rows(*residual, hidden);
     out.sum = at::empty_like(x2);
   }
-  check_launch(kernels::rms_norm_forward(x2.data_ptr(), residual ? r2.data_ptr() : nullptr,
-                                         w.data_ptr(), residual ? out.sum.data_ptr() : nullptr,
-                                         out.y.data_ptr(), out.rstd.data_ptr<float>(), x2.size(0),
-                                         hidden, float(eps), dtype,
-                                         at::cuda::getCurrentCUDAStream()),
-               "RMSNorm forward", x);
+  check_launch(
+      kernels::rms_norm_forward(x2.data_ptr(), residual ? r2.data_ptr() : nullptr, w.data_ptr(),
+                                residual ? out.sum.data_ptr() : nullptr, out.y.data_ptr(),
+                                out.rstd.data_ptr<float>(), x2.size(0), hidden, float(eps), dtype,
+                                at::cuda::getCurrentCUDAStream()),
+      "RMSNorm forward", x);
   return out;
 }
 
@@ -90,12 +98,12 @@ std::pair<at::Tensor, at::Tensor> launch_backward(const at::Tensor& dy, const at
   const size_t bytes = kernels::rms_norm_backward_workspace_bytes(s.size(0), hidden, dtype);
   at::Tensor workspace =
       at::empty({int64_t(bytes / sizeof(float)) + 1}, s.options().dtype(at::kFloat));
-  check_launch(kernels::rms_norm_backward(dy2.data_ptr(), dsum2.defined() ? dsum2.data_ptr() : nullptr,
-                                          s.data_ptr(), weight.data_ptr(), rstd.data_ptr<float>(),
-                                          dx.data_ptr(), dweight.data_ptr(), workspace.data_ptr(),
-                                          s.size(0), hidden, dtype,
-                                          at::cuda::getCurrentCUDAStream()),
-               "RMSNorm backward", s);
+  check_launch(
+      kernels::rms_norm_backward(dy2.data_ptr(), dsum2.defined() ? dsum2.data_ptr() : nullptr,
+                                 s.data_ptr(), weight.data_ptr(), rstd.data_ptr<float>(),
+                                 dx.data_ptr(), dweight.data_ptr(), workspace.data_ptr(), s.size(0),
+                                 hidden, dtype, at::cuda::getCurrentCUDAStream()),
+      "RMSNorm backward", s);
   return {dx, dweight};
 }
 
@@ -167,9 +175,8 @@ std::pair<at::Tensor, at::Tensor> add_rms_norm_fused(const at::Tensor& x,
   if (residual.sizes() != x.sizes() || residual.scalar_type() != x.scalar_type() ||
       residual.device() != x.device()) {
     fail("fused add+RMSNorm: residual {} {} on {} must match input {} {} on {}",
-         c10::str(residual.sizes()), c10::toString(residual.scalar_type()),
-         residual.device().str(), c10::str(x.sizes()), c10::toString(x.scalar_type()),
-         x.device().str());
+         c10::str(residual.sizes()), c10::toString(residual.scalar_type()), residual.device().str(),
+         c10::str(x.sizes()), c10::toString(x.scalar_type()), x.device().str());
   }
   auto outputs = AddRMSNormFunction::apply(x, residual, weight, eps);
   return {outputs[0], outputs[1]};

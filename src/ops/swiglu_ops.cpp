@@ -15,10 +15,17 @@ using torch::autograd::variable_list;
 
 bool kernel_dtype(at::ScalarType type, kernels::DType* out) {
   switch (type) {
-    case at::kFloat: *out = kernels::DType::kFloat32; return true;
-    case at::kHalf: *out = kernels::DType::kFloat16; return true;
-    case at::kBFloat16: *out = kernels::DType::kBFloat16; return true;
-    default: return false;
+    case at::kFloat:
+      *out = kernels::DType::kFloat32;
+      return true;
+    case at::kHalf:
+      *out = kernels::DType::kFloat16;
+      return true;
+    case at::kBFloat16:
+      *out = kernels::DType::kBFloat16;
+      return true;
+    default:
+      return false;
   }
 }
 
@@ -57,11 +64,10 @@ void launch_backward(const at::Tensor& dout, const at::Tensor& gate, const at::T
                      at::Tensor& dgate, at::Tensor& dup) {
   const c10::cuda::CUDAGuard guard(gate.device());
   const at::Tensor d = as_rows(dout, gate.size(1));
-  check_launch(kernels::swiglu_backward(d.data_ptr(), d.stride(0), gate.data_ptr(), gate.stride(0),
-                                        up.data_ptr(), up.stride(0), dgate.data_ptr(),
-                                        dgate.stride(0), dup.data_ptr(), dup.stride(0),
-                                        {gate.size(0), gate.size(1)}, dtype_of(gate),
-                                        at::cuda::getCurrentCUDAStream()),
+  check_launch(kernels::swiglu_backward(
+                   d.data_ptr(), d.stride(0), gate.data_ptr(), gate.stride(0), up.data_ptr(),
+                   up.stride(0), dgate.data_ptr(), dgate.stride(0), dup.data_ptr(), dup.stride(0),
+                   {gate.size(0), gate.size(1)}, dtype_of(gate), at::cuda::getCurrentCUDAStream()),
                "SwiGLU backward", gate);
 }
 
@@ -108,10 +114,11 @@ struct PackedSwiGLUFunction : public torch::autograd::Function<PackedSwiGLUFunct
 
 void require_fusable(const at::Tensor& gate, const at::Tensor& up, const char* what) {
   if (!swiglu_fusable(gate, up)) {
-    fail("{} needs CUDA fp32/fp16/bf16 gate and up of one shape and dtype; got gate {} {} on {} "
-         "and up {} {} on {}",
-         what, c10::str(gate.sizes()), c10::toString(gate.scalar_type()), gate.device().str(),
-         c10::str(up.sizes()), c10::toString(up.scalar_type()), up.device().str());
+    fail(
+        "{} needs CUDA fp32/fp16/bf16 gate and up of one shape and dtype; got gate {} {} on {} "
+        "and up {} {} on {}",
+        what, c10::str(gate.sizes()), c10::toString(gate.scalar_type()), gate.device().str(),
+        c10::str(up.sizes()), c10::toString(up.scalar_type()), up.device().str());
   }
 }
 

@@ -60,6 +60,7 @@ Trainer::Trainer(core::Config config, std::shared_ptr<dist::Communicator> comm)
   s.comm = std::move(comm);
   const auto& training = s.config.training;
   s.device = resolve_device(training.device, s.comm->rank());
+  if (training.cpu_threads > 0) at::set_num_threads(static_cast<int>(training.cpu_threads));
   torch::manual_seed(static_cast<uint64_t>(training.seed));  // model initialisation
   s.source = data::make_batch_source(s.config);
   const auto dtype = training.dtype == "bf16" ? torch::kBFloat16 : torch::kFloat;

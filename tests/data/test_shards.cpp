@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include "core/error.h"
+#include "core/files.h"
 #include "core/safetensors.h"
 #include "data/batch_source.h"
 #include "data/shards.h"
@@ -31,15 +32,6 @@ core::Config small_config() {
   return config;
 }
 
-// Recursive delete without std::filesystem::remove_all, whose copy in libtorch.so crashes on a
-// non-empty directory (see remove_tree in shards.cpp).
-void remove_tree(const fs::path& path) {
-  if (fs::is_directory(fs::symlink_status(path))) {
-    for (const auto& entry : fs::directory_iterator(path)) remove_tree(entry.path());
-  }
-  fs::remove(path);
-}
-
 // A fresh directory per test, removed afterwards.
 class Shards : public ::testing::Test {
  protected:
@@ -47,10 +39,10 @@ class Shards : public ::testing::Test {
     root_ = fs::temp_directory_path() /
             fmt::format("dspine-test-shards-{}-{}", getpid(),
                         ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    remove_tree(root_);
+    dspine::core::remove_tree(root_.string());
     fs::create_directories(root_);
   }
-  void TearDown() override { remove_tree(root_); }
+  void TearDown() override { dspine::core::remove_tree(root_.string()); }
 
   // Writes 5 samples in shards of 2 (3 shards, the last one short).
   std::string write(const std::string& dtype = "fp32") {

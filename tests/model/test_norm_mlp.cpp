@@ -83,7 +83,8 @@ TEST(ReferenceRMSNorm, MatchesTheFormulaInDoublePrecision) {
   norm->weight.copy_(torch::randn({7}));
   const auto x = torch::randn({3, 5, 7});
   const auto xd = x.to(torch::kFloat64);
-  const auto expected = xd / torch::sqrt(xd.pow(2).mean(-1, true) + 1e-5) * norm->weight.to(torch::kFloat64);
+  const auto expected =
+      xd / torch::sqrt(xd.pow(2).mean(-1, true) + 1e-5) * norm->weight.to(torch::kFloat64);
   EXPECT_TRUE(torch::allclose(norm(x).to(torch::kFloat64), expected, 1e-5, 1e-6));
 }
 
