@@ -125,6 +125,12 @@ __device__ void reduce_tile(SeamShared& sh, int (&key)[kItems], const float (&u)
   int prev;
   cub::BlockScan<int, kThreads>(sh.fill).ExclusiveScan(thread_last, prev, carry.key, FillOp());
 
+  // A carried run that ended exactly at the previous tile's last item has no item here to
+  // close it: emit it when this tile opens with another segment.
+  if (threadIdx.x == 0 && carry.key >= 0 && key[0] >= 0 && key[0] != carry.key) {
+    emit(carry.key, carry.first != 0, carry.u, carry.v);
+  }
+
   RunScan items[kItems];
 #pragma unroll
   for (int i = 0; i < kItems; ++i) {

@@ -99,7 +99,9 @@ TEST(GspoGpu, FusedSeamMatchesReference) {
   struct Shape { int64_t tokens, segments; at::ScalarType seg, count; };
   for (const Shape& shape : {Shape{17, 4, torch::kInt64, torch::kInt64}, Shape{200, 16, torch::kInt32, torch::kFloat32},
                              Shape{4099, 1, torch::kInt64, torch::kInt32}, Shape{70001, 1024, torch::kInt32, torch::kInt64},
-                             Shape{1 << 20, 65536, torch::kInt64, torch::kInt64}, Shape{(1 << 21) + 3, 1024, torch::kInt32, torch::kInt32}}) {
+                             Shape{1 << 20, 65536, torch::kInt64, torch::kInt64}, Shape{(1 << 21) + 3, 1024, torch::kInt32, torch::kInt32},
+                    // several tiles per block: runs ending exactly on a tile boundary
+                    Shape{(1 << 22) + 7, 65536, torch::kInt64, torch::kInt64}}) {
     const Inputs in = make_inputs(shape.tokens, shape.segments, shape.seg, shape.count, shape.tokens);
     for (double scale : {1.0, 4.0}) {
       for (std::optional<double> g : {std::optional<double>(), std::optional<double>(4.0)}) {
