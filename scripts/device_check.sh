@@ -1,11 +1,40 @@
 #!/usr/bin/env bash
-# Builds and runs every GPU test and benchmark on the device machine; logs go to $OUT.
-# Usage there: scripts/device_check.sh   (the device tool carries .deps for headers it lacks)
+# Builds and runs every GPU test and benchmark on the GPU machine in one go; logs under $OUT.
+# Uses the machine's torch 2.11 and packages (installs nothing); carry .whl for Liger-Kernel.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/dspine-out}"; mkdir -p "$OUT"
-export DSPINE_BUILD_DIR=build-device DSPINE_JOBS="$(nproc)"
-{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; python3 -c 'import torch; print(torch.__version__, torch.cuda.device_count())'; } 2>&1 | tee "$OUT/device.txt"
-scripts/setup.sh > "$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; exit 1; }
-echo "build ok"
-ctest --test-dir build-device --output-on-failure -j4 2>&1 | tee "$OUT/ctest.log" | tail -40
+BUILD_DIR=build-device
+start=$(date +%s)
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+  python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'; } > "$OUT/device.txt" 2>&1
+if compgen -G ".whl/liger_kernel-*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    .whl/liger_kernel-*.whl >> "$OUT/device.txt" 2>&1 && export PYTHONPATH=/tmp/site
+fi
+command -v nvcc >/dev/null || export PATH="/usr/local/cuda/bin:$PATH"
+TORCH_PREFIX=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null)
+{ cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$TORCH_PREFIX" &&
+  ninja -C "$BUILD_DIR" -j "$(nproc)" test_fused_norm_mlp test_gspo_gpu test_dspine_fused_step \
+    test_dspine_objective dspine-bench; } > "$OUT/build.log" 2>&1 ||
+  { grep -E -A12 "error|FAILED" "$OUT/build.log" | head -80; exit 1; }
+echo "build ok in $(( $(date +%s) - start )) s"
+
+status=0
+for test in test_fused_norm_mlp test_gspo_gpu test_dspine_fused_step test_dspine_objective; do
+  "$BUILD_DIR/tests/$test" > "$OUT/$test.log" 2>&1 || status=1
+  echo "$test: $(grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/$test.log" | tr '\n' ' ')"
+  grep -E "^\[  FAILED  \]|Failure|Expected|Which is|fused vs reference" "$OUT/$test.log" | head -20
+done
+echo "tests done at $(( $(date +%s) - start )) s"
+
+scripts/bench_kernels.sh "$BUILD_DIR" "$OUT" > "$OUT/bench_kernels.log" 2>&1 || status=1
+grep -E "^\||copy bandwidth" "$OUT/bench_kernels.log" | head -40
+"$BUILD_DIR/bin/dspine-bench" gspo --tokens 4096,1048576 --segments 16,1024,65536 --vocab 32768,151936 \
+  --logit-rows 16384 > "$OUT/bench_gspo.log" 2>&1 || status=1
+cat "$OUT/bench_gspo.log" | head -60
+"$BUILD_DIR/bin/dspine-bench" step --config configs/tiny.yaml --set training.device=cuda --steps 6 \
+  > "$OUT/bench_step.log" 2>&1 || status=1
+tail -8 "$OUT/bench_step.log"
+echo "done in $(( $(date +%s) - start )) s, status $status"
+exit $status
