@@ -4,7 +4,7 @@
 # (CUDA events, median after warm-up), Liger-Kernel's Triton kernels; prints the ratios.
 # Usage: scripts/bench_kernels.sh [BUILD_DIR] [OUT_DIR]
 #   Liger-Kernel must be importable (the device machine has no network: install its wheel from
-#   .whl/ first, see scripts/device_kernels.sh). Writes kernels_ours.csv, kernels_liger.csv and
+#   .whl/ first, see scripts/device_check.sh). Writes kernels_ours.csv, kernels_liger.csv and
 #   kernels_table.md to OUT_DIR.
 set -euo pipefail
 cd "$(dirname "$0")/.."

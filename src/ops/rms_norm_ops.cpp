@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include "core/error.h"
+#include "ops/kernel_launch.h"
 #include "kernels/rms_norm.h"
 
 namespace dspine::ops {
@@ -12,29 +13,6 @@ namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
-
-bool kernel_dtype(at::ScalarType type, kernels::DType* out) {
-  switch (type) {
-    case at::kFloat:
-      *out = kernels::DType::kFloat32;
-      return true;
-    case at::kHalf:
-      *out = kernels::DType::kFloat16;
-      return true;
-    case at::kBFloat16:
-      *out = kernels::DType::kBFloat16;
-      return true;
-    default:
-      return false;
-  }
-}
-
-void check_launch(cudaError_t status, const char* what, const at::Tensor& x) {
-  if (status != cudaSuccess) {
-    fail("{} failed for input of shape {} ({}): {}", what, c10::str(x.sizes()),
-         c10::toString(x.scalar_type()), cudaGetErrorString(status));
-  }
-}
 
 // [rows, hidden] view with contiguous, 16-byte aligned rows (a fresh copy when a view is offset).
 at::Tensor as_rows(const at::Tensor& t, int64_t hidden) {

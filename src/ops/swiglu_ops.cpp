@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include "core/error.h"
+#include "ops/kernel_launch.h"
 #include "kernels/swiglu.h"
 
 namespace dspine::ops {
@@ -12,29 +13,6 @@ namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
-
-bool kernel_dtype(at::ScalarType type, kernels::DType* out) {
-  switch (type) {
-    case at::kFloat:
-      *out = kernels::DType::kFloat32;
-      return true;
-    case at::kHalf:
-      *out = kernels::DType::kFloat16;
-      return true;
-    case at::kBFloat16:
-      *out = kernels::DType::kBFloat16;
-      return true;
-    default:
-      return false;
-  }
-}
-
-void check_launch(cudaError_t status, const char* what, const at::Tensor& t) {
-  if (status != cudaSuccess) {
-    fail("{} failed for input of shape {} ({}): {}", what, c10::str(t.sizes()),
-         c10::toString(t.scalar_type()), cudaGetErrorString(status));
-  }
-}
 
 // [rows, cols] view whose last dimension is contiguous (copied only when it is not).
 at::Tensor as_rows(const at::Tensor& t, int64_t cols) {

@@ -10,6 +10,7 @@
 #include "core/config.h"
 #include "core/files.h"
 #include "dist/mpi_context.h"
+#include "common/small_run.h"
 #include "train/trainer.h"
 
 namespace fs = std::filesystem;
@@ -17,23 +18,8 @@ namespace fs = std::filesystem;
 namespace {
 
 dspine::core::Config small_config(const fs::path& dir, int64_t rows) {
-  auto config = dspine::core::load_config("");
-  config.model.architecture = "simple";
-  config.objective.name = "ce";
-  config.model.hidden_size = 32;
-  config.model.intermediate_size = 64;
-  config.model.vocab_size = 64;
-  config.data.seq_len = 24;
-  config.training.batch_size = rows;
-  config.training.accumulation_steps = 2;
-  config.training.total_steps = 4;
-  config.training.device = "cpu";
-  config.checkpoint.dir = (dir / "checkpoints").string();
-  config.checkpoint.resume = "none";
-  config.checkpoint.save_every = 0;
+  auto config = dspine::testing::small_run_config(dir, 4, rows);
   config.logging.metrics_file = "";
-  config.logging.progress = "false";
-  config.logging.level = "warn";
   return config;
 }
 

@@ -11,6 +11,7 @@
 #include "dist/communicator.h"
 #include "train/checkpoint.h"
 #include "train/lr_schedule.h"
+#include "common/small_run.h"
 #include "train/trainer.h"
 
 namespace fs = std::filesystem;
@@ -25,26 +26,8 @@ fs::path fresh_dir(const std::string& name) {
   return dir;
 }
 
-// A small, fast run of the simple draft on the synthetic target.
 Config small_config(const fs::path& dir, int64_t total_steps) {
-  Config config = dspine::core::load_config("");
-  config.model.architecture = "simple";
-  config.objective.name = "ce";
-  config.model.hidden_size = 32;
-  config.model.intermediate_size = 64;
-  config.model.vocab_size = 64;
-  config.data.seq_len = 24;
-  config.training.batch_size = 2;
-  config.training.accumulation_steps = 2;
-  config.training.total_steps = total_steps;
-  config.training.device = "cpu";
-  config.checkpoint.dir = (dir / "checkpoints").string();
-  config.checkpoint.save_every = 0;
-  config.checkpoint.resume = "none";
-  config.logging.metrics_file = (dir / "metrics.jsonl").string();
-  config.logging.progress = "false";
-  config.logging.level = "warn";
-  return config;
+  return dspine::testing::small_run_config(dir, total_steps);
 }
 
 std::map<std::string, torch::Tensor> parameters_of(torch::nn::Module& module) {
@@ -198,4 +181,24 @@ TEST(Checkpoint, MissingFileIsNamedInTheError) {
   } catch (const dspine::Error& e) {
     EXPECT_NE(std::string(e.what()).find("optimizer.safetensors"), std::string::npos) << e.what();
   }
+}
+
+TEST(Trainer, Bf16RunTrainsBf16ParametersFromFp32Masters) {
+  auto dir = fresh_dir("bf16");
+  auto config = small_config(dir, 4);
+  config.training.dtype = "bf16";
+  dspine::train::Trainer trainer(config, dspine::dist::make_single_process_communicator());
+  auto before = parameters_of(trainer.module());
+  auto result = trainer.run();
+  for (double loss : result.losses) EXPECT_TRUE(std::isfinite(loss));
+  bool changed = false;
+  for (const auto& item : trainer.module().named_parameters()) {
+    EXPECT_EQ(item.value().scalar_type(), torch::kBFloat16) << item.key();
+    changed |= !torch::equal(item.value(), before.at(item.key()));
+  }
+  EXPECT_TRUE(changed);
+  // The optimizer state keeps fp32 masters beside the bf16 weights.
+  auto saved = dspine::train::load_checkpoint(result.last_checkpoint);
+  EXPECT_EQ(saved.optimizer.at("master.fc.weight").scalar_type(), torch::kFloat);
+  EXPECT_EQ(saved.model.at("fc.weight").scalar_type(), torch::kBFloat16);
 }

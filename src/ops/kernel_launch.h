@@ -1,0 +1,18 @@
+// Shared glue between tensors and the fused norm/SwiGLU kernels: dtype mapping and launch checks.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <ATen/core/Tensor.h>
+
+#include "kernels/norm_swiglu_types.h"
+
+namespace dspine::ops {
+
+// The kernels' element type for `type`; false when the kernels do not take it (e.g. fp64).
+bool kernel_dtype(at::ScalarType type, kernels::DType* out);
+
+// Throws dspine::Error naming the kernel, the input's shape and dtype when a launch failed.
+void check_launch(cudaError_t status, const char* what, const at::Tensor& input);
+
+}  // namespace dspine::ops

@@ -1,0 +1,32 @@
+// A small, fast trainer configuration for CPU tests: the simple draft on the synthetic target.
+#pragma once
+
+#include <filesystem>
+
+#include "core/config.h"
+
+namespace dspine::testing {
+
+inline core::Config small_run_config(const std::filesystem::path& dir, int64_t total_steps,
+                                     int64_t rows = 2) {
+  core::Config config = core::load_config("");
+  config.model.architecture = "simple";
+  config.objective.name = "ce";
+  config.model.hidden_size = 32;
+  config.model.intermediate_size = 64;
+  config.model.vocab_size = 64;
+  config.data.seq_len = 24;
+  config.training.batch_size = rows;
+  config.training.accumulation_steps = 2;
+  config.training.total_steps = total_steps;
+  config.training.device = "cpu";
+  config.checkpoint.dir = (dir / "checkpoints").string();
+  config.checkpoint.save_every = 0;
+  config.checkpoint.resume = "none";
+  config.logging.metrics_file = (dir / "metrics.jsonl").string();
+  config.logging.progress = "false";
+  config.logging.level = "warn";
+  return config;
+}
+
+}  // namespace dspine::testing
