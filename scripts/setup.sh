@@ -19,10 +19,15 @@ install_system_packages() {
   have_header spdlog/spdlog.h     || missing+=(libspdlog-dev)
   have_header CLI/CLI.hpp         || missing+=(libcli11-dev)
   have_header gtest/gtest.h       || missing+=(libgtest-dev)
-  have_header nlohmann/json.hpp   || [[ -f .deps/include/nlohmann/json.hpp ]] || missing+=(nlohmann-json3-dev)
+  have_header nlohmann/json.hpp   || missing+=(nlohmann-json3-dev)
   command -v mpicxx >/dev/null    || missing+=(libopenmpi-dev)
   command -v mpirun >/dev/null    || missing+=(openmpi-bin)
   command -v ninja >/dev/null     || missing+=(ninja-build)
+  command -v cmake >/dev/null     || missing+=(cmake)
+  command -v g++ >/dev/null       || missing+=(g++)
+  # The torch venv needs venv + ensurepip (Debian's system python splits them into python3-venv).
+  python3 -c "import torch" 2>/dev/null || python3 -c "import venv, ensurepip" 2>/dev/null ||
+    missing+=(python3-venv)
   local sudo=""; [[ $(id -u) -ne 0 ]] && sudo=sudo
   if ((${#missing[@]})); then
     log "installing Debian packages: ${missing[*]}"
