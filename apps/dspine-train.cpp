@@ -38,7 +38,10 @@ int main(int argc, char** argv) {
     auto comm = dspine::dist::make_mpi_communicator();
     dspine::train::Trainer trainer(config, comm);
     const auto result = trainer.run();
-    if (mpi.rank() == 0 && !result.losses.empty()) {
+    if (mpi.rank() == 0 && result.losses.empty()) {
+      dspine::log::info("nothing to train: the run is already at step {} of {} (checkpoint.dir {})",
+                        result.final_step, config.training.total_steps, config.checkpoint.dir);
+    } else if (mpi.rank() == 0) {
       dspine::log::info("trained steps {}..{} in {:.1f} s: loss {:.4f} -> {:.4f}; checkpoint {}",
                    result.first_step, result.final_step, result.seconds, result.losses.front(),
                    result.losses.back(), result.last_checkpoint);

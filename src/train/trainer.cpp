@@ -210,6 +210,7 @@ TrainResult Trainer::run(int64_t stop_after) {
   const auto started = std::chrono::steady_clock::now();
   auto window_started = started;
   double tokens_since_log = 0;
+  double tokens_per_second = 0;  // over the last logging interval
   int64_t saved_at = -1;
   while (s.step < last) {
     context.step = s.step;
@@ -258,7 +259,7 @@ TrainResult Trainer::run(int64_t stop_after) {
     if (log_now) {
       const auto now = std::chrono::steady_clock::now();
       const double seconds = std::chrono::duration<double>(now - window_started).count();
-      const double tokens_per_second = tokens_since_log / std::max(seconds, 1e-9);
+      tokens_per_second = tokens_since_log / std::max(seconds, 1e-9);
       window_started = now;
       tokens_since_log = 0;
       std::map<std::string, double> record = terms;
@@ -269,12 +270,12 @@ TrainResult Trainer::run(int64_t stop_after) {
       record["tokens_per_s"] = tokens_per_second;
       record["memory_bytes"] = static_cast<double>(peak_memory_bytes(s.device));
       metrics.write(record);
-      progress.update(s.step, loss, tokens_per_second);
       if (leader && !progress.enabled()) {
         log::info("step {}/{} loss {:.4f} lr {:.3g} grad_norm {:.3f} {:.0f} tok/s", s.step,
                      total, loss, lr, grad_norm, tokens_per_second);
       }
     }
+    progress.update(s.step, loss, tokens_per_second);
     if (cfg.checkpoint.save_every > 0 && s.step % cfg.checkpoint.save_every == 0) {
       result.last_checkpoint = save(s.step);
       saved_at = s.step;
