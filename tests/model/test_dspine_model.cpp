@@ -16,29 +16,12 @@
 #include "model/rope.h"
 #include "model/transfer_space.h"
 
+#include "common/dspine_tiny.h"
+
 namespace dspine::model {
 namespace {
 
-// The tiny test configuration of dspine.md §12.
-core::ModelConfig tiny_config() {
-  core::ModelConfig c;
-  c.architecture = "dspine";
-  c.hidden_size = 16;
-  c.intermediate_size = 32;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.head_dim = 4;
-  c.num_hidden_layers = 3;
-  c.vocab_size = 32;
-  c.block_size = 4;
-  c.mask_token_id = 31;
-  c.target_layer_ids = {1, 4, 6};
-  c.fused_kernels = "false";
-  c.dspine.transfer_rank = 8;
-  c.dspine.message_size = 4;
-  c.dspine.top_k = 3;
-  return c;
-}
+core::ModelConfig tiny_config() { return testing::tiny_model_config(); }
 
 DSpineDraft initialized_draft(const core::ModelConfig& config = tiny_config()) {
   torch::manual_seed(17);

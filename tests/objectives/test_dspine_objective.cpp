@@ -18,6 +18,7 @@
 #include "objectives/dspine_objective.h"
 #include "objectives/dspine_schedule.h"
 #include "objectives/dspine_terms.h"
+#include "common/dspine_tiny.h"
 
 namespace dspine::objectives {
 namespace {
@@ -40,61 +41,10 @@ class CountingCommunicator : public dist::Communicator {
   void barrier() override {}
 };
 
-// The tiny configuration of dspine.md §12.
-core::Config tiny_config(int64_t chunk_blocks = 0, int64_t accumulation = 1) {
-  core::Config c;
-  auto& m = c.model;
-  m.architecture = "dspine";
-  m.hidden_size = 16;
-  m.intermediate_size = 32;
-  m.num_attention_heads = 4;
-  m.num_key_value_heads = 2;
-  m.head_dim = 4;
-  m.num_hidden_layers = 3;
-  m.vocab_size = 32;
-  m.block_size = 4;
-  m.mask_token_id = 31;
-  m.target_layer_ids = {1, 4, 6};
-  m.fused_kernels = "false";
-  m.dspine.transfer_rank = 8;
-  m.dspine.message_size = 4;
-  m.dspine.top_k = 3;
-  c.training.num_anchors = 4;
-  c.training.loss_decay_gamma = 7.0;
-  c.training.objective_chunk_blocks = chunk_blocks;
-  c.training.accumulation_steps = accumulation;
-  c.objective.name = "dspine";
-  return c;
-}
-
-// Seed-17 draft with transfer space from head = randn(32, 16) and writes re-drawn N(0, 0.05).
-std::unique_ptr<DSpineObjective> training_objective(const core::Config& config) {
-  torch::manual_seed(17);
-  auto head = torch::randn({32, 16});
-  auto embed = torch::randn({32, 16});
-  auto objective = make_dspine_objective(config, embed, head, torch::kCPU, torch::kFloat32);
-  objective->on_fresh_start();
-  torch::NoGradGuard no_grad;
-  for (auto& w : objective->draft()->injection->write_layers) w->weight.normal_(0.0, 0.05);
-  return objective;
-}
-
-torch::Tensor mask_rows(const std::vector<std::vector<int64_t>>& rows) {
-  std::vector<torch::Tensor> out;
-  for (const auto& r : rows) out.push_back(torch::tensor(r, torch::kInt64));
-  return torch::stack(out);
-}
-
-data::DraftBatch random_batch(const torch::Tensor& loss_mask, int64_t seed) {
-  torch::manual_seed(seed);
-  const int64_t rows = loss_mask.size(0), seq = loss_mask.size(1);
-  data::DraftBatch b;
-  b.input_ids = torch::randint(0, 30, {rows, seq}, torch::kInt64);
-  b.loss_mask = loss_mask;
-  b.hidden_states = torch::randn({rows, seq, 48});
-  b.target_last_hidden_states = torch::randn({rows, seq, 16});
-  return b;
-}
+using testing::mask_rows;
+using testing::random_batch;
+using testing::tiny_config;
+using testing::training_objective;
 
 data::DraftBatch training_inputs() {
   return random_batch(
