@@ -62,7 +62,7 @@ torch_python() {
 
 install_system_packages
 PY=$(torch_python)
-TORCH_PREFIX=$("$PY" -c 'import torch; print(torch.utils.cmake_prefix_path)')
+TORCH_PREFIX=$("$PY" -W ignore -c 'import torch; print(torch.utils.cmake_prefix_path)')
 log "torch from $PY ($TORCH_PREFIX)"
 
 launcher=()
