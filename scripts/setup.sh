@@ -68,6 +68,8 @@ log "torch from $PY ($TORCH_PREFIX)"
 launcher=()
 command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
 export CCACHE_SLOPPINESS="${CCACHE_SLOPPINESS:-pch_defines,time_macros,include_file_mtime,include_file_ctime}"
+# Paths relative to the checkout, so every clone on this machine shares the cache.
+export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$PWD}"
 command -v nvcc >/dev/null || export PATH="/usr/local/cuda/bin:$PATH"
 
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE="${DSPINE_BUILD_TYPE:-Release}" \
