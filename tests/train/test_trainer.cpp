@@ -8,6 +8,7 @@
 #include "core/config.h"
 #include "core/error.h"
 #include "core/files.h"
+#include "core/safetensors.h"
 #include "dist/communicator.h"
 #include "train/checkpoint.h"
 #include "train/lr_schedule.h"
@@ -201,4 +202,38 @@ TEST(Trainer, Bf16RunTrainsBf16ParametersFromFp32Masters) {
   auto saved = dspine::train::load_checkpoint(result.last_checkpoint);
   EXPECT_EQ(saved.optimizer.at("master.fc.weight").scalar_type(), torch::kFloat);
   EXPECT_EQ(saved.model.at("fc.weight").scalar_type(), torch::kBFloat16);
+}
+
+TEST(Trainer, DSpineTransferCodesComeFromTheCheckpointOnResume) {
+  auto dir = fresh_dir("dspine_codes");
+  Config config = dspine::core::load_config("");  // the embedded tiny DSpine configuration
+  config.training.total_steps = 2;
+  config.data.seq_len = 24;
+  config.checkpoint.dir = (dir / "checkpoints").string();
+  config.checkpoint.resume = "none";
+  config.logging.metrics_file = "";
+  config.logging.progress = "false";
+  config.logging.level = "warn";
+  dspine::train::Trainer first(config, dspine::dist::make_single_process_communicator());
+  auto saved = first.run();
+
+  // Flip the sign of the saved codes (still a valid basis): a resume must load them, not
+  // recompute them from the lm_head.
+  auto model_file = (fs::path(saved.last_checkpoint) / "model.safetensors").string();
+  auto weights = dspine::core::load_safetensors(model_file);
+  torch::Tensor flipped;
+  for (auto& [name, tensor] : weights.tensors) {
+    if (name == "transfer_codes") tensor = flipped = -tensor;
+  }
+  ASSERT_TRUE(flipped.defined());
+  dspine::core::save_safetensors(model_file, weights.tensors, weights.metadata);
+
+  config.checkpoint.resume = "auto";
+  config.training.total_steps = 3;
+  dspine::train::Trainer resumed(config, dspine::dist::make_single_process_communicator());
+  resumed.run();
+  auto buffers = resumed.module().named_buffers();
+  EXPECT_TRUE(torch::equal(buffers["transfer_codes"], flipped));
+  EXPECT_EQ(buffers["transfer_codes"].scalar_type(), torch::kFloat);
+  EXPECT_TRUE(buffers["transfer_ready"].item<bool>());
 }
