@@ -37,7 +37,19 @@ class Communicator {
   int64_t collective_count_ = 0;
 };
 
-// World of one: every collective is the identity (and is still counted).
+// World of one: every collective is the identity (and is still counted, so tests can check how
+// many a piece of code issues).
+class SingleProcessCommunicator final : public Communicator {
+ public:
+  int rank() const override { return 0; }
+  int world_size() const override { return 1; }
+  void all_reduce(at::Tensor& tensor, ReduceOp op) override;
+  void broadcast(at::Tensor& tensor, int root) override;
+  void all_gather(const at::Tensor& input, at::Tensor& output) override;
+  void reduce_scatter(const at::Tensor& input, at::Tensor& output) override;
+  void barrier() override {}
+};
+
 std::shared_ptr<Communicator> make_single_process_communicator();
 
 }  // namespace dspine::dist

@@ -23,23 +23,8 @@
 namespace dspine::objectives {
 namespace {
 
-// Counts collectives; a world of one (identity).
-class CountingCommunicator : public dist::Communicator {
- public:
-  int rank() const override { return 0; }
-  int world_size() const override { return 1; }
-  void all_reduce(at::Tensor&, dist::ReduceOp) override { count_collective(); }
-  void broadcast(at::Tensor&, int) override { count_collective(); }
-  void all_gather(const at::Tensor& input, at::Tensor& output) override {
-    output.copy_(input.reshape(output.sizes()));
-    count_collective();
-  }
-  void reduce_scatter(const at::Tensor& input, at::Tensor& output) override {
-    output.copy_(input.reshape(output.sizes()));
-    count_collective();
-  }
-  void barrier() override {}
-};
+// A world of one that counts the collectives it is asked for.
+using CountingCommunicator = dist::SingleProcessCommunicator;
 
 using testing::mask_rows;
 using testing::random_batch;
