@@ -61,20 +61,14 @@ double time_ms(const std::function<void()>& fn, int iterations) {
 }
 
 struct Captured {
-  int64_t launches = -1;  // kernel + memset nodes of the captured graph; −1 if capture failed
-  double replay_ms = -1;
+  int64_t launches = -1;  // kernel + memset nodes per call; −1 if capture failed
+  double replay_ms = -1;  // device time per call
 };
 
-// Device time per call of `fn`: the median over `iterations` of CUDA events around `batch`
-// back-to-back calls, divided by `batch`. With a batch the GPU queue stays full, so a short call
-// is not charged the host's launch latency (a single event pair around one graph replay reads
-// ~15 µs for a graph of three ~1 µs nodes).
-double time_batched_ms(const std::function<void()>& fn, int iterations, int batch) {
-  return time_ms([&] { for (int i = 0; i < batch; ++i) fn(); }, iterations) / batch;
-}
-
-// Captures `fn` into a CUDA graph (on a side stream) to count the launches it issues and time
-// its replay without host overhead (`batch` replays back to back per measurement).
+// Captures `batch` back-to-back calls of `fn` into one CUDA graph (on a side stream), counts the
+// launches one call issues, and times replays of that graph divided by `batch`: the device time
+// of one call inside a captured step, without the host's launch latency (a single event pair
+// around one replay of a three-node graph read ~15 µs, mostly graph launch overhead).
 Captured capture(const std::function<void()>& fn, int iterations, int batch) {
   Captured result;
   auto side = at::cuda::getStreamFromPool();
@@ -88,15 +82,15 @@ Captured capture(const std::function<void()>& fn, int iterations, int batch) {
     {
       c10::cuda::CUDAStreamGuard guard(side);
       graph.capture_begin();
-      fn();
+      for (int i = 0; i < batch; ++i) fn();
       graph.capture_end();
     }
     size_t nodes = 0;
     cudaGraphGetNodes(graph.raw_cuda_graph(), nullptr, &nodes);
-    result.launches = static_cast<int64_t>(nodes);
+    result.launches = static_cast<int64_t>(nodes) / batch;
     graph.instantiate();
     c10::cuda::CUDAStreamGuard guard(side);
-    result.replay_ms = time_batched_ms([&] { graph.replay(); }, iterations, batch);
+    result.replay_ms = time_ms([&] { graph.replay(); }, iterations) / batch;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "note: graph capture failed: %.200s\n", e.what());
     cudaGetLastError();
@@ -136,29 +130,38 @@ GspoSeamParams bench_params(int64_t s) {
 
 void run_seam_table(const Options& o, double copy_gbs) {
   auto comm = dist::make_single_process_communicator();
-  std::printf("\nGSPO seam (fp32, int64 ids/counts, g=1): eager = CUDA events per call incl. host "
-              "launch; graph = replay of the captured call\n");
-  std::printf("%9s %7s | %10s %6s %10s | %10s %6s %10s %8s %7s | %7s\n", "tokens", "segs",
-              "ref eager", "launch", "ref graph", "fused eagr", "launch", "fused grph", "GB/s",
-              "%copy", "speedup");
+  std::printf("\nGSPO seam (fp32, int64 ids/counts, g=1): eager = CUDA events around one call incl. "
+              "host work; graph = device time per call, 20 calls captured in one graph; launches "
+              "per call; fused = local form, span = reduce + all-reduce hook + finish\n");
+  std::printf("%9s %7s | %10s %6s %10s | %10s %6s %10s %8s %7s | %10s %6s | %7s\n", "tokens",
+              "segs", "ref eager", "launch", "ref graph", "fused eagr", "launch", "fused grph",
+              "GB/s", "%copy", "span grph", "launch", "speedup");
   for (int64_t n : o.tokens) {
     for (int64_t s : o.segments) {
       if (s > n) continue;
       const SeamInputs in = make_seam_inputs(n, s);
       const auto p = bench_params(s);
+      auto span_params = p;
+      span_params.segments_span_ranks = true;
       auto ref = [&] { objectives::gspo_segment_seam(in.logprobs, in.tokens, p, *comm, GspoBackend::kReference); };
       auto fused = [&] { objectives::gspo_segment_seam(in.logprobs, in.tokens, p, *comm, GspoBackend::kFused); };
+      auto span = [&] {
+        objectives::gspo_segment_seam(in.logprobs, in.tokens, span_params, *comm, GspoBackend::kFused);
+      };
       const double ref_ms = time_ms(ref, o.iterations), fused_ms = time_ms(fused, o.iterations);
-      const Captured ref_graph = capture(ref, o.iterations, 20), fused_graph = capture(fused, o.iterations, 20);
-      // Compulsory traffic: block 1 reads lp, target, old, adv, segment, count (36 B/token),
-      // block 2 reads target, segment, count and writes c (28 B/token); sums are L2-resident.
-      const double bytes = 64.0 * n + 8.0 * s;
+      const Captured ref_graph = capture(ref, o.iterations, 20);
+      const Captured fused_graph = capture(fused, o.iterations, 20);
+      const Captured span_graph = capture(span, o.iterations, 20);
+      // Compulsory traffic: lp, target, old, adv, segment, count read (36 B/token), c written
+      // (4 B/token); the [2, S] sums stay in L2. (The fused seam also writes and reads back a
+      // 4-byte key per token.)
+      const double bytes = 40.0 * n + 8.0 * s;
       const double best_ms = fused_graph.replay_ms > 0 ? fused_graph.replay_ms : fused_ms;
       const double gbs = bytes / (best_ms * 1e-3) / 1e9;
-      std::printf("%9ld %7ld | %10.4f %6ld %10.4f | %10.4f %6ld %10.4f %8.0f %6.1f%% | %6.1fx\n",
+      std::printf("%9ld %7ld | %10.4f %6ld %10.4f | %10.4f %6ld %10.4f %8.0f %6.1f%% | %10.4f %6ld | %6.1fx\n",
                   long(n), long(s), ref_ms, long(ref_graph.launches), ref_graph.replay_ms, fused_ms,
                   long(fused_graph.launches), fused_graph.replay_ms, gbs, 100 * gbs / copy_gbs,
-                  ref_graph.replay_ms / best_ms);
+                  span_graph.replay_ms, long(span_graph.launches), ref_graph.replay_ms / best_ms);
     }
   }
 }

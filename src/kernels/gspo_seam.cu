@@ -1,15 +1,24 @@
 // Fused GSPO seam: see gspo_seam.h for the contract and gspo.md §2 for the math.
 //
-// Reduce kernel: each block owns a contiguous range of tokens (whole tiles of kTile tokens) and
-// reduces it by runs of equal segment id with a block-wide segmented scan. Runs that start and
-// end inside the range are complete segments (contiguity contract) and are stored directly;
-// the first and last run of each range may continue into a neighbour, so they go to a boundary
-// list of 2 entries per block. The last block to finish (integer ticket) reduces that list with
-// the same segmented scan, in block order: every sum is formed in an order fixed by the layout.
-// Finish kernel: one pass over the tokens gathering (U_s, V_s) from the L2-resident buffer, with
-// the same last-block pattern for the loss / metric sums.
+// Reduce runs one wave (as many blocks as fit on the device at once), each block owning a
+// contiguous range of tokens that it walks in tiles of kTile: block 1 per token, then a
+// block-wide segmented scan over runs of equal segment id. Runs that start and end inside a
+// range are complete segments (contiguity contract) and are stored directly with their sums
+// (U, V) and this rank's labelled count n and weight W = Σ w_t; the first and last run of each
+// range may continue into a neighbour, so they go to a boundary list of 2 entries per block,
+// which the last block to finish (integer ticket) reduces with the same scan, in block order:
+// every sum is formed in an order fixed by the layout.
+// Local seam: the same kernel also forms the loss and metric sums (each segment's terms where it
+// is stored, the block partials added by the last block in block order), and, once the last
+// block flags every segment stored, each block writes c_t for its own tokens — one kernel after
+// the zeroing one, instead of a third launch whose start and end would cost more than the work.
+// Otherwise finish forms c_t and the sums after the all-reduce.
+// Measured on an H200, every dependent global round trip (a load that misses L1, an atomic, a
+// grid's end before the next starts) costs about 0.5-1 µs, which at 1M tokens is as much as the
+// data movement: the kernels are arranged to need few of them in a row.
 #include "kernels/gspo_seam.h"
 
+#include <algorithm>
 #include <cstring>
 #include <type_traits>
 
@@ -22,38 +31,53 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kItems = 8;
 constexpr int64_t kTile = int64_t(kThreads) * kItems;
-// Bounds the boundary list (2 entries per block) to one tile of the combining block.
-constexpr int64_t kMaxBlocks = kTile / 2;
+// Upper bound of either grid (a wave is well below it on any current GPU); sizes the workspace.
+constexpr int64_t kMaxBlocks = 4096;
 
-// Word offsets into the workspace (every entry is 4 bytes).
+// Word offsets into the workspace (every entry is 4 bytes). The head up to zeroed() is cleared
+// first; the per-segment arrays are [U | V | W | n], U and V being the all-reduced [2, S] buffer.
 struct Layout {
-  int64_t segments, blocks;
-  __host__ __device__ int64_t writers() const { return 2 * segments; }
-  __host__ __device__ int64_t status() const { return 3 * segments; }
+  int64_t segments;
+  __host__ __device__ int64_t weight() const { return 2 * segments; }
+  __host__ __device__ int64_t count() const { return 3 * segments; }
+  __host__ __device__ int64_t writers() const { return 4 * segments; }
+  __host__ __device__ int64_t status() const { return 5 * segments; }
   __host__ __device__ int64_t reduce_ticket() const { return status() + 1; }
   __host__ __device__ int64_t finish_ticket() const { return status() + 2; }
-  __host__ __device__ int64_t logprob_total() const { return status() + 3; }
-  __host__ __device__ int64_t zeroed() const { return status() + 4; }
-  __host__ __device__ int64_t boundary_keys() const { return zeroed(); }
-  __host__ __device__ int64_t boundary_u() const { return boundary_keys() + 2 * blocks; }
-  __host__ __device__ int64_t boundary_v() const { return boundary_u() + 2 * blocks; }
-  __host__ __device__ int64_t logprob_partials() const { return boundary_v() + 2 * blocks; }
-  __host__ __device__ int64_t finish_partials() const { return logprob_partials() + blocks; }
-  __host__ __device__ int64_t total() const { return finish_partials() + 3 * blocks; }
+  // Local seam: 1 once every segment's sums are stored.
+  __host__ __device__ int64_t sums_ready() const { return status() + 3; }
+  // End of the zeroed head, rounded up to whole 16-byte vectors.
+  __host__ __device__ int64_t zeroed() const { return (status() + 4 + 3) / 4 * 4; }
+  __host__ __device__ int64_t reduce_blocks() const { return zeroed(); }
+  // Boundary list, 2 entries per reduce block: keys, then RunSums (4 words each), both 16-byte
+  // aligned for vector loads.
+  __host__ __device__ int64_t boundary_keys() const { return (reduce_blocks() + 1 + 3) / 4 * 4; }
+  __host__ __device__ int64_t boundary_sums() const { return boundary_keys() + 2 * kMaxBlocks; }
+  // Per reduce block, 16-byte aligned: loss, clipped and ratio terms (local seam) and Σ m·lp·w.
+  __host__ __device__ int64_t reduce_partials() const { return boundary_sums() + 8 * kMaxBlocks; }
+  __host__ __device__ int64_t finish_partials() const { return reduce_partials() + 4 * kMaxBlocks; }
+  // Per-token keys, 16-byte aligned for vector stores.
+  __host__ __device__ int64_t keys() const { return (finish_partials() + 3 * kMaxBlocks + 3) / 4 * 4; }
 };
 
+// A block's token range: `per_block` tokens (a multiple of kItems, so every thread's first token
+// keeps 16-byte alignment of the per-token arrays).
 struct Grid {
-  int64_t blocks, tiles_per_block;
+  int64_t blocks, per_block;
 };
 
-Grid grid_for(int64_t num_tokens) {
-  const int64_t tiles = num_tokens > 0 ? (num_tokens + kTile - 1) / kTile : 1;
-  const int64_t per_block = (tiles + kMaxBlocks - 1) / kMaxBlocks;
-  return {(tiles + per_block - 1) / per_block, per_block};
+Grid grid_for(int64_t num_tokens, int wave) {
+  const int64_t chunks = std::max<int64_t>(1, (num_tokens + kItems - 1) / kItems);
+  const int64_t tile_chunks = kTile / kItems;
+  // No block gets less than a tile: short inputs use fewer blocks rather than idle threads.
+  const int64_t blocks = std::min<int64_t>({int64_t(wave), kMaxBlocks, (chunks + tile_chunks - 1) / tile_chunks});
+  const int64_t per_block = (chunks + blocks - 1) / blocks;
+  return {(chunks + per_block - 1) / per_block, per_block * kItems};
 }
 
 // Blocked load of kItems consecutive elements starting at this thread's slot of the tile.
-template <typename T>
+// kWritten: the data was written during this kernel (read through L2, not the read-only path).
+template <bool kWritten = false, typename T>
 __device__ __forceinline__ void load_items(const T* base, int64_t first, int64_t end, T fill,
                                            T (&out)[kItems]) {
   const T* p = base + first;
@@ -61,24 +85,51 @@ __device__ __forceinline__ void load_items(const T* base, int64_t first, int64_t
     constexpr int kPerVector = 16 / sizeof(T);
 #pragma unroll
     for (int i = 0; i < kItems; i += kPerVector) {
-      const uint4 raw = __ldg(reinterpret_cast<const uint4*>(p + i));
+      const uint4* q = reinterpret_cast<const uint4*>(p + i);
+      const uint4 raw = kWritten ? __ldcg(q) : __ldg(q);
       memcpy(&out[i], &raw, sizeof(raw));
     }
   } else {
 #pragma unroll
-    for (int i = 0; i < kItems; ++i) out[i] = first + i < end ? p[i] : fill;
+    for (int i = 0; i < kItems; ++i) out[i] = first + i < end ? (kWritten ? __ldcg(p + i) : p[i]) : fill;
   }
 }
+
+template <typename T>
+__device__ __forceinline__ void store_items(T* base, int64_t first, int64_t end,
+                                            const T (&in)[kItems]) {
+  T* p = base + first;
+  if (first + kItems <= end && (reinterpret_cast<uintptr_t>(p) & 15) == 0) {
+    constexpr int kPerVector = 16 / sizeof(T);
+#pragma unroll
+    for (int i = 0; i < kItems; i += kPerVector) {
+      uint4 raw;
+      memcpy(&raw, &in[i], sizeof(raw));
+      *reinterpret_cast<uint4*>(p + i) = raw;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < kItems; ++i)
+      if (first + i < end) p[i] = in[i];
+  }
+}
+
+// What a run accumulates: U, V, W = Σ w_t and the labelled count n.
+struct RunSums {
+  float u, v, w;
+  int n;
+  __device__ RunSums operator+(const RunSums& o) const { return {u + o.u, v + o.v, w + o.w, n + o.n}; }
+};
 
 // A run's partial sums in the segmented scan; `first` marks a run that began after no labelled
 // token of the range (the range's first run, which may continue a neighbour's last run).
 struct RunScan {
   int head, first;
-  float u, v;
+  RunSums sums;
 };
 struct RunScanOp {
   __device__ RunScan operator()(const RunScan& a, const RunScan& b) const {
-    return b.head ? b : RunScan{a.head, a.first, a.u + b.u, a.v + b.v};
+    return b.head ? b : RunScan{a.head, a.first, a.sums + b.sums};
   }
 };
 // Forward fill: masked tokens take the key of the last labelled token before them.
@@ -88,23 +139,21 @@ struct FillOp {
 
 struct Carry {
   int key, first;
-  float u, v;
+  RunSums sums;
 };
 
-struct Triple {
-  float a, b, c;
+struct Quad {
+  float a, b, c, d;
+  __device__ Quad operator+(const Quad& o) const { return {a + o.a, b + o.b, c + o.c, d + o.d}; }
 };
-struct TripleSum {
-  __device__ Triple operator()(const Triple& x, const Triple& y) const {
-    return {x.a + y.a, x.b + y.b, x.c + y.c};
-  }
+struct QuadSum {
+  __device__ Quad operator()(const Quad& x, const Quad& y) const { return x + y; }
 };
 
-struct SeamShared {
+struct ReduceShared {
   typename cub::BlockScan<int, kThreads>::TempStorage fill;
   typename cub::BlockScan<RunScan, kThreads>::TempStorage run;
-  typename cub::BlockReduce<float, kThreads>::TempStorage reduce;
-  typename cub::BlockReduce<Triple, kThreads>::TempStorage reduce3;
+  typename cub::BlockReduce<Quad, kThreads>::TempStorage reduce;
   int next_key[kThreads];
   Carry carry;
   int first_emitted;
@@ -112,12 +161,17 @@ struct SeamShared {
   int is_last;
 };
 
-// One tile of the segmented reduction: key -1 = no label (its u, v are 0). Every complete run
-// (one that ends before the tile's last item) is passed to emit(key, first, u, v); the run open
+struct FinishShared {
+  typename cub::BlockReduce<Quad, kThreads>::TempStorage reduce;
+  int is_last;
+};
+
+// One tile of the segmented reduction: key −1 = no label (its sums are 0). Every complete run
+// (one that ends before the tile's last item) is passed to emit(key, first, sums); the run open
 // at the tile's end becomes the carry for the next tile.
 template <typename Emit>
-__device__ void reduce_tile(SeamShared& sh, int (&key)[kItems], const float (&u)[kItems],
-                            const float (&v)[kItems], Emit&& emit) {
+__device__ void reduce_tile(ReduceShared& sh, int (&key)[kItems], const RunSums (&item)[kItems],
+                            Emit&& emit) {
   const Carry carry = sh.carry;
   int thread_last = -1;
 #pragma unroll
@@ -128,28 +182,28 @@ __device__ void reduce_tile(SeamShared& sh, int (&key)[kItems], const float (&u)
   // A carried run that ended exactly at the previous tile's last item has no item here to
   // close it: emit it when this tile opens with another segment.
   if (threadIdx.x == 0 && carry.key >= 0 && key[0] >= 0 && key[0] != carry.key) {
-    emit(carry.key, carry.first != 0, carry.u, carry.v);
+    emit(carry.key, carry.first != 0, carry.sums);
   }
 
-  RunScan items[kItems];
+  RunScan scan[kItems];
 #pragma unroll
   for (int i = 0; i < kItems; ++i) {
     const int k = key[i] >= 0 ? key[i] : prev;
-    items[i] = RunScan{k != prev, prev < 0, u[i], v[i]};
+    scan[i] = RunScan{k != prev, prev < 0, item[i]};
     key[i] = k;
     prev = k;
   }
   const RunScanOp op;
-  RunScan aggregate = items[0];
+  RunScan aggregate = scan[0];
 #pragma unroll
-  for (int i = 1; i < kItems; ++i) aggregate = op(aggregate, items[i]);
+  for (int i = 1; i < kItems; ++i) aggregate = op(aggregate, scan[i]);
   RunScan running;
   cub::BlockScan<RunScan, kThreads>(sh.run).ExclusiveScan(
-      aggregate, running, RunScan{0, carry.first, carry.u, carry.v}, op);
+      aggregate, running, RunScan{0, carry.first, carry.sums}, op);
 #pragma unroll
   for (int i = 0; i < kItems; ++i) {
-    running = op(running, items[i]);
-    items[i] = running;
+    running = op(running, scan[i]);
+    scan[i] = running;
   }
 
   sh.next_key[threadIdx.x] = key[0];
@@ -158,60 +212,180 @@ __device__ void reduce_tile(SeamShared& sh, int (&key)[kItems], const float (&u)
   for (int i = 0; i < kItems; ++i) {
     if (threadIdx.x == kThreads - 1 && i == kItems - 1) continue;
     const int next = i + 1 < kItems ? key[i + 1] : sh.next_key[threadIdx.x + 1];
-    if (key[i] >= 0 && next != key[i]) emit(key[i], items[i].first != 0, items[i].u, items[i].v);
+    if (key[i] >= 0 && next != key[i]) emit(key[i], scan[i].first != 0, scan[i].sums);
   }
   __syncthreads();
   if (threadIdx.x == kThreads - 1) {
-    const RunScan& last = items[kItems - 1];
-    sh.carry = Carry{key[kItems - 1], last.first, last.u, last.v};
+    const RunScan& last = scan[kItems - 1];
+    sh.carry = Carry{key[kItems - 1], last.first, last.sums};
   }
   __syncthreads();
 }
 
-// A complete segment: its single writer stores both sums. A second writer means the segment was
-// split into two runs (contract violation): flagged, and the value is not trusted.
-__device__ __forceinline__ void store_segment(float* ws, const Layout& layout, int key, float u,
-                                              float v) {
-  ws[key] = u;
-  ws[layout.segments + key] = v;
-  int* writers = reinterpret_cast<int*>(ws + layout.writers());
-  if (atomicAdd(writers + key, 1) != 0)
-    atomicOr(reinterpret_cast<int*>(ws + layout.status()), kGspoSplitSegment);
+// A complete segment: its single writer stores every sum and counts itself in `writers`; finish
+// flags a segment with two writers (split into two runs: a contract violation). The count is a
+// fire-and-forget integer add, so no writer waits on it.
+__device__ __forceinline__ void store_segment(float* ws, const Layout& layout, int key,
+                                              const RunSums& sums) {
+  ws[key] = sums.u;
+  ws[layout.segments + key] = sums.v;
+  ws[layout.weight() + key] = sums.w;
+  ws[layout.count() + key] = static_cast<float>(sums.n);
+  atomicAdd(reinterpret_cast<int*>(ws + layout.writers()) + key, 1);
 }
 
-// Returns true in every thread of the block that finished last (after all others' writes).
-__device__ bool last_block_done(SeamShared& sh, unsigned* ticket) {
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) sh.is_last = atomicAdd(ticket, 1u) == gridDim.x - 1;
-  __syncthreads();
-  if (sh.is_last) __threadfence();
-  return sh.is_last != 0;
+// A segment's share of the loss and metric sums, gspo.md §2: n·ℓ, W·[R outside the clip range],
+// W·R, with R = exp(U) and Ā = V (d unused).
+__device__ __forceinline__ Quad segment_terms(float u, float advantage, float weight, float n,
+                                              const GspoSeamScalars& scalars) {
+  const float ratio = expf(u);
+  const float lo = scalars.ratio_low, hi = scalars.ratio_high;
+  const float clipped_ratio = fminf(fmaxf(ratio, lo), hi);
+  return Quad{n * -fminf(ratio * advantage, clipped_ratio * advantage),
+              weight * static_cast<float>(ratio < lo || ratio > hi), weight * ratio, 0.f};
 }
 
+// Asks L2 for the line holding p (no register waits on it).
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+
+// Returns true in every thread of the block that arrives last. One acquire-release integer add by
+// one thread orders the whole block's earlier writes (made visible to it by the barrier) before
+// the ticket, and every other block's before the last block's reads.
+__device__ bool last_block_done(int& is_last, unsigned* ticket) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned previous;
+    asm volatile("atom.add.acq_rel.gpu.u32 %0, [%1], 1;" : "=r"(previous) : "l"(ticket) : "memory");
+    is_last = previous == gridDim.x - 1;
+  }
+  __syncthreads();
+  return is_last != 0;
+}
+
+__device__ __forceinline__ void store_release(int* p, int v) {
+  asm volatile("st.release.gpu.global.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ int load_acquire(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// c_t = c̃_t·(g/D·λ) for the tokens [begin, end) from their keys and the segments' (U, V), two
+// tiles at a time so that twice as many loads are in flight per round trip. The sums may have
+// been stored during this kernel: plain loads, not the read-only path, after the acquire that
+// ordered them (U and V of a few hot segments then come from L1).
+__device__ void write_coefficients(const float* ws, const Layout& layout,
+                                   const GspoSeamScalars& scalars, float* coefficient,
+                                   int64_t begin, int64_t end) {
+  constexpr int kTiles = 2;
+  const int* keys = reinterpret_cast<const int*>(ws + layout.keys());
+  for (int64_t tile = begin; tile < end; tile += kTiles * kTile) {
+    int key[kTiles][kItems];
+#pragma unroll
+    for (int t = 0; t < kTiles; ++t) {
+      const int64_t first = tile + t * kTile + int64_t(threadIdx.x) * kItems;
+#pragma unroll
+      for (int i = 0; i < kItems; ++i) key[t][i] = first + i < end ? keys[first + i] : -1;
+    }
+    float u[kTiles][kItems], advantage[kTiles][kItems];
+#pragma unroll
+    for (int t = 0; t < kTiles; ++t) {
+#pragma unroll
+      for (int i = 0; i < kItems; ++i) {
+        u[t][i] = key[t][i] >= 0 ? ws[key[t][i]] : 0.f;
+        advantage[t][i] = key[t][i] >= 0 ? ws[layout.segments + key[t][i]] : 0.f;
+      }
+    }
+#pragma unroll
+    for (int t = 0; t < kTiles; ++t) {
+      const int64_t first = tile + t * kTile + int64_t(threadIdx.x) * kItems;
+      float c[kItems];
+#pragma unroll
+      for (int i = 0; i < kItems; ++i) {
+        const float ratio = expf(u[t][i]);
+        const float a = advantage[t][i];
+        const float c_tilde = (fmaxf(a, 0.f) * static_cast<float>(ratio <= scalars.ratio_high) +
+                               fminf(a, 0.f) * static_cast<float>(ratio >= scalars.ratio_low)) *
+                              ratio;
+        c[i] = key[t][i] >= 0 ? c_tilde * scalars.coefficient_scale : 0.f;
+      }
+      store_items(coefficient, first, end, c);
+    }
+  }
+}
+
+// True if a segment of this block's slice of [0, S) has two writers (split into two runs).
+__device__ bool split_in_slice(const float* ws, const Layout& layout) {
+  const int64_t per_block = (layout.segments + gridDim.x - 1) / gridDim.x;
+  const int64_t begin = int64_t(blockIdx.x) * per_block;
+  const int64_t end = min(layout.segments, begin + per_block);
+  const int* writers = reinterpret_cast<const int*>(ws + layout.writers());
+  bool split = false;
+  for (int64_t s = begin + threadIdx.x; s < end; s += kThreads) split = split || writers[s] > 1;
+  return split;
+}
+
+// Zeroes the workspace head and lets reduce start at once: reduce reads its inputs and scans its
+// first tile while this runs, and waits for it only before its first store into the head.
+__global__ void __launch_bounds__(kThreads) seam_prepare_kernel(uint4* head, int64_t vectors) {
+  cudaTriggerProgrammaticLaunchCompletion();
+  for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < vectors;
+       i += int64_t(gridDim.x) * kThreads)
+    head[i] = make_uint4(0, 0, 0, 0);
+}
+
+// `out` non-null: the seam is local (no all-reduce follows), and this kernel is the whole of
+// block 2 as well: the last block adds the loss and metric sums into out[4] and flags the sums
+// complete; every block (all resident: a cooperative launch) then writes c_t for its own tokens
+// (when `coefficient` is non-null) and checks its slice of segments for splits.
 template <typename Seg, typename Count>
 __global__ void __launch_bounds__(kThreads)
-    seam_reduce_kernel(GspoSeamTokens tokens, float* ws, int64_t tiles_per_block) {
-  __shared__ SeamShared sh;
-  const Layout layout{tokens.num_segments, gridDim.x};
+    seam_reduce_kernel(GspoSeamTokens tokens, GspoSeamScalars scalars, float* ws, float* out,
+                       float* coefficient, int64_t per_block) {
+  __shared__ ReduceShared sh;
+  const Layout layout{tokens.num_segments};
   const int64_t num_segments = tokens.num_segments;
-  const int64_t begin = int64_t(blockIdx.x) * tiles_per_block * kTile;
-  const int64_t end = min(tokens.num_tokens, begin + tiles_per_block * kTile);
+  const int64_t begin = int64_t(blockIdx.x) * per_block;
+  const int64_t end = min(tokens.num_tokens, begin + per_block);
   const auto* segment = static_cast<const Seg*>(tokens.segment);
   const auto* counts = static_cast<const Count*>(tokens.label_counts);
+  int* keys_out = reinterpret_cast<int*>(ws + layout.keys());
   int* boundary_keys = reinterpret_cast<int*>(ws + layout.boundary_keys());
-  float* boundary_u = ws + layout.boundary_u();
-  float* boundary_v = ws + layout.boundary_v();
+  auto* boundary_sums = reinterpret_cast<RunSums*>(ws + layout.boundary_sums());
+  const bool with_sums = out != nullptr;
   if (threadIdx.x == 0) {
-    sh.carry = Carry{-1, 1, 0.f, 0.f};
+    sh.carry = Carry{-1, 1, {0.f, 0.f, 0.f, 0}};
     sh.first_emitted = 0;
   }
   __syncthreads();
 
-  float logprob_sum = 0.f;
+  auto to_boundary = [&](int64_t slot, int key, const RunSums& sums) {
+    boundary_keys[slot] = key;
+    boundary_sums[slot] = sums;
+  };
+  // A complete segment: stored, and its terms added to this thread's share when reduce sums.
+  Quad terms{0.f, 0.f, 0.f, 0.f};  // d: Σ m·lp·w
+  auto complete = [&](int key, const RunSums& sums) {
+    store_segment(ws, layout, key, sums);
+    if (with_sums) terms = terms + segment_terms(sums.u, sums.v, sums.w, float(sums.n), scalars);
+  };
+
   int bad = 0;
   for (int64_t tile = begin; tile < end; tile += kTile) {
     const int64_t first = tile + int64_t(threadIdx.x) * kItems;
+    // The next tile streams into L2 while this one is scanned.
+    const int64_t ahead = first + kTile;
+    if (ahead < end) {
+      prefetch_l2(tokens.target + ahead);
+      prefetch_l2(segment + ahead);
+      prefetch_l2(counts + ahead);
+      prefetch_l2(tokens.logprobs + ahead);
+      prefetch_l2(tokens.old_logprobs + ahead);
+      prefetch_l2(tokens.advantages + ahead);
+    }
     int64_t target[kItems];
     Seg seg[kItems];
     Count count[kItems];
@@ -223,163 +397,178 @@ __global__ void __launch_bounds__(kThreads)
     load_items(tokens.old_logprobs, first, end, 0.f, old);
     load_items(tokens.advantages, first, end, 0.f, adv);
     int key[kItems];
-    float u[kItems], v[kItems];
+    RunSums item[kItems];
 #pragma unroll
     for (int i = 0; i < kItems; ++i) {
       key[i] = -1;
-      u[i] = 0.f;
-      v[i] = 0.f;
+      item[i] = RunSums{0.f, 0.f, 0.f, 0};
       if (target[i] < 0) continue;  // masked: selected away, whatever its values
       const float n = static_cast<float>(count[i]);
       const float w = 1.0f / fmaxf(n, 1.0f);
       if (!isfinite(lp[i]) || !isfinite(old[i]) || !isfinite(adv[i]) || !isfinite(n))
         bad |= kGspoNonFinite;
-      logprob_sum += lp[i] * w;
+      terms.d += lp[i] * w;
       const int64_t s = static_cast<int64_t>(seg[i]);
       if (s < 0 || s >= num_segments) {
         bad |= kGspoBadSegment;
         continue;
       }
       key[i] = static_cast<int>(s);
-      u[i] = (lp[i] - old[i]) * w;
-      v[i] = adv[i] * w;
+      item[i] = RunSums{(lp[i] - old[i]) * w, adv[i] * w, w, 1};
     }
-    reduce_tile(sh, key, u, v, [&](int k, bool first_run, float su, float sv) {
+    store_items(keys_out, first, end, key);  // keys lie outside the zeroed head
+    if (tile == begin) cudaGridDependencySynchronize();  // the head has been zeroed
+    reduce_tile(sh, key, item, [&](int k, bool first_run, const RunSums& sums) {
       if (first_run) {  // may continue the previous range's last run: boundary slot 0
-        boundary_keys[2 * blockIdx.x] = k;
-        boundary_u[2 * blockIdx.x] = su;
-        boundary_v[2 * blockIdx.x] = sv;
+        to_boundary(2 * int64_t(blockIdx.x), k, sums);
         sh.first_emitted = 1;
         sh.first_key = k;
       } else {
-        store_segment(ws, layout, k, su, sv);
+        complete(k, sums);
       }
     });
   }
+  cudaGridDependencySynchronize();  // (a block without tokens has not waited yet)
   if (bad) atomicOr(reinterpret_cast<int*>(ws + layout.status()), bad);
   if (threadIdx.x == 0) {
     // The run open at the range's end goes to slot 1 (slot 0 when it is also the first run).
     const Carry c = sh.carry;
-    const int slot = sh.first_emitted ? 1 : 0;
+    const int64_t slot = 2 * int64_t(blockIdx.x) + (sh.first_emitted ? 1 : 0);
     // Slots 0 and 1 are distinct runs with other runs between them; the combine below would
     // merge them if they shared a key, so a split segment is caught here.
     if (sh.first_emitted && c.key == sh.first_key)
       atomicOr(reinterpret_cast<int*>(ws + layout.status()), kGspoSplitSegment);
-    if (!sh.first_emitted) boundary_keys[2 * blockIdx.x + 1] = -1;
-    boundary_keys[2 * blockIdx.x + slot] = c.key;
-    boundary_u[2 * blockIdx.x + slot] = c.key >= 0 ? c.u : 0.f;
-    boundary_v[2 * blockIdx.x + slot] = c.key >= 0 ? c.v : 0.f;
+    if (!sh.first_emitted) boundary_keys[2 * int64_t(blockIdx.x) + 1] = -1;
+    to_boundary(slot, c.key, c.key >= 0 ? c.sums : RunSums{0.f, 0.f, 0.f, 0});
+    if (blockIdx.x == 0) reinterpret_cast<int*>(ws)[layout.reduce_blocks()] = gridDim.x;
+    sh.carry = Carry{-1, 1, {0.f, 0.f, 0.f, 0}};  // for the combine, should this block be last
   }
-  const float block_sum = cub::BlockReduce<float, kThreads>(sh.reduce).Sum(logprob_sum);
-  if (threadIdx.x == 0) ws[layout.logprob_partials() + blockIdx.x] = block_sum;
+  const Quad block_terms = cub::BlockReduce<Quad, kThreads>(sh.reduce).Reduce(terms, QuadSum());
+  if (threadIdx.x == 0)
+    reinterpret_cast<float4*>(ws + layout.reduce_partials())[blockIdx.x] =
+        make_float4(block_terms.a, block_terms.b, block_terms.c, block_terms.d);
 
-  if (!last_block_done(sh, reinterpret_cast<unsigned*>(ws + layout.reduce_ticket()))) return;
-
-  // The last block: runs in the boundary list, in block order, are complete segments.
-  if (threadIdx.x == 0) sh.carry = Carry{-1, 1, 0.f, 0.f};
-  __syncthreads();
-  const int64_t entries = 2 * int64_t(gridDim.x);
-  for (int64_t tile = 0; tile < entries; tile += kTile) {
-    int key[kItems];
-    float u[kItems], v[kItems];
-    const int64_t first = tile + int64_t(threadIdx.x) * kItems;
+  // Finish may be launched now, while the last block combines; it waits for this grid's
+  // completion before reading anything.
+  cudaTriggerProgrammaticLaunchCompletion();
+  const bool last = last_block_done(sh.is_last, reinterpret_cast<unsigned*>(ws + layout.reduce_ticket()));
+  int* sums_ready = reinterpret_cast<int*>(ws + layout.sums_ready());
+  if (!last) {
+    if (!with_sums) return;
+    if (threadIdx.x == 0)
+      while (load_acquire(sums_ready) == 0) __nanosleep(32);
+    __syncthreads();
+  } else {
+    // The last block: runs in the boundary list, in block order, are complete segments. With
+    // sums, each thread also adds the block partials it owns (block order, fixed stride),
+    // loaded together with the first boundary tile.
+    Quad total{0.f, 0.f, 0.f, 0.f};
+    terms = Quad{0.f, 0.f, 0.f, 0.f};
+    const int64_t entries = 2 * int64_t(gridDim.x);
+    for (int64_t tile = 0; tile < entries; tile += kTile) {
+      int key[kItems];
+      RunSums item[kItems];
+      const int64_t first = tile + int64_t(threadIdx.x) * kItems;
+      load_items<true>(boundary_keys, first, entries, -1, key);
 #pragma unroll
-    for (int i = 0; i < kItems; ++i) {
-      const bool in = first + i < entries;
-      key[i] = in ? __ldcg(boundary_keys + first + i) : -1;
-      u[i] = in && key[i] >= 0 ? __ldcg(boundary_u + first + i) : 0.f;
-      v[i] = in && key[i] >= 0 ? __ldcg(boundary_v + first + i) : 0.f;
+      for (int i = 0; i < kItems; ++i) {
+        const float4 raw = first + i < entries
+                               ? __ldcg(reinterpret_cast<const float4*>(boundary_sums + first + i))
+                               : make_float4(0.f, 0.f, 0.f, 0.f);
+        item[i] = RunSums{raw.x, raw.y, raw.z, __float_as_int(raw.w)};
+        if (key[i] < 0) item[i] = RunSums{0.f, 0.f, 0.f, 0};
+      }
+      if (tile == 0 && with_sums) {
+        for (int64_t b = threadIdx.x; b < gridDim.x; b += kThreads) {
+          const float4 p = __ldcg(reinterpret_cast<const float4*>(ws + layout.reduce_partials()) + b);
+          total = total + Quad{p.x, p.y, p.z, p.w};
+        }
+      }
+      reduce_tile(sh, key, item, [&](int k, bool, const RunSums& sums) { complete(k, sums); });
     }
-    reduce_tile(sh, key, u, v,
-                [&](int k, bool, float su, float sv) { store_segment(ws, layout, k, su, sv); });
+    if (threadIdx.x == 0 && sh.carry.key >= 0) complete(sh.carry.key, sh.carry.sums);
+    if (!with_sums) return;
+    __syncthreads();  // every thread's segment stores, before thread 0's release
+    if (threadIdx.x == 0) store_release(sums_ready, 1);
+    total = cub::BlockReduce<Quad, kThreads>(sh.reduce).Reduce(total + terms, QuadSum());
+    if (threadIdx.x == 0) {
+      out[0] = total.a / scalars.divisor;
+      out[1] = total.d / scalars.divisor;
+      out[2] = total.b / scalars.divisor;
+      out[3] = total.c / scalars.divisor;
+    }
   }
-  if (threadIdx.x == 0 && sh.carry.key >= 0)
-    store_segment(ws, layout, sh.carry.key, sh.carry.u, sh.carry.v);
-
-  float partial = 0.f;
-  for (int64_t b = threadIdx.x; b < gridDim.x; b += kThreads)
-    partial += __ldcg(ws + layout.logprob_partials() + b);
-  __syncthreads();
-  const float total = cub::BlockReduce<float, kThreads>(sh.reduce).Sum(partial);
-  if (threadIdx.x == 0) ws[layout.logprob_total()] = total;
+  // Local seam, every segment stored.
+  if (split_in_slice(ws, layout))
+    atomicOr(reinterpret_cast<int*>(ws + layout.status()), kGspoSplitSegment);
+  if (coefficient != nullptr) write_coefficients(ws, layout, scalars, coefficient, begin, end);
 }
 
-template <typename Seg, typename Count>
+// Block 2 after the all-reduce (a seam whose segments span ranks): c_t for every token (when
+// `coefficient` is non-null), the split check over a slice of the segments, and the loss and
+// metric sums per segment, added by the last block.
 __global__ void __launch_bounds__(kThreads)
-    seam_finish_kernel(GspoSeamTokens tokens, GspoSeamScalars scalars, float* ws,
-                       float* coefficient, float* out, int64_t tiles_per_block) {
-  __shared__ SeamShared sh;
-  const Layout layout{tokens.num_segments, gridDim.x};
-  const int64_t num_segments = tokens.num_segments;
-  const int64_t begin = int64_t(blockIdx.x) * tiles_per_block * kTile;
-  const int64_t end = min(tokens.num_tokens, begin + tiles_per_block * kTile);
-  const auto* segment = static_cast<const Seg*>(tokens.segment);
-  const auto* counts = static_cast<const Count*>(tokens.label_counts);
-  const float lo = scalars.ratio_low;
-  const float hi = scalars.ratio_high;
-
-  Triple sums{0.f, 0.f, 0.f};  // loss, clipped, ratio
-  for (int64_t tile = begin; tile < end; tile += kTile) {
-    const int64_t first = tile + int64_t(threadIdx.x) * kItems;
-    int64_t target[kItems];
-    Seg seg[kItems];
-    Count count[kItems];
-    load_items(tokens.target, first, end, int64_t(-1), target);
-    load_items(segment, first, end, Seg(0), seg);
-    load_items(counts, first, end, Count(0), count);
-    float c[kItems];
-#pragma unroll
-    for (int i = 0; i < kItems; ++i) {
-      c[i] = 0.f;
-      const int64_t s = static_cast<int64_t>(seg[i]);
-      if (target[i] < 0 || s < 0 || s >= num_segments) continue;
-      const float ratio = expf(__ldg(ws + s));
-      const float advantage = __ldg(ws + num_segments + s);
-      const float w = 1.0f / fmaxf(static_cast<float>(count[i]), 1.0f);
-      const float clipped_ratio = fminf(fmaxf(ratio, lo), hi);
-      sums.a += -fminf(ratio * advantage, clipped_ratio * advantage);
-      sums.b += w * static_cast<float>(ratio < lo || ratio > hi);
-      sums.c += w * ratio;
-      const float c_tilde = (fmaxf(advantage, 0.f) * static_cast<float>(ratio <= hi) +
-                             fminf(advantage, 0.f) * static_cast<float>(ratio >= lo)) *
-                            ratio;
-      c[i] = c_tilde * scalars.coefficient_scale;
-    }
-    if (coefficient != nullptr) {
-      float* p = coefficient + first;
-      if (first + kItems <= end && (reinterpret_cast<uintptr_t>(p) & 15) == 0) {
-#pragma unroll
-        for (int i = 0; i < kItems; i += 4)
-          *reinterpret_cast<float4*>(p + i) = make_float4(c[i], c[i + 1], c[i + 2], c[i + 3]);
-      } else {
-#pragma unroll
-        for (int i = 0; i < kItems; ++i)
-          if (first + i < end) p[i] = c[i];
-      }
-    }
+    seam_finish_kernel(int64_t num_tokens, int64_t num_segments, GspoSeamScalars scalars,
+                       float* ws, float* coefficient, float* out, int64_t per_block) {
+  __shared__ FinishShared sh;
+  const Layout layout{num_segments};
+  // Everything read below was written by reduce or by the all-reduce after it.
+  cudaGridDependencySynchronize();
+  if (coefficient != nullptr) {
+    const int64_t begin = int64_t(blockIdx.x) * per_block;
+    write_coefficients(ws, layout, scalars, coefficient, begin,
+                              min(num_tokens, begin + per_block));
   }
-  const Triple block_sums = cub::BlockReduce<Triple, kThreads>(sh.reduce3).Reduce(sums, TripleSum());
+  if (split_in_slice(ws, layout))
+    atomicOr(reinterpret_cast<int*>(ws + layout.status()), kGspoSplitSegment);
+
+  // Segment sums: this block's slice, each thread taking a fixed stride of it.
+  const int64_t per_block_segments = (num_segments + gridDim.x - 1) / gridDim.x;
+  const int64_t seg_begin = int64_t(blockIdx.x) * per_block_segments;
+  const int64_t seg_end = min(num_segments, seg_begin + per_block_segments);
+  Quad sums{0.f, 0.f, 0.f, 0.f};
+  for (int64_t s = seg_begin + threadIdx.x; s < seg_end; s += kThreads) {
+    const float n = __ldg(ws + layout.count() + s);
+    if (n != 0.f)
+      sums = sums + segment_terms(__ldg(ws + s), __ldg(ws + num_segments + s),
+                                  __ldg(ws + layout.weight() + s), n, scalars);
+  }
+  const Quad block_sums = cub::BlockReduce<Quad, kThreads>(sh.reduce).Reduce(sums, QuadSum());
   if (threadIdx.x == 0) {
     float* partial = ws + layout.finish_partials() + 3 * int64_t(blockIdx.x);
     partial[0] = block_sums.a;
     partial[1] = block_sums.b;
     partial[2] = block_sums.c;
   }
-  if (!last_block_done(sh, reinterpret_cast<unsigned*>(ws + layout.finish_ticket()))) return;
+  if (!last_block_done(sh.is_last, reinterpret_cast<unsigned*>(ws + layout.finish_ticket()))) return;
 
-  Triple total{0.f, 0.f, 0.f};
+  // The last block: every block's partials in block order, and reduce's Σ m·lp·w partials (d).
+  Quad total{0.f, 0.f, 0.f, 0.f};
   for (int64_t b = threadIdx.x; b < gridDim.x; b += kThreads) {
     const float* partial = ws + layout.finish_partials() + 3 * b;
-    total = TripleSum()(total, Triple{__ldcg(partial), __ldcg(partial + 1), __ldcg(partial + 2)});
+    total = total + Quad{__ldcg(partial), __ldcg(partial + 1), __ldcg(partial + 2), 0.f};
   }
+  const int reduce_blocks = __ldcg(reinterpret_cast<const int*>(ws) + layout.reduce_blocks());
+  for (int64_t b = threadIdx.x; b < reduce_blocks; b += kThreads)
+    total.d += __ldcg(ws + layout.reduce_partials() + 4 * b + 3);
   __syncthreads();
-  total = cub::BlockReduce<Triple, kThreads>(sh.reduce3).Reduce(total, TripleSum());
+  total = cub::BlockReduce<Quad, kThreads>(sh.reduce).Reduce(total, QuadSum());
   if (threadIdx.x == 0) {
     out[0] = total.a / scalars.divisor;
-    out[1] = __ldcg(ws + layout.logprob_total()) / scalars.divisor;
+    out[1] = total.d / scalars.divisor;
     out[2] = total.b / scalars.divisor;
     out[3] = total.c / scalars.divisor;
   }
+}
+
+// Blocks of `kernel` resident on the whole device at once (one wave).
+template <typename Kernel>
+int wave_blocks(Kernel kernel) {
+  int device = 0, sms = 0, per_sm = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0);
+  return std::max(1, sms * std::max(1, per_sm));
 }
 
 // Calls f with a null pointer of each (segment, count) element type, for template dispatch.
@@ -397,43 +586,77 @@ cudaError_t dispatch(const GspoSeamTokens& tokens, F&& f) {
                                                       : by_count(static_cast<int64_t*>(nullptr));
 }
 
+// Launches `kernel` so that it may start while the previous kernel on `stream` is still running
+// (programmatic dependent launch); the kernel calls cudaGridDependencySynchronize() before it
+// touches anything that kernel writes. `cooperative`: all blocks are resident at once.
+template <typename... Params, typename... Args>
+cudaError_t launch_overlapped(void (*kernel)(Params...), int64_t blocks, bool cooperative,
+                              cudaStream_t stream, Args... args) {
+  cudaLaunchAttribute attributes[2] = {};
+  attributes[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attributes[0].val.programmaticStreamSerializationAllowed = 1;
+  attributes[1].id = cudaLaunchAttributeCooperative;
+  attributes[1].val.cooperative = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(unsigned(blocks));
+  config.blockDim = dim3(kThreads);
+  config.stream = stream;
+  config.attrs = attributes;
+  config.numAttrs = cooperative ? 2 : 1;
+  return cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
+}
+
 }  // namespace
 
 size_t gspo_seam_workspace_bytes(int64_t num_tokens, int64_t num_segments) {
-  return size_t(Layout{num_segments, grid_for(num_tokens).blocks}.total()) * 4;
+  return size_t(Layout{num_segments}.keys() + std::max<int64_t>(num_tokens, 0)) * 4;
 }
 
-int64_t gspo_seam_status_offset(int64_t num_segments) { return Layout{num_segments, 0}.status(); }
+int64_t gspo_seam_status_offset(int64_t num_segments) { return Layout{num_segments}.status(); }
 
-cudaError_t gspo_seam_prepare(void* workspace, int64_t num_tokens, int64_t num_segments,
-                              cudaStream_t stream) {
-  const Layout layout{num_segments, grid_for(num_tokens).blocks};
-  return cudaMemsetAsync(workspace, 0, size_t(layout.zeroed()) * 4, stream);
-}
+namespace {
 
-cudaError_t gspo_seam_reduce(const GspoSeamTokens& tokens, void* workspace, cudaStream_t stream) {
-  const Grid grid = grid_for(tokens.num_tokens);
+// Zeroes the workspace head, then launches reduce, which overlaps the zeroing. `out` non-null:
+// the local seam (cooperative launch, block 2 included).
+cudaError_t prepare_and_reduce(const GspoSeamTokens& tokens, const GspoSeamScalars& scalars,
+                               void* workspace, float* coefficient, float* out,
+                               cudaStream_t stream) {
+  const int64_t vectors = Layout{tokens.num_segments}.zeroed() / 4;
+  const int64_t prepare_blocks = std::clamp<int64_t>((vectors + kThreads - 1) / kThreads, 1, 1024);
+  seam_prepare_kernel<<<unsigned(prepare_blocks), kThreads, 0, stream>>>(
+      static_cast<uint4*>(workspace), vectors);
+  if (const cudaError_t error = cudaGetLastError(); error != cudaSuccess) return error;
   return dispatch(tokens, [&](auto* seg, auto* count) {
     using Seg = std::remove_pointer_t<decltype(seg)>;
     using Count = std::remove_pointer_t<decltype(count)>;
-    seam_reduce_kernel<Seg, Count><<<grid.blocks, kThreads, 0, stream>>>(
-        tokens, static_cast<float*>(workspace), grid.tiles_per_block);
-    return cudaGetLastError();
+    static const int wave = wave_blocks(seam_reduce_kernel<Seg, Count>);
+    const Grid grid = grid_for(tokens.num_tokens, wave);
+    return launch_overlapped(seam_reduce_kernel<Seg, Count>, grid.blocks, out != nullptr, stream,
+                             tokens, scalars, static_cast<float*>(workspace), out, coefficient,
+                             grid.per_block);
   });
+}
+
+}  // namespace
+
+cudaError_t gspo_seam_local(const GspoSeamTokens& tokens, const GspoSeamScalars& scalars,
+                            void* workspace, float* coefficient, float* scalars_out,
+                            cudaStream_t stream) {
+  return prepare_and_reduce(tokens, scalars, workspace, coefficient, scalars_out, stream);
+}
+
+cudaError_t gspo_seam_reduce(const GspoSeamTokens& tokens, void* workspace, cudaStream_t stream) {
+  return prepare_and_reduce(tokens, GspoSeamScalars{}, workspace, nullptr, nullptr, stream);
 }
 
 cudaError_t gspo_seam_finish(const GspoSeamTokens& tokens, const GspoSeamScalars& scalars,
                              void* workspace, float* coefficient, float* scalars_out,
                              cudaStream_t stream) {
-  const Grid grid = grid_for(tokens.num_tokens);
-  return dispatch(tokens, [&](auto* seg, auto* count) {
-    using Seg = std::remove_pointer_t<decltype(seg)>;
-    using Count = std::remove_pointer_t<decltype(count)>;
-    seam_finish_kernel<Seg, Count><<<grid.blocks, kThreads, 0, stream>>>(
-        tokens, scalars, static_cast<float*>(workspace), coefficient, scalars_out,
-        grid.tiles_per_block);
-    return cudaGetLastError();
-  });
+  static const int wave = wave_blocks(seam_finish_kernel);
+  const Grid grid = grid_for(tokens.num_tokens, wave);
+  return launch_overlapped(seam_finish_kernel, grid.blocks, false, stream, tokens.num_tokens,
+                           tokens.num_segments, scalars, static_cast<float*>(workspace),
+                           coefficient, scalars_out, grid.per_block);
 }
 
 }  // namespace dspine::kernels

@@ -1,14 +1,23 @@
-// Fused GSPO segment seam (gspo.md §2-3) on raw device pointers. One seam call is three launches
-// on `stream`: gspo_seam_prepare (a memset of the workspace's zeroed head), gspo_seam_reduce
-// (block 1 + deterministic segmented reduction into the fp32 [2, S] buffer) and gspo_seam_finish
-// (block 2: c_t and the loss / metric sums). Between reduce and finish the caller may all-reduce
-// the [2, S] buffer (SUM) across ranks: it is the first 2·S floats of the workspace.
+// Fused GSPO segment seam (gspo.md §2-3) on raw device pointers, in two forms:
+// - local (no segment spans ranks): gspo_seam_local, two launches — a kernel zeroing the
+//   workspace's head, then one cooperative kernel doing block 1, the deterministic segmented
+//   reduction into the fp32 [2, S] buffer and block 2 (c_t, loss and metric sums);
+// - spanning ranks: gspo_seam_reduce (the same two launches, stopping at the [2, S] buffer), the
+//   caller's all-reduce (SUM) of that buffer — the first 2·S floats of the workspace — and
+//   gspo_seam_finish (block 2, one launch).
+// Every kernel after the first starts while the one before it runs (programmatic dependent
+// launch) and waits for it before reading what it wrote.
 //
 // Packed segments are contiguous: the labelled tokens of one segment must form one run among
 // the labelled tokens (masked tokens between them, whatever their id, are skipped). Each segment
-// sum is then written by exactly one thread, in an order fixed by the token layout, so results
-// are bitwise reproducible and no float atomics are used. A segment found in two runs is
-// reported through the status word (kGspoSplitSegment), never written out of bounds.
+// sum is then written by exactly one thread, in an order fixed by the token layout and the
+// device's multiprocessor count, so results are bitwise reproducible and no float atomics are
+// used. A segment found in two runs is reported through the status word (kGspoSplitSegment),
+// never written out of bounds.
+//
+// Reduce also leaves, per token, a 4-byte key (segment id, −1 when masked) and, per segment, this
+// rank's labelled count n_s and weight Σ w_t; finish reads only those (8 bytes per token with the
+// coefficient it writes) instead of the per-token inputs again.
 #pragma once
 
 #include <cstddef>
@@ -21,7 +30,8 @@ namespace dspine::kernels {
 enum class GspoIndexType { kInt32, kInt64 };
 enum class GspoCountType { kInt32, kInt64, kFloat32 };
 
-// Bits of the status word (an int in the workspace; the ops layer reads it when validating).
+// Bits of the status word (an int in the workspace, cleared by reduce; the ops layer reads it
+// when validating).
 constexpr int kGspoBadSegment = 1;    // unmasked token whose segment id is outside [0, S)
 constexpr int kGspoNonFinite = 2;     // non-finite logprob / old logprob / advantage / count
 constexpr int kGspoSplitSegment = 4;  // a segment's labelled tokens are not one contiguous run
@@ -55,17 +65,19 @@ size_t gspo_seam_workspace_bytes(int64_t num_tokens, int64_t num_segments);
 // Offset, in 4-byte words, of the int status word inside the workspace.
 int64_t gspo_seam_status_offset(int64_t num_segments);
 
-// Zeroes the sums, the per-segment writer counts, the status word and the block tickets.
-cudaError_t gspo_seam_prepare(void* workspace, int64_t num_tokens, int64_t num_segments,
-                              cudaStream_t stream);
+// The whole seam for a rank whose segments are all local: coefficient[t] = c_t (skipped when
+// `coefficient` is null: forward only) and scalars_out[4] = {loss_sum, new_logprobs_sum,
+// clipped_sum, ratio_sum} / D. clipped and ratio are weighted by w_t, so each labelled segment
+// counts once. The sums are left in the workspace as gspo_seam_reduce leaves them.
+cudaError_t gspo_seam_local(const GspoSeamTokens& tokens, const GspoSeamScalars& scalars,
+                            void* workspace, float* coefficient, float* scalars_out,
+                            cudaStream_t stream);
 
 // Block 1 and the segmented reduction: sums[0][s] = U_s = Σ u_t, sums[1][s] = V_s = Σ v_t, plus
 // the rank's Σ m_t·lp_t·w_t for the new_logprobs metric (kept in the workspace for finish).
 cudaError_t gspo_seam_reduce(const GspoSeamTokens& tokens, void* workspace, cudaStream_t stream);
 
-// Block 2: coefficient[t] = c_t (skipped when `coefficient` is null: forward only) and
-// scalars[4] = {loss_sum, new_logprobs_sum, clipped_sum, ratio_sum} / D, this rank's share.
-// clipped and ratio are weighted by w_t, so each labelled segment counts once over all ranks.
+// Block 2 after the all-reduce: c_t as above and scalars_out[4], this rank's share.
 cudaError_t gspo_seam_finish(const GspoSeamTokens& tokens, const GspoSeamScalars& scalars,
                              void* workspace, float* coefficient, float* scalars_out,
                              cudaStream_t stream);

@@ -24,7 +24,7 @@ struct GspoLogits {
 
 // logprobs[t] = λ·z[t, y_t] − lse[t], lse[t] = log Σ_j exp(λ·z[t, j]) (both fp32). Masked rows
 // (target < 0) are not read and get 0 in both. An unmasked target outside [0, vocab) ORs
-// kGspoBadTarget into *status (the seam workspace's status word) and is treated as masked.
+// kGspoBadTarget into *status (a word the caller zeroed) and is treated as masked.
 cudaError_t gspo_vocab_forward(const GspoLogits& logits, const int64_t* target,
                                float logits_scale, float* logprobs, float* lse, int* status,
                                cudaStream_t stream);

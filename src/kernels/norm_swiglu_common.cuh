@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -59,6 +60,31 @@ __device__ __forceinline__ Pack<T, N> load_pack(const T* p) {
   } else {
 #pragma unroll
     for (int k = 0; k < N; ++k) out.v[k] = p[k];
+  }
+  return out;
+}
+
+// A pack from N fp32 values, 16-bit types converted two at a time (one cvt per pair).
+template <typename T, int N>
+__device__ __forceinline__ Pack<T, N> pack_from_floats(const float (&f)[N]) {
+  Pack<T, N> out;
+  if constexpr (std::is_same_v<T, __nv_bfloat16> && N % 2 == 0) {
+#pragma unroll
+    for (int k = 0; k < N; k += 2) {
+      const __nv_bfloat162 pair = __floats2bfloat162_rn(f[k], f[k + 1]);
+      out.v[k] = pair.x;
+      out.v[k + 1] = pair.y;
+    }
+  } else if constexpr (std::is_same_v<T, __half> && N % 2 == 0) {
+#pragma unroll
+    for (int k = 0; k < N; k += 2) {
+      const __half2 pair = __floats2half2_rn(f[k], f[k + 1]);
+      out.v[k] = pair.x;
+      out.v[k + 1] = pair.y;
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < N; ++k) out.v[k] = from_float<T>(f[k]);
   }
   return out;
 }

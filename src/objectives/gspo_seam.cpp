@@ -125,13 +125,11 @@ ops::GspoSeamArgs fused_args(const at::Tensor& logprobs, const GspoTokens& token
                            params.num_segments};
 }
 
-// Reduce, the all-reduce hook, finish; the seam's workspace is created by the caller so that
-// the monolithic path can flag bad targets in the same status word.
+// The local seam, or reduce, the all-reduce hook and finish when segments span ranks; the seam
+// is created by the caller so that the monolithic path's vocab forward reports bad targets
+// through the same status().
 GspoSeamResult seam_fused(ops::GspoFusedSeam& seam, const ops::GspoSeamArgs& args,
                           const GspoSeamParams& params, dist::Communicator& comm) {
-  seam.reduce(args);
-  at::Tensor sums = seam.segment_sums();
-  if (params.segments_span_ranks) comm.all_reduce(sums, dist::ReduceOp::kSum);
   ops::GspoFinishArgs scalars;
   scalars.eps_low = params.eps_low;
   scalars.eps_high = params.eps_high;
@@ -141,7 +139,17 @@ GspoSeamResult seam_fused(ops::GspoFusedSeam& seam, const ops::GspoSeamArgs& arg
     scalars.coefficient_scale = *params.grad_output / params.divisor * params.logits_scale;
     coefficient = at::empty_like(args.logprobs);
   }
-  const at::Tensor out = seam.finish(args, scalars, coefficient);
+  at::Tensor sums;
+  at::Tensor out;
+  if (params.segments_span_ranks) {
+    seam.reduce(args);
+    sums = seam.segment_sums();
+    comm.all_reduce(sums, dist::ReduceOp::kSum);
+    out = seam.finish(args, scalars, coefficient);
+  } else {
+    out = seam.local(args, scalars, coefficient);
+    sums = seam.segment_sums();
+  }
   if (params.validate) raise_fused_status(seam.status(), params);
   GspoSeamResult result;
   result.loss = out[0];

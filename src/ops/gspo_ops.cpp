@@ -111,9 +111,24 @@ GspoFusedSeam::GspoFusedSeam(int64_t num_tokens, int64_t num_segments, const at:
   const c10::cuda::CUDAGuard guard(device);
   const size_t bytes = kernels::gspo_seam_workspace_bytes(num_tokens, num_segments);
   workspace_ = at::empty({int64_t(bytes / 4)}, at::TensorOptions().dtype(at::kFloat).device(device));
-  check_cuda(kernels::gspo_seam_prepare(workspace_.data_ptr(), num_tokens, num_segments,
-                                        at::cuda::getCurrentCUDAStream()),
-             "seam prepare");
+}
+
+namespace {
+
+kernels::GspoSeamScalars launch_scalars(const GspoFinishArgs& scalars) {
+  kernels::GspoSeamScalars launch;
+  launch.ratio_low = static_cast<float>(1.0 - scalars.eps_low);
+  launch.ratio_high = static_cast<float>(1.0 + scalars.eps_high);
+  launch.divisor = static_cast<float>(scalars.divisor);
+  launch.coefficient_scale = static_cast<float>(scalars.coefficient_scale);
+  return launch;
+}
+
+}  // namespace
+
+at::Tensor GspoFusedSeam::local(const GspoSeamArgs& args, const GspoFinishArgs& scalars,
+                                const at::Tensor& coefficient) {
+  return block2(kernels::gspo_seam_local, "seam (local)", args, scalars, coefficient);
 }
 
 void GspoFusedSeam::reduce(const GspoSeamArgs& args) {
@@ -130,35 +145,36 @@ at::Tensor GspoFusedSeam::segment_sums() const {
 
 at::Tensor GspoFusedSeam::finish(const GspoSeamArgs& args, const GspoFinishArgs& scalars,
                                  const at::Tensor& coefficient) {
+  return block2(kernels::gspo_seam_finish, "seam finish", args, scalars, coefficient);
+}
+
+at::Tensor GspoFusedSeam::block2(Block2Launch launch, const char* what, const GspoSeamArgs& args,
+                                 const GspoFinishArgs& scalars, const at::Tensor& coefficient) {
   const c10::cuda::CUDAGuard guard(workspace_.device());
   const auto tokens = to_tokens(args, workspace_.device(), num_tokens_, num_segments_);
   if (coefficient.defined()) {
     check_token_tensor(coefficient, "coefficient", num_tokens_, workspace_.device());
     check_dtype(coefficient, "coefficient", {at::kFloat});
   }
-  kernels::GspoSeamScalars launch;
-  launch.ratio_low = static_cast<float>(1.0 - scalars.eps_low);
-  launch.ratio_high = static_cast<float>(1.0 + scalars.eps_high);
-  launch.divisor = static_cast<float>(scalars.divisor);
-  launch.coefficient_scale = static_cast<float>(scalars.coefficient_scale);
   at::Tensor out = at::empty({4}, workspace_.options());
-  check_cuda(kernels::gspo_seam_finish(
-                 tokens, launch, workspace_.data_ptr(),
-                 coefficient.defined() ? coefficient.data_ptr<float>() : nullptr,
-                 out.data_ptr<float>(), at::cuda::getCurrentCUDAStream()),
-             "seam finish");
+  check_cuda(launch(tokens, launch_scalars(scalars), workspace_.data_ptr(),
+                    coefficient.defined() ? coefficient.data_ptr<float>() : nullptr,
+                    out.data_ptr<float>(), at::cuda::getCurrentCUDAStream()),
+             what);
   return out;
 }
 
 int GspoFusedSeam::status() const {
-  return workspace_.narrow(0, kernels::gspo_seam_status_offset(num_segments_), 1)
-      .view(at::kInt)
-      .item<int>();
+  at::Tensor status =
+      workspace_.narrow(0, kernels::gspo_seam_status_offset(num_segments_), 1).view(at::kInt);
+  if (vocab_status_.defined()) status = status.bitwise_or(vocab_status_);
+  return status.item<int>();
 }
 
-int* GspoFusedSeam::status_pointer() {
-  return reinterpret_cast<int*>(workspace_.data_ptr<float>() +
-                                kernels::gspo_seam_status_offset(num_segments_));
+int* GspoFusedSeam::vocab_status_pointer() {
+  if (!vocab_status_.defined())
+    vocab_status_ = at::zeros({1}, workspace_.options().dtype(at::kInt));
+  return vocab_status_.data_ptr<int>();
 }
 
 void gspo_vocab_forward(const at::Tensor& logits, const at::Tensor& target, double logits_scale,
@@ -172,7 +188,7 @@ void gspo_vocab_forward(const at::Tensor& logits, const at::Tensor& target, doub
   check_cuda(kernels::gspo_vocab_forward(view, target.data_ptr<int64_t>(),
                                          static_cast<float>(logits_scale),
                                          logprobs.data_ptr<float>(), lse.data_ptr<float>(),
-                                         seam.status_pointer(), at::cuda::getCurrentCUDAStream()),
+                                         seam.vocab_status_pointer(), at::cuda::getCurrentCUDAStream()),
              "vocab forward");
 }
 

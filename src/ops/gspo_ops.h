@@ -8,12 +8,9 @@
 
 #include <ATen/core/Tensor.h>
 
-namespace dspine::ops {
+#include "kernels/gspo_seam.h"
 
-// Launches one fused seam call issues: workspace memset, reduce kernel, finish kernel.
-constexpr int kGspoFusedSeamLaunches = 3;
-// The monolithic path adds the vocab forward and backward kernels around the seam.
-constexpr int kGspoMonolithicLaunches = kGspoFusedSeamLaunches + 2;
+namespace dspine::ops {
 
 // Per-token inputs of one seam call, each [N] and contiguous on one CUDA device.
 struct GspoSeamArgs {
@@ -34,13 +31,18 @@ struct GspoFinishArgs {
   double coefficient_scale = 0.0;  // g/D·λ
 };
 
-// The device state of one fused seam call. Construction zeroes the workspace (launch 1);
-// reduce() runs block 1 + the segmented reduction (launch 2); segment_sums() is where the
-// cross-rank all-reduce goes; finish() runs block 2 (launch 3).
+// The device state of one fused seam call. local() is the whole seam when no segment spans ranks
+// (2 launches). Otherwise reduce() zeroes the workspace head and runs block 1 + the segmented
+// reduction (launches 1 and 2), segment_sums() is where the cross-rank all-reduce goes, and
+// finish() runs block 2 (launch 3).
 class GspoFusedSeam {
  public:
   GspoFusedSeam(int64_t num_tokens, int64_t num_segments, const at::Device& device);
 
+  // Returns fp32 [4] = {loss, new_logprobs, clipped_fraction, ratio_mean}; writes c_t into
+  // `coefficient` ([N] fp32, contiguous) unless it is undefined.
+  at::Tensor local(const GspoSeamArgs& args, const GspoFinishArgs& scalars,
+                   const at::Tensor& coefficient);
   void reduce(const GspoSeamArgs& args);
   // [2, S] fp32 view of the workspace: row 0 = U_s, row 1 = V_s.
   at::Tensor segment_sums() const;
@@ -48,12 +50,23 @@ class GspoFusedSeam {
   // Writes c_t into `coefficient` ([N] fp32, contiguous) unless it is undefined.
   at::Tensor finish(const GspoSeamArgs& args, const GspoFinishArgs& scalars,
                     const at::Tensor& coefficient);
-  // Status bits of kernels/gspo_seam.h raised so far; waits for the stream.
+  // Status bits of kernels/gspo_seam.h raised so far (seam and vocab forward); waits for the
+  // stream.
   int status() const;
-  int* status_pointer();
+  // A zeroed status word for the vocab forward, kept apart from the workspace (whose status word
+  // reduce clears).
+  int* vocab_status_pointer();
 
  private:
+  // gspo_seam_local or gspo_seam_finish: block 2 into a new fp32 [4] (and c_t).
+  using Block2Launch = cudaError_t (*)(const kernels::GspoSeamTokens&,
+                                       const kernels::GspoSeamScalars&, void*, float*, float*,
+                                       cudaStream_t);
+  at::Tensor block2(Block2Launch launch, const char* what, const GspoSeamArgs& args,
+                    const GspoFinishArgs& scalars, const at::Tensor& coefficient);
+
   at::Tensor workspace_;  // fp32 words
+  at::Tensor vocab_status_;  // int32 [1], created by the first vocab_status_pointer()
   int64_t num_tokens_;
   int64_t num_segments_;
 };

@@ -132,17 +132,27 @@ TEST(GspoGpu, FusedSeamIsBitwiseDeterministic) {
   EXPECT_EQ(a.new_logprobs.item<float>(), b.new_logprobs.item<float>());
 }
 
+// The spanning form (reduce, all-reduce, finish) against the reference and against the local
+// form, which must agree bitwise (same kernels up to the [2, S] buffer, same per-token c).
 TEST(GspoGpu, FusedSeamAllReducesOnceWhenSegmentsSpanRanks) {
   SKIP_WITHOUT_CUDA();
   auto comm = dist::make_single_process_communicator();
-  const Inputs in = make_inputs(5000, 64, torch::kInt64, torch::kInt64, 9);
-  auto p = params_for(64, 1.0, 1.0);
-  p.segments_span_ranks = true;
-  const int64_t before = comm->collective_count();
-  const auto got = gspo_segment_seam(in.logprobs, in.tokens, p, *comm, GspoBackend::kFused);
-  EXPECT_EQ(comm->collective_count(), before + 1);
-  const auto want = gspo_segment_seam(in.logprobs, in.tokens, p, *comm, GspoBackend::kReference);
-  expect_scalars_close(got, want, "span");
+  for (const auto& [tokens, segments] : {std::pair<int64_t, int64_t>{5000, 64}, {1 << 20, 65536},
+                                         {(1 << 22) + 7, 1024}}) {
+    const Inputs in = make_inputs(tokens, segments, torch::kInt64, torch::kInt64, 9);
+    auto p = params_for(segments, 1.0, 1.0);
+    const auto local = gspo_segment_seam(in.logprobs, in.tokens, p, *comm, GspoBackend::kFused);
+    p.segments_span_ranks = true;
+    const int64_t before = comm->collective_count();
+    const auto got = gspo_segment_seam(in.logprobs, in.tokens, p, *comm, GspoBackend::kFused);
+    EXPECT_EQ(comm->collective_count(), before + 1);
+    const auto want = gspo_segment_seam(in.logprobs, in.tokens, p, *comm, GspoBackend::kReference);
+    const std::string what = "span N=" + std::to_string(tokens) + " S=" + std::to_string(segments);
+    expect_scalars_close(got, want, what);
+    expect_close(got.coefficient, want.coefficient, 1e-5, 1e-8, what + " c");
+    EXPECT_TRUE(torch::equal(got.coefficient, local.coefficient)) << what << " c vs local";
+    EXPECT_TRUE(torch::equal(got.segment_sums, local.segment_sums)) << what << " sums vs local";
+  }
 }
 
 void expect_error(const std::function<void()>& call, const std::string& needle) {
