@@ -33,6 +33,8 @@ grep -E "^\||copy bandwidth" "$OUT/bench_kernels.log" | head -40
 "$BUILD_DIR/bin/dspine-bench" gspo --tokens 4096,1048576 --segments 16,1024,65536 --vocab 32768,151936 \
   --logit-rows 16384 > "$OUT/bench_gspo.log" 2>&1 || status=1
 cat "$OUT/bench_gspo.log" | head -60
+python3 scripts/check_gspo_file.py "$BUILD_DIR/bin/dspine-bench" /tmp/gspo-file > "$OUT/gspo_file.log" 2>&1 || status=1
+cat "$OUT/gspo_file.log"
 "$BUILD_DIR/bin/dspine-bench" step --config configs/tiny.yaml --set training.device=cuda --steps 6 \
   > "$OUT/bench_step.log" 2>&1 || status=1
 tail -8 "$OUT/bench_step.log"
