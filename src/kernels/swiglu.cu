@@ -20,6 +20,8 @@ constexpr int kThreads = 256;
 // bookkeeping needed 60-80 registers and so left fewer bytes in flight per SM.
 constexpr int kBlocksPerSm = 8;
 constexpr int64_t kMaxGridY = 65535;
+// The x grid does not loop: 2^31 − 1 blocks of 256 packs cover more columns than any tensor that
+// fits in device memory (5.5e11 elements even unvectorised).
 constexpr int64_t kMaxGridX = 0x7fffffff;
 
 // Approximate exponential and reciprocal (MUFU, ~2 ulp): an IEEE-rounded 1/x compiled to a
