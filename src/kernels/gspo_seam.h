@@ -16,7 +16,7 @@
 // never written out of bounds.
 //
 // Reduce also leaves, per token, a 4-byte key (segment id, −1 when masked) and, per segment, this
-// rank's labelled count n_s and weight Σ w_t; finish reads only those (8 bytes per token with the
+// rank's labelled count n_s and weight Σ w_t; block 2 reads only those (8 bytes per token with the
 // coefficient it writes) instead of the per-token inputs again.
 #pragma once
 

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "common/expect_error.h"
 #include "core/error.h"
 #include "core/files.h"
 #include "core/safetensors.h"
@@ -15,6 +16,8 @@
 
 namespace dspine::data {
 namespace {
+
+using dspine::testing::expect_error_mentioning;
 namespace fs = std::filesystem;
 
 core::Config small_config() {
@@ -67,20 +70,6 @@ void expect_batches_equal(const DraftBatch& a, const DraftBatch& b) {
   EXPECT_TRUE(torch::equal(a.loss_mask, b.loss_mask));
   EXPECT_TRUE(torch::equal(a.hidden_states, b.hidden_states));
   EXPECT_TRUE(torch::equal(a.target_last_hidden_states, b.target_last_hidden_states));
-}
-
-// Runs `body`, expecting a dspine::Error whose message contains every one of `parts`.
-template <typename Body>
-void expect_error_mentioning(Body body, const std::vector<std::string>& parts) {
-  try {
-    body();
-    FAIL() << "expected a dspine::Error";
-  } catch (const Error& e) {
-    for (const auto& part : parts) {
-      EXPECT_NE(std::string(e.what()).find(part), std::string::npos)
-          << "'" << e.what() << "' does not mention '" << part << "'";
-    }
-  }
 }
 
 TEST_F(Shards, WrittenShardsReadBackAsTheLiveSamples) {

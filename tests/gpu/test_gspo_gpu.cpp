@@ -6,11 +6,14 @@
 
 #include <torch/torch.h>
 
+#include "common/expect_error.h"
 #include "core/error.h"
 #include "objectives/gspo_seam.h"
 
 namespace dspine::objectives {
 namespace {
+
+using dspine::testing::expect_error;
 
 #define SKIP_WITHOUT_CUDA() \
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device"
@@ -152,15 +155,6 @@ TEST(GspoGpu, FusedSeamAllReducesOnceWhenSegmentsSpanRanks) {
     expect_close(got.coefficient, want.coefficient, 1e-5, 1e-8, what + " c");
     EXPECT_TRUE(torch::equal(got.coefficient, local.coefficient)) << what << " c vs local";
     EXPECT_TRUE(torch::equal(got.segment_sums, local.segment_sums)) << what << " sums vs local";
-  }
-}
-
-void expect_error(const std::function<void()>& call, const std::string& needle) {
-  try {
-    call();
-    ADD_FAILURE() << "expected an error mentioning '" << needle << "'";
-  } catch (const dspine::Error& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
   }
 }
 

@@ -8,11 +8,14 @@
 
 #include <torch/torch.h>
 
+#include "common/expect_error.h"
 #include "core/error.h"
 #include "objectives/gspo_seam.h"
 
 namespace dspine::objectives {
 namespace {
+
+using dspine::testing::expect_error;
 
 struct Layout {
   const char* name;
@@ -323,15 +326,6 @@ TEST(GspoSeam, VocabReferenceMatchesAutogradFp32) {
 
 TEST(GspoSeam, VocabReferenceMatchesAutogradBf16) {
   for (bool accumulate : {false, true}) check_vocab(torch::kBFloat16, 4.0, accumulate, 5e-3);
-}
-
-void expect_error(const std::function<void()>& call, const std::string& needle) {
-  try {
-    call();
-    ADD_FAILURE() << "expected an error mentioning '" << needle << "'";
-  } catch (const dspine::Error& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
 }
 
 TEST(GspoSeam, BadInputsRaiseClearErrors) {
