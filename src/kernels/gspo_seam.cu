@@ -5,13 +5,17 @@
 // block-wide segmented scan over runs of equal segment id. Runs that start and end inside a
 // range are complete segments (contiguity contract) and are stored directly with their sums
 // (U, V) and this rank's labelled count n and weight W = Σ w_t; the first and last run of each
-// range may continue into a neighbour, so they go to a boundary list of 2 entries per block,
-// which the last block to finish (integer ticket) reduces with the same scan, in block order:
-// every sum is formed in an order fixed by the layout.
+// range may continue into a neighbour, so they go to a boundary list of 2 entries per block.
+// Once every block has posted its entries (all blocks resident: a cooperative launch, and an
+// integer ticket each waits on), each block sums the whole segments of its own two boundary runs
+// from a shared-memory copy of the list, one warp each, in an order fixed by the list alone, so
+// that every block needing a segment gets the same bits; the block holding a segment's last
+// boundary run stores it. No block waits for another to combine: every sum is formed in an
+// order fixed by the layout.
 // Local seam: the same kernel also forms the loss and metric sums (each segment's terms where it
-// is stored, the block partials added by the last block in block order), and, once the last
-// block flags every segment stored, each block writes c_t for its own tokens — one kernel after
-// the zeroing one, instead of a third launch whose start and end would cost more than the work.
+// is stored, the block partials added in block order by the block that stores last), and each
+// block writes c_t for its own tokens from keys kept in shared memory — one kernel after the
+// zeroing one, instead of a third launch whose start and end would cost more than the work.
 // Otherwise finish forms c_t and the sums after the all-reduce.
 // Measured on an H200, every dependent global round trip (a load that misses L1, an atomic, a
 // grid's end before the next starts) costs about 0.5-1 µs, which at 1M tokens is as much as the
@@ -32,7 +36,12 @@ constexpr int kThreads = 256;
 constexpr int kItems = 8;
 constexpr int64_t kTile = int64_t(kThreads) * kItems;
 // Upper bound of either grid (a wave is well below it on any current GPU); sizes the workspace.
-constexpr int64_t kMaxBlocks = 4096;
+constexpr int64_t kMaxBlocks = 512;
+// Dynamic shared memory of a reduce block: the keys of its range when a local seam's range fits
+// (up to 8192 tokens a block, about 2M tokens a wave on an H200; otherwise they go through the
+// workspace), then a copy of the boundary list (2 entries of 20 bytes per block).
+constexpr size_t kSharedKeyBytes = 32 * 1024;
+constexpr size_t kSharedBytes = kSharedKeyBytes + 2 * kMaxBlocks * 20;
 
 // Word offsets into the workspace (every entry is 4 bytes). The head up to zeroed() is cleared
 // first; the per-segment arrays are [U | V | W | n], U and V being the all-reduced [2, S] buffer.
@@ -44,8 +53,7 @@ struct Layout {
   __host__ __device__ int64_t status() const { return 5 * segments; }
   __host__ __device__ int64_t reduce_ticket() const { return status() + 1; }
   __host__ __device__ int64_t finish_ticket() const { return status() + 2; }
-  // Local seam: 1 once every segment's sums are stored.
-  __host__ __device__ int64_t sums_ready() const { return status() + 3; }
+  __host__ __device__ int64_t combine_ticket() const { return status() + 3; }
   // End of the zeroed head, rounded up to whole 16-byte vectors.
   __host__ __device__ int64_t zeroed() const { return (status() + 4 + 3) / 4 * 4; }
   __host__ __device__ int64_t reduce_blocks() const { return zeroed(); }
@@ -55,7 +63,9 @@ struct Layout {
   __host__ __device__ int64_t boundary_sums() const { return boundary_keys() + 2 * kMaxBlocks; }
   // Per reduce block, 16-byte aligned: loss, clipped and ratio terms (local seam) and Σ m·lp·w.
   __host__ __device__ int64_t reduce_partials() const { return boundary_sums() + 8 * kMaxBlocks; }
-  __host__ __device__ int64_t finish_partials() const { return reduce_partials() + 4 * kMaxBlocks; }
+  // Per reduce block: loss, clipped and ratio terms of the segments it stored after combining.
+  __host__ __device__ int64_t combine_partials() const { return reduce_partials() + 4 * kMaxBlocks; }
+  __host__ __device__ int64_t finish_partials() const { return combine_partials() + 4 * kMaxBlocks; }
   // Per-token keys, 16-byte aligned for vector stores.
   __host__ __device__ int64_t keys() const { return (finish_partials() + 3 * kMaxBlocks + 3) / 4 * 4; }
 };
@@ -150,6 +160,13 @@ struct QuadSum {
   __device__ Quad operator()(const Quad& x, const Quad& y) const { return x + y; }
 };
 
+// A block's two runs that may continue into a neighbour's range (its first and its last run; key
+// −1 when none), with the (U, V) of their whole segments once the boundary list is combined.
+struct Edges {
+  int key[2];
+  float u[2], v[2];
+};
+
 struct ReduceShared {
   typename cub::BlockScan<int, kThreads>::TempStorage fill;
   typename cub::BlockScan<RunScan, kThreads>::TempStorage run;
@@ -158,6 +175,8 @@ struct ReduceShared {
   Carry carry;
   int first_emitted;
   int first_key;
+  Edges edges;
+  Quad combine_terms[2];
   int is_last;
 };
 
@@ -222,16 +241,22 @@ __device__ void reduce_tile(ReduceShared& sh, int (&key)[kItems], const RunSums 
   __syncthreads();
 }
 
-// A complete segment: its single writer stores every sum and counts itself in `writers`; finish
-// flags a segment with two writers (split into two runs: a contract violation). The count is a
-// fire-and-forget integer add, so no writer waits on it.
+// A complete segment: its single writer stores every sum and counts itself in `writers`; a
+// segment with two writers was split into two runs (a contract violation). Without `split` the
+// count is a fire-and-forget integer add, so no writer waits on it, and a later check of
+// `writers` flags splits; with it, *split is set when another writer came first.
 __device__ __forceinline__ void store_segment(float* ws, const Layout& layout, int key,
-                                              const RunSums& sums) {
+                                              const RunSums& sums, int* split = nullptr) {
   ws[key] = sums.u;
   ws[layout.segments + key] = sums.v;
   ws[layout.weight() + key] = sums.w;
   ws[layout.count() + key] = static_cast<float>(sums.n);
-  atomicAdd(reinterpret_cast<int*>(ws + layout.writers()) + key, 1);
+  int* writers = reinterpret_cast<int*>(ws + layout.writers()) + key;
+  if (split == nullptr) {
+    atomicAdd(writers, 1);
+  } else if (atomicAdd(writers, 1) != 0) {
+    *split = 1;
+  }
 }
 
 // A segment's share of the loss and metric sums, gspo.md §2: n·ℓ, W·[R outside the clip range],
@@ -250,53 +275,108 @@ __device__ __forceinline__ void prefetch_l2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }
 
-// Returns true in every thread of the block that arrives last. One acquire-release integer add by
-// one thread orders the whole block's earlier writes (made visible to it by the barrier) before
-// the ticket, and every other block's before the last block's reads.
-__device__ bool last_block_done(int& is_last, unsigned* ticket) {
+__device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// A block's arrival after its last write that other blocks read. One acquire-release integer add
+// by one thread orders the whole block's earlier writes (made visible to it by the barrier)
+// before the ticket, and every other block's before the reads of the block that arrives last;
+// returns true in every thread of that block. With `wait_all`, the other blocks also wait
+// (acquire) for every block's arrival, which needs them all resident: a cooperative launch.
+__device__ bool arrive(int& is_last, unsigned* ticket, bool wait_all) {
   __syncthreads();
   if (threadIdx.x == 0) {
     unsigned previous;
     asm volatile("atom.add.acq_rel.gpu.u32 %0, [%1], 1;" : "=r"(previous) : "l"(ticket) : "memory");
     is_last = previous == gridDim.x - 1;
+    if (wait_all && !is_last)
+      while (load_acquire(ticket) < gridDim.x) __nanosleep(32);
   }
   __syncthreads();
   return is_last != 0;
 }
 
-__device__ __forceinline__ void store_release(int* p, int v) {
-  asm volatile("st.release.gpu.global.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-__device__ __forceinline__ int load_acquire(const int* p) {
-  int v;
-  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
+// The whole segment of the boundary run at `position` (key `key` >= 0): the sum of the runs with
+// that key in the longest stretch of the list around it whose entries are that key or −1 (an
+// empty or fully masked edge). One warp sums it in an order fixed by the stretch alone, so
+// every block that needs the segment gets the same bits; every lane returns it, and `last` is
+// the stretch's last run of that key.
+__device__ RunSums chain_sums(const int* keys, const RunSums* sums, int64_t entries,
+                              int64_t position, int key, int64_t& last) {
+  const int lane = threadIdx.x % 32;
+  // The farthest entry of `key` in one direction, 32 entries a step (lane 0 nearest).
+  auto reach = [&](int step) {
+    int64_t farthest = position;
+    for (int64_t base = position + step;; base += 32 * step) {
+      const int64_t j = base + step * lane;
+      const int k = j >= 0 && j < entries ? keys[j] : -2;
+      const unsigned breaks = __ballot_sync(~0u, k != key && k != -1);
+      unsigned same = __ballot_sync(~0u, k == key);
+      if (breaks != 0) same &= (breaks & (0u - breaks)) - 1;  // lanes before the first break
+      if (same != 0) farthest = base + step * (31 - __clz(same));
+      if (breaks != 0) return farthest;
+    }
+  };
+  const int64_t first = reach(-1);
+  last = reach(1);
+  RunSums total{0.f, 0.f, 0.f, 0};
+  for (int64_t j = first + lane; j <= last; j += 32)
+    if (keys[j] == key) total = total + sums[j];
+  // Butterfly: each step adds the same two values in every lane pair, so all lanes agree.
+  for (int offset = 16; offset > 0; offset /= 2) {
+    total.u += __shfl_xor_sync(~0u, total.u, offset);
+    total.v += __shfl_xor_sync(~0u, total.v, offset);
+    total.w += __shfl_xor_sync(~0u, total.w, offset);
+    total.n += __shfl_xor_sync(~0u, total.n, offset);
+  }
+  return total;
 }
 
-// c_t = c̃_t·(g/D·λ) for the tokens [begin, end) from their keys and the segments' (U, V), two
-// tiles at a time so that twice as many loads are in flight per round trip. The sums may have
-// been stored during this kernel: plain loads, not the read-only path, after the acquire that
-// ordered them (U and V of a few hot segments then come from L1).
+// c_t = c̃_t·(g/D·λ) for the tokens [begin, end) from their keys (keys[0] is token `begin`'s)
+// and the segments' (U, V), two tiles at a time so that twice as many loads are in flight per
+// round trip. Every key was written by this same thread; the (U, V) of `edges` come with them,
+// the others from the workspace (plain loads, not the read-only path: reduce may have stored
+// them during this kernel, before a barrier that ordered them).
 __device__ void write_coefficients(const float* ws, const Layout& layout,
                                    const GspoSeamScalars& scalars, float* coefficient,
-                                   int64_t begin, int64_t end) {
+                                   int64_t begin, int64_t end, const int* keys, const Edges& edges) {
   constexpr int kTiles = 2;
-  const int* keys = reinterpret_cast<const int*>(ws + layout.keys());
   for (int64_t tile = begin; tile < end; tile += kTiles * kTile) {
     int key[kTiles][kItems];
 #pragma unroll
     for (int t = 0; t < kTiles; ++t) {
       const int64_t first = tile + t * kTile + int64_t(threadIdx.x) * kItems;
+      if (first + kItems <= end) {
 #pragma unroll
-      for (int i = 0; i < kItems; ++i) key[t][i] = first + i < end ? keys[first + i] : -1;
+        for (int i = 0; i < kItems; i += 4) {
+          const int4 four = *reinterpret_cast<const int4*>(keys + (first - begin) + i);
+          key[t][i] = four.x;
+          key[t][i + 1] = four.y;
+          key[t][i + 2] = four.z;
+          key[t][i + 3] = four.w;
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < kItems; ++i) key[t][i] = first + i < end ? keys[first - begin + i] : -1;
+      }
     }
     float u[kTiles][kItems], advantage[kTiles][kItems];
 #pragma unroll
     for (int t = 0; t < kTiles; ++t) {
 #pragma unroll
       for (int i = 0; i < kItems; ++i) {
-        u[t][i] = key[t][i] >= 0 ? ws[key[t][i]] : 0.f;
-        advantage[t][i] = key[t][i] >= 0 ? ws[layout.segments + key[t][i]] : 0.f;
+        const int k = key[t][i];
+        u[t][i] = k < 0                 ? 0.f
+                  : k == edges.key[0]   ? edges.u[0]
+                  : k == edges.key[1]   ? edges.u[1]
+                                        : ws[k];
+        advantage[t][i] = k < 0               ? 0.f
+                          : k == edges.key[0] ? edges.v[0]
+                          : k == edges.key[1] ? edges.v[1]
+                                              : ws[layout.segments + k];
       }
     }
 #pragma unroll
@@ -338,24 +418,30 @@ __global__ void __launch_bounds__(kThreads) seam_prepare_kernel(uint4* head, int
 }
 
 // `out` non-null: the seam is local (no all-reduce follows), and this kernel is the whole of
-// block 2 as well: the last block adds the loss and metric sums into out[4] and flags the sums
-// complete; every block (all resident: a cooperative launch) then writes c_t for its own tokens
-// (when `coefficient` is non-null) and checks its slice of segments for splits.
+// block 2 as well: each block writes c_t for its tokens (when `coefficient` is non-null) from the
+// stored segments and its edges' sums, and checks its slice of segments for splits; the block
+// that stores last adds the loss and metric sums into out[4]. `keys_in_shared`: the keys stay in
+// this block's dynamic shared memory (its range fits) instead of the workspace.
 template <typename Seg, typename Count>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, 2)
     seam_reduce_kernel(GspoSeamTokens tokens, GspoSeamScalars scalars, float* ws, float* out,
-                       float* coefficient, int64_t per_block) {
+                       float* coefficient, int64_t per_block, bool keys_in_shared) {
   __shared__ ReduceShared sh;
+  extern __shared__ int4 shared_keys[];
   const Layout layout{tokens.num_segments};
   const int64_t num_segments = tokens.num_segments;
   const int64_t begin = int64_t(blockIdx.x) * per_block;
   const int64_t end = min(tokens.num_tokens, begin + per_block);
   const auto* segment = static_cast<const Seg*>(tokens.segment);
   const auto* counts = static_cast<const Count*>(tokens.label_counts);
-  int* keys_out = reinterpret_cast<int*>(ws + layout.keys());
+  const bool with_sums = out != nullptr;
+  // Keys of this range (keys_out[0] is token `begin`'s); a local seam without c_t needs none.
+  int* keys_out = keys_in_shared ? reinterpret_cast<int*>(shared_keys)
+                                 : reinterpret_cast<int*>(ws + layout.keys()) + begin;
+  const bool keep_keys = !with_sums || coefficient != nullptr;
+  int* status = reinterpret_cast<int*>(ws + layout.status());
   int* boundary_keys = reinterpret_cast<int*>(ws + layout.boundary_keys());
   auto* boundary_sums = reinterpret_cast<RunSums*>(ws + layout.boundary_sums());
-  const bool with_sums = out != nullptr;
   if (threadIdx.x == 0) {
     sh.carry = Carry{-1, 1, {0.f, 0.f, 0.f, 0}};
     sh.first_emitted = 0;
@@ -416,7 +502,7 @@ __global__ void __launch_bounds__(kThreads)
       key[i] = static_cast<int>(s);
       item[i] = RunSums{(lp[i] - old[i]) * w, adv[i] * w, w, 1};
     }
-    store_items(keys_out, first, end, key);  // keys lie outside the zeroed head
+    if (keep_keys) store_items(keys_out, first - begin, end - begin, key);  // outside the zeroed head
     if (tile == begin) cudaGridDependencySynchronize();  // the head has been zeroed
     reduce_tile(sh, key, item, [&](int k, bool first_run, const RunSums& sums) {
       if (first_run) {  // may continue the previous range's last run: boundary slot 0
@@ -429,68 +515,79 @@ __global__ void __launch_bounds__(kThreads)
     });
   }
   cudaGridDependencySynchronize();  // (a block without tokens has not waited yet)
-  if (bad) atomicOr(reinterpret_cast<int*>(ws + layout.status()), bad);
+  if (bad) atomicOr(status, bad);
   if (threadIdx.x == 0) {
     // The run open at the range's end goes to slot 1 (slot 0 when it is also the first run).
     const Carry c = sh.carry;
     const int64_t slot = 2 * int64_t(blockIdx.x) + (sh.first_emitted ? 1 : 0);
     // Slots 0 and 1 are distinct runs with other runs between them; the combine below would
     // merge them if they shared a key, so a split segment is caught here.
-    if (sh.first_emitted && c.key == sh.first_key)
-      atomicOr(reinterpret_cast<int*>(ws + layout.status()), kGspoSplitSegment);
+    if (sh.first_emitted && c.key == sh.first_key) atomicOr(status, kGspoSplitSegment);
     if (!sh.first_emitted) boundary_keys[2 * int64_t(blockIdx.x) + 1] = -1;
     to_boundary(slot, c.key, c.key >= 0 ? c.sums : RunSums{0.f, 0.f, 0.f, 0});
+    sh.edges = Edges{{sh.first_emitted ? sh.first_key : c.key, sh.first_emitted ? c.key : -1},
+                     {0.f, 0.f}, {0.f, 0.f}};
     if (blockIdx.x == 0) reinterpret_cast<int*>(ws)[layout.reduce_blocks()] = gridDim.x;
-    sh.carry = Carry{-1, 1, {0.f, 0.f, 0.f, 0}};  // for the combine, should this block be last
   }
   const Quad block_terms = cub::BlockReduce<Quad, kThreads>(sh.reduce).Reduce(terms, QuadSum());
   if (threadIdx.x == 0)
     reinterpret_cast<float4*>(ws + layout.reduce_partials())[blockIdx.x] =
         make_float4(block_terms.a, block_terms.b, block_terms.c, block_terms.d);
 
-  // Finish may be launched now, while the last block combines; it waits for this grid's
-  // completion before reading anything.
+  // Finish may be launched now; it waits for this grid's completion before reading anything.
   cudaTriggerProgrammaticLaunchCompletion();
-  const bool last = last_block_done(sh.is_last, reinterpret_cast<unsigned*>(ws + layout.reduce_ticket()));
-  int* sums_ready = reinterpret_cast<int*>(ws + layout.sums_ready());
-  if (!last) {
-    if (!with_sums) return;
-    if (threadIdx.x == 0)
-      while (load_acquire(sums_ready) == 0) __nanosleep(32);
-    __syncthreads();
-  } else {
-    // The last block: runs in the boundary list, in block order, are complete segments. With
-    // sums, each thread also adds the block partials it owns (block order, fixed stride),
-    // loaded together with the first boundary tile.
-    Quad total{0.f, 0.f, 0.f, 0.f};
-    terms = Quad{0.f, 0.f, 0.f, 0.f};
-    const int64_t entries = 2 * int64_t(gridDim.x);
-    for (int64_t tile = 0; tile < entries; tile += kTile) {
-      int key[kItems];
-      RunSums item[kItems];
-      const int64_t first = tile + int64_t(threadIdx.x) * kItems;
-      load_items<true>(boundary_keys, first, entries, -1, key);
-#pragma unroll
-      for (int i = 0; i < kItems; ++i) {
-        const float4 raw = first + i < entries
-                               ? __ldcg(reinterpret_cast<const float4*>(boundary_sums + first + i))
-                               : make_float4(0.f, 0.f, 0.f, 0.f);
-        item[i] = RunSums{raw.x, raw.y, raw.z, __float_as_int(raw.w)};
-        if (key[i] < 0) item[i] = RunSums{0.f, 0.f, 0.f, 0};
-      }
-      if (tile == 0 && with_sums) {
-        for (int64_t b = threadIdx.x; b < gridDim.x; b += kThreads) {
-          const float4 p = __ldcg(reinterpret_cast<const float4*>(ws + layout.reduce_partials()) + b);
-          total = total + Quad{p.x, p.y, p.z, p.w};
+  arrive(sh.is_last, reinterpret_cast<unsigned*>(ws + layout.reduce_ticket()), /*wait_all=*/true);
+
+  // Every boundary run is posted: the list into shared memory, then one warp per edge of this
+  // block finds its whole segment. The block holding a segment's last boundary run stores it
+  // (a segment another writer stored first is a split one) and adds its loss terms.
+  const int64_t entries = 2 * int64_t(gridDim.x);
+  auto* list_sums = reinterpret_cast<RunSums*>(reinterpret_cast<char*>(shared_keys) + kSharedKeyBytes);
+  int* list_keys = reinterpret_cast<int*>(list_sums + entries);
+  for (int64_t j = threadIdx.x; j < entries; j += kThreads) {
+    list_keys[j] = __ldcg(boundary_keys + j);
+    const float4 raw = __ldcg(reinterpret_cast<const float4*>(boundary_sums + j));
+    list_sums[j] = RunSums{raw.x, raw.y, raw.z, __float_as_int(raw.w)};
+  }
+  __syncthreads();
+  const int warp = threadIdx.x / 32;
+  int split = 0;
+  if (warp < 2) {
+    const int64_t position = 2 * int64_t(blockIdx.x) + warp;
+    const int key = list_keys[position];
+    Quad edge_terms{0.f, 0.f, 0.f, 0.f};
+    if (key >= 0) {
+      int64_t chain_end;
+      const RunSums sums = chain_sums(list_keys, list_sums, entries, position, key, chain_end);
+      if (threadIdx.x % 32 == 0) {
+        sh.edges.u[warp] = sums.u;
+        sh.edges.v[warp] = sums.v;
+        if (chain_end == position) {
+          store_segment(ws, layout, key, sums, &split);
+          if (with_sums) edge_terms = segment_terms(sums.u, sums.v, sums.w, float(sums.n), scalars);
         }
       }
-      reduce_tile(sh, key, item, [&](int k, bool, const RunSums& sums) { complete(k, sums); });
     }
-    if (threadIdx.x == 0 && sh.carry.key >= 0) complete(sh.carry.key, sh.carry.sums);
-    if (!with_sums) return;
-    __syncthreads();  // every thread's segment stores, before thread 0's release
-    if (threadIdx.x == 0) store_release(sums_ready, 1);
-    total = cub::BlockReduce<Quad, kThreads>(sh.reduce).Reduce(total + terms, QuadSum());
+    if (threadIdx.x % 32 == 0) sh.combine_terms[warp] = edge_terms;
+  }
+  if (!with_sums) {
+    if (split) atomicOr(status, kGspoSplitSegment);
+    return;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const Quad t = sh.combine_terms[0] + sh.combine_terms[1];
+    reinterpret_cast<float4*>(ws + layout.combine_partials())[blockIdx.x] = make_float4(t.a, t.b, t.c, 0.f);
+  }
+  // The block that stores last adds every block's partials, in block order, into out[4].
+  if (arrive(sh.is_last, reinterpret_cast<unsigned*>(ws + layout.combine_ticket()), false)) {
+    Quad total{0.f, 0.f, 0.f, 0.f};
+    for (int64_t b = threadIdx.x; b < gridDim.x; b += kThreads) {
+      const float4 p = __ldcg(reinterpret_cast<const float4*>(ws + layout.reduce_partials()) + b);
+      const float4 q = __ldcg(reinterpret_cast<const float4*>(ws + layout.combine_partials()) + b);
+      total = total + Quad{p.x + q.x, p.y + q.y, p.z + q.z, p.w};
+    }
+    total = cub::BlockReduce<Quad, kThreads>(sh.reduce).Reduce(total, QuadSum());
     if (threadIdx.x == 0) {
       out[0] = total.a / scalars.divisor;
       out[1] = total.d / scalars.divisor;
@@ -498,10 +595,10 @@ __global__ void __launch_bounds__(kThreads)
       out[3] = total.c / scalars.divisor;
     }
   }
-  // Local seam, every segment stored.
-  if (split_in_slice(ws, layout))
-    atomicOr(reinterpret_cast<int*>(ws + layout.status()), kGspoSplitSegment);
-  if (coefficient != nullptr) write_coefficients(ws, layout, scalars, coefficient, begin, end);
+  // Local seam: every segment this block's tokens belong to is stored or among its edges.
+  if (coefficient != nullptr)
+    write_coefficients(ws, layout, scalars, coefficient, begin, end, keys_out, sh.edges);
+  if (split || split_in_slice(ws, layout)) atomicOr(status, kGspoSplitSegment);
 }
 
 // Block 2 after the all-reduce (a seam whose segments span ranks): c_t for every token (when
@@ -516,8 +613,9 @@ __global__ void __launch_bounds__(kThreads)
   cudaGridDependencySynchronize();
   if (coefficient != nullptr) {
     const int64_t begin = int64_t(blockIdx.x) * per_block;
-    write_coefficients(ws, layout, scalars, coefficient, begin,
-                              min(num_tokens, begin + per_block));
+    write_coefficients(ws, layout, scalars, coefficient, begin, min(num_tokens, begin + per_block),
+                       reinterpret_cast<const int*>(ws + layout.keys()) + begin,
+                       Edges{{-1, -1}, {0.f, 0.f}, {0.f, 0.f}});
   }
   if (split_in_slice(ws, layout))
     atomicOr(reinterpret_cast<int*>(ws + layout.status()), kGspoSplitSegment);
@@ -540,7 +638,7 @@ __global__ void __launch_bounds__(kThreads)
     partial[1] = block_sums.b;
     partial[2] = block_sums.c;
   }
-  if (!last_block_done(sh.is_last, reinterpret_cast<unsigned*>(ws + layout.finish_ticket()))) return;
+  if (!arrive(sh.is_last, reinterpret_cast<unsigned*>(ws + layout.finish_ticket()), false)) return;
 
   // The last block: every block's partials in block order, and reduce's Σ m·lp·w partials (d).
   Quad total{0.f, 0.f, 0.f, 0.f};
@@ -563,11 +661,13 @@ __global__ void __launch_bounds__(kThreads)
 
 // Blocks of `kernel` resident on the whole device at once (one wave).
 template <typename Kernel>
-int wave_blocks(Kernel kernel) {
+int wave_blocks(Kernel kernel, size_t dynamic_shared = 0) {
   int device = 0, sms = 0, per_sm = 0;
   cudaGetDevice(&device);
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0);
+  if (dynamic_shared > 48 * 1024)
+    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(dynamic_shared));
+  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, dynamic_shared);
   return std::max(1, sms * std::max(1, per_sm));
 }
 
@@ -591,7 +691,7 @@ cudaError_t dispatch(const GspoSeamTokens& tokens, F&& f) {
 // touches anything that kernel writes. `cooperative`: all blocks are resident at once.
 template <typename... Params, typename... Args>
 cudaError_t launch_overlapped(void (*kernel)(Params...), int64_t blocks, bool cooperative,
-                              cudaStream_t stream, Args... args) {
+                              size_t dynamic_shared, cudaStream_t stream, Args... args) {
   cudaLaunchAttribute attributes[2] = {};
   attributes[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attributes[0].val.programmaticStreamSerializationAllowed = 1;
@@ -600,6 +700,7 @@ cudaError_t launch_overlapped(void (*kernel)(Params...), int64_t blocks, bool co
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(unsigned(blocks));
   config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = dynamic_shared;
   config.stream = stream;
   config.attrs = attributes;
   config.numAttrs = cooperative ? 2 : 1;
@@ -629,11 +730,13 @@ cudaError_t prepare_and_reduce(const GspoSeamTokens& tokens, const GspoSeamScala
   return dispatch(tokens, [&](auto* seg, auto* count) {
     using Seg = std::remove_pointer_t<decltype(seg)>;
     using Count = std::remove_pointer_t<decltype(count)>;
-    static const int wave = wave_blocks(seam_reduce_kernel<Seg, Count>);
+    static const int wave = wave_blocks(seam_reduce_kernel<Seg, Count>, kSharedBytes);
     const Grid grid = grid_for(tokens.num_tokens, wave);
-    return launch_overlapped(seam_reduce_kernel<Seg, Count>, grid.blocks, out != nullptr, stream,
-                             tokens, scalars, static_cast<float*>(workspace), out, coefficient,
-                             grid.per_block);
+    const bool keys_in_shared = out != nullptr && grid.per_block * 4 <= int64_t(kSharedKeyBytes);
+    return launch_overlapped(seam_reduce_kernel<Seg, Count>, grid.blocks, /*cooperative=*/true,
+                             kSharedBytes, stream, tokens, scalars,
+                             static_cast<float*>(workspace), out, coefficient, grid.per_block,
+                             keys_in_shared);
   });
 }
 
@@ -654,7 +757,7 @@ cudaError_t gspo_seam_finish(const GspoSeamTokens& tokens, const GspoSeamScalars
                              cudaStream_t stream) {
   static const int wave = wave_blocks(seam_finish_kernel);
   const Grid grid = grid_for(tokens.num_tokens, wave);
-  return launch_overlapped(seam_finish_kernel, grid.blocks, false, stream, tokens.num_tokens,
+  return launch_overlapped(seam_finish_kernel, grid.blocks, false, 0, stream, tokens.num_tokens,
                            tokens.num_segments, scalars, static_cast<float*>(workspace),
                            coefficient, scalars_out, grid.per_block);
 }
