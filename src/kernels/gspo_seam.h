@@ -15,8 +15,9 @@
 // used. A segment found in two runs is reported through the status word (kGspoSplitSegment),
 // never written out of bounds.
 //
-// Reduce also leaves, per token, a 4-byte key (segment id, −1 when masked) and, per segment, this
-// rank's labelled count n_s and weight Σ w_t; block 2 reads only those (8 bytes per token with the
+// Reduce also keeps, per token, a 4-byte key (segment id, −1 when masked; in shared memory when
+// the local form's block ranges fit, in the workspace otherwise) and leaves, per segment, this
+// rank's labelled count n_s and weight Σ w_t; block 2 reads only those (the key, besides the
 // coefficient it writes) instead of the per-token inputs again.
 #pragma once
 

@@ -1,6 +1,7 @@
 #include "kernels/swiglu.h"
 
 #include <algorithm>
+#include <type_traits>
 
 #include "kernels/norm_swiglu_common.cuh"
 
@@ -77,22 +78,27 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   }
 }
 
+// Rows and columns as launched: operands that are all contiguous make one long row.
 struct Layout {
   int64_t rows = 0;
   int64_t cols = 0;
-  bool vectorised = false;
-  bool flat = false;  // every operand contiguous: one long row
+  bool vectorised = false;  // every row is whole, 16-byte aligned packs
 };
 
 Layout make_layout(Strided2d shape, DType dtype, std::initializer_list<const void*> pointers,
                    std::initializer_list<int64_t> strides) {
-  Layout layout{shape.rows, shape.cols, true, true};
+  Layout layout{shape.rows, shape.cols, true};
   const int64_t vec = 16 / int64_t(detail::dtype_size(dtype));
   if (shape.cols % vec != 0) layout.vectorised = false;
   for (const void* p : pointers) layout.vectorised = layout.vectorised && detail::aligned16(p);
+  bool flat = true;
   for (int64_t s : strides) {
     layout.vectorised = layout.vectorised && s % vec == 0;
-    layout.flat = layout.flat && s == shape.cols;
+    flat = flat && s == shape.cols;
+  }
+  if (flat) {
+    layout.cols *= layout.rows;
+    layout.rows = 1;
   }
   return layout;
 }
@@ -102,32 +108,33 @@ dim3 grid_for(int64_t rows, int64_t nvec) {
   return dim3(unsigned(x), unsigned(std::min(kMaxGridY, rows)));
 }
 
+// Calls launch(vec, rows, packs), vec an integral constant: 16 / sizeof(T) elements per pack when
+// the layout allows 16-byte packs, else 1.
+template <typename T, typename Launch>
+cudaError_t launch_packed(const Layout& layout, Launch&& launch) {
+  constexpr int kVec = 16 / sizeof(T);
+  if (layout.vectorised) {
+    launch(std::integral_constant<int, kVec>{}, layout.rows, layout.cols / kVec);
+  } else {
+    launch(std::integral_constant<int, 1>{}, layout.rows, layout.cols);
+  }
+  return cudaGetLastError();
+}
+
 }  // namespace
 
 cudaError_t swiglu_forward(const void* gate, int64_t gate_stride, const void* up, int64_t up_stride,
                            void* out, int64_t out_stride, Strided2d shape, DType dtype,
                            cudaStream_t stream) {
   if (shape.rows == 0 || shape.cols == 0) return cudaSuccess;
-  Layout layout = make_layout(shape, dtype, {gate, up, out}, {gate_stride, up_stride, out_stride});
-  if (layout.flat) {
-    layout.cols *= layout.rows;
-    layout.rows = 1;
-  }
+  const Layout layout = make_layout(shape, dtype, {gate, up, out}, {gate_stride, up_stride, out_stride});
   return detail::dispatch_dtype(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    constexpr int kVec = 16 / sizeof(T);
-    const auto* g = static_cast<const T*>(gate);
-    const auto* u = static_cast<const T*>(up);
-    auto* o = static_cast<T*>(out);
-    if (layout.vectorised) {
-      const int64_t nvec = layout.cols / kVec;
-      swiglu_forward_kernel<T, kVec><<<grid_for(layout.rows, nvec), kThreads, 0, stream>>>(
-          g, gate_stride, u, up_stride, o, out_stride, layout.rows, nvec);
-    } else {
-      swiglu_forward_kernel<T, 1><<<grid_for(layout.rows, layout.cols), kThreads, 0, stream>>>(
-          g, gate_stride, u, up_stride, o, out_stride, layout.rows, layout.cols);
-    }
-    return cudaGetLastError();
+    return launch_packed<T>(layout, [&](auto vec, int64_t rows, int64_t packs) {
+      swiglu_forward_kernel<T, decltype(vec)::value><<<grid_for(rows, packs), kThreads, 0, stream>>>(
+          static_cast<const T*>(gate), gate_stride, static_cast<const T*>(up), up_stride,
+          static_cast<T*>(out), out_stride, rows, packs);
+    });
   });
 }
 
@@ -136,31 +143,16 @@ cudaError_t swiglu_backward(const void* dout, int64_t dout_stride, const void* g
                             int64_t dgate_stride, void* dup, int64_t dup_stride, Strided2d shape,
                             DType dtype, cudaStream_t stream) {
   if (shape.rows == 0 || shape.cols == 0) return cudaSuccess;
-  Layout layout = make_layout(shape, dtype, {dout, gate, up, dgate, dup},
-                              {dout_stride, gate_stride, up_stride, dgate_stride, dup_stride});
-  if (layout.flat) {
-    layout.cols *= layout.rows;
-    layout.rows = 1;
-  }
+  const Layout layout = make_layout(shape, dtype, {dout, gate, up, dgate, dup},
+                                    {dout_stride, gate_stride, up_stride, dgate_stride, dup_stride});
   return detail::dispatch_dtype(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    constexpr int kVec = 16 / sizeof(T);
-    const auto* d = static_cast<const T*>(dout);
-    const auto* g = static_cast<const T*>(gate);
-    const auto* u = static_cast<const T*>(up);
-    auto* dg = static_cast<T*>(dgate);
-    auto* du = static_cast<T*>(dup);
-    if (layout.vectorised) {
-      const int64_t nvec = layout.cols / kVec;
-      swiglu_backward_kernel<T, kVec><<<grid_for(layout.rows, nvec), kThreads, 0, stream>>>(
-          d, dout_stride, g, gate_stride, u, up_stride, dg, dgate_stride, du, dup_stride,
-          layout.rows, nvec);
-    } else {
-      swiglu_backward_kernel<T, 1><<<grid_for(layout.rows, layout.cols), kThreads, 0, stream>>>(
-          d, dout_stride, g, gate_stride, u, up_stride, dg, dgate_stride, du, dup_stride,
-          layout.rows, layout.cols);
-    }
-    return cudaGetLastError();
+    return launch_packed<T>(layout, [&](auto vec, int64_t rows, int64_t packs) {
+      swiglu_backward_kernel<T, decltype(vec)::value><<<grid_for(rows, packs), kThreads, 0, stream>>>(
+          static_cast<const T*>(dout), dout_stride, static_cast<const T*>(gate), gate_stride,
+          static_cast<const T*>(up), up_stride, static_cast<T*>(dgate), dgate_stride,
+          static_cast<T*>(dup), dup_stride, rows, packs);
+    });
   });
 }
 

@@ -103,6 +103,8 @@ TEST(GspoGpu, FusedSeamMatchesReference) {
   for (const Shape& shape : {Shape{17, 4, torch::kInt64, torch::kInt64}, Shape{200, 16, torch::kInt32, torch::kFloat32},
                              Shape{4099, 1, torch::kInt64, torch::kInt32}, Shape{70001, 1024, torch::kInt32, torch::kInt64},
                              Shape{1 << 20, 65536, torch::kInt64, torch::kInt64}, Shape{(1 << 21) + 3, 1024, torch::kInt32, torch::kInt32},
+                             // segments spanning dozens of blocks
+                             Shape{(1 << 20) + 5, 4, torch::kInt64, torch::kFloat32},
                     // several tiles per block: runs ending exactly on a tile boundary
                     Shape{(1 << 22) + 7, 65536, torch::kInt64, torch::kInt64}}) {
     const Inputs in = make_inputs(shape.tokens, shape.segments, shape.seg, shape.count, shape.tokens);
@@ -182,6 +184,33 @@ TEST(GspoGpu, FusedSeamReportsBadInputs) {
   nonfinite.old_logprobs[labelled] = NAN;
   expect_error([&] { gspo_segment_seam(in.logprobs, nonfinite, p, *comm, GspoBackend::kFused); },
                "non-finite");
+}
+
+// Splits far apart in a large input (hundreds of blocks): a token of one segment's run moved into
+// another's, whether those runs lie inside one block or cross a block boundary, is reported by
+// both forms.
+TEST(GspoGpu, FusedSeamReportsSplitSegmentsAtScale) {
+  SKIP_WITHOUT_CUDA();
+  auto comm = dist::make_single_process_communicator();
+  const Inputs in = make_inputs(1 << 20, 1024, torch::kInt64, torch::kInt64, 11);
+  const auto labelled = in.tokens.target.ge(0).nonzero().squeeze(1);
+  const int64_t count = labelled.size(0);
+  for (const auto& [from, to] : {std::pair<double, double>{0.1, 0.3}, {0.1, 0.9}, {0.5, 0.3}, {0.7, 0.71}}) {
+    const int64_t source = labelled[int64_t(from * count)].item<int64_t>();
+    const int64_t moved = labelled[int64_t(to * count)].item<int64_t>();
+    ASSERT_NE(in.tokens.segment[source].item<int64_t>(), in.tokens.segment[moved].item<int64_t>());
+    GspoTokens split = in.tokens;
+    split.segment = in.tokens.segment.clone();
+    split.segment[moved] = in.tokens.segment[source];
+    for (bool span : {false, true}) {
+      auto p = params_for(1024, 1.0, 1.0);
+      p.segments_span_ranks = span;
+      SCOPED_TRACE("token " + std::to_string(moved) + " into the segment of token " + std::to_string(source) +
+                   (span ? ", spanning form" : ", local form"));
+      expect_error([&] { gspo_segment_seam(in.logprobs, split, p, *comm, GspoBackend::kFused); },
+                   "not one contiguous run");
+    }
+  }
 }
 
 // Monolithic fused vs the chunked reference on fp32 logits of the same values (bf16 upcast is
