@@ -42,6 +42,7 @@ constexpr int64_t kMaxBlocks = 512;
 // workspace), then a copy of the boundary list (2 entries of 20 bytes per block).
 constexpr size_t kSharedKeyBytes = 32 * 1024;
 constexpr size_t kSharedBytes = kSharedKeyBytes + 2 * kMaxBlocks * 20;
+static_assert(2 * kMaxBlocks % kThreads == 0, "boundary list copied in whole rounds of the block");
 
 // Word offsets into the workspace (every entry is 4 bytes). The head up to zeroed() is cleared
 // first; the per-segment arrays are [U | V | W | n], U and V being the all-reduced [2, S] buffer.
@@ -242,21 +243,16 @@ __device__ void reduce_tile(ReduceShared& sh, int (&key)[kItems], const RunSums 
 }
 
 // A complete segment: its single writer stores every sum and counts itself in `writers`; a
-// segment with two writers was split into two runs (a contract violation). Without `split` the
-// count is a fire-and-forget integer add, so no writer waits on it, and a later check of
-// `writers` flags splits; with it, *split is set when another writer came first.
-__device__ __forceinline__ void store_segment(float* ws, const Layout& layout, int key,
-                                              const RunSums& sums, int* split = nullptr) {
+// segment with two writers was split into two runs (a contract violation). Returns the writers
+// before this one; a caller that does not use it leaves a fire-and-forget integer add, and a
+// caller that does should read it late, so as not to wait for the round trip.
+__device__ __forceinline__ int store_segment(float* ws, const Layout& layout, int key,
+                                             const RunSums& sums) {
   ws[key] = sums.u;
   ws[layout.segments + key] = sums.v;
   ws[layout.weight() + key] = sums.w;
   ws[layout.count() + key] = static_cast<float>(sums.n);
-  int* writers = reinterpret_cast<int*>(ws + layout.writers()) + key;
-  if (split == nullptr) {
-    atomicAdd(writers, 1);
-  } else if (atomicAdd(writers, 1) != 0) {
-    *split = 1;
-  }
+  return atomicAdd(reinterpret_cast<int*>(ws + layout.writers()) + key, 1);
 }
 
 // A segment's share of the loss and metric sums, gspo.md §2: n·ℓ, W·[R outside the clip range],
@@ -544,14 +540,30 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int64_t entries = 2 * int64_t(gridDim.x);
   auto* list_sums = reinterpret_cast<RunSums*>(reinterpret_cast<char*>(shared_keys) + kSharedKeyBytes);
   int* list_keys = reinterpret_cast<int*>(list_sums + entries);
-  for (int64_t j = threadIdx.x; j < entries; j += kThreads) {
-    list_keys[j] = __ldcg(boundary_keys + j);
-    const float4 raw = __ldcg(reinterpret_cast<const float4*>(boundary_sums + j));
-    list_sums[j] = RunSums{raw.x, raw.y, raw.z, __float_as_int(raw.w)};
+  {  // all loads in flight before the first store, one round trip
+    constexpr int kPerThread = int(2 * kMaxBlocks / kThreads);
+    int key_in[kPerThread];
+    float4 raw_in[kPerThread];
+#pragma unroll
+    for (int r = 0; r < kPerThread; ++r) {
+      const int64_t j = threadIdx.x + int64_t(r) * kThreads;
+      if (j < entries) {
+        key_in[r] = __ldcg(boundary_keys + j);
+        raw_in[r] = __ldcg(reinterpret_cast<const float4*>(boundary_sums + j));
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < kPerThread; ++r) {
+      const int64_t j = threadIdx.x + int64_t(r) * kThreads;
+      if (j < entries) {
+        list_keys[j] = key_in[r];
+        list_sums[j] = RunSums{raw_in[r].x, raw_in[r].y, raw_in[r].z, __float_as_int(raw_in[r].w)};
+      }
+    }
   }
   __syncthreads();
   const int warp = threadIdx.x / 32;
-  int split = 0;
+  int earlier_writers = 0;  // of the segment this block stores after combining: 0 unless split
   if (warp < 2) {
     const int64_t position = 2 * int64_t(blockIdx.x) + warp;
     const int key = list_keys[position];
@@ -563,7 +575,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         sh.edges.u[warp] = sums.u;
         sh.edges.v[warp] = sums.v;
         if (chain_end == position) {
-          store_segment(ws, layout, key, sums, &split);
+          earlier_writers = store_segment(ws, layout, key, sums);
           if (with_sums) edge_terms = segment_terms(sums.u, sums.v, sums.w, float(sums.n), scalars);
         }
       }
@@ -571,7 +583,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     if (threadIdx.x % 32 == 0) sh.combine_terms[warp] = edge_terms;
   }
   if (!with_sums) {
-    if (split) atomicOr(status, kGspoSplitSegment);
+    if (earlier_writers != 0) atomicOr(status, kGspoSplitSegment);
     return;
   }
   __syncthreads();
@@ -598,7 +610,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   // Local seam: every segment this block's tokens belong to is stored or among its edges.
   if (coefficient != nullptr)
     write_coefficients(ws, layout, scalars, coefficient, begin, end, keys_out, sh.edges);
-  if (split || split_in_slice(ws, layout)) atomicOr(status, kGspoSplitSegment);
+  if (earlier_writers != 0 || split_in_slice(ws, layout)) atomicOr(status, kGspoSplitSegment);
 }
 
 // Block 2 after the all-reduce (a seam whose segments span ranks): c_t for every token (when
