@@ -86,9 +86,9 @@ Grid grid_for(int64_t num_tokens, int wave) {
   return {(chunks + per_block - 1) / per_block, per_block * kItems};
 }
 
-// Blocked load of kItems consecutive elements starting at this thread's slot of the tile.
-// kWritten: the data was written during this kernel (read through L2, not the read-only path).
-template <bool kWritten = false, typename T>
+// Blocked load of kItems consecutive inputs (read-only for the kernel's life) starting at this
+// thread's slot of the tile.
+template <typename T>
 __device__ __forceinline__ void load_items(const T* base, int64_t first, int64_t end, T fill,
                                            T (&out)[kItems]) {
   const T* p = base + first;
@@ -96,13 +96,12 @@ __device__ __forceinline__ void load_items(const T* base, int64_t first, int64_t
     constexpr int kPerVector = 16 / sizeof(T);
 #pragma unroll
     for (int i = 0; i < kItems; i += kPerVector) {
-      const uint4* q = reinterpret_cast<const uint4*>(p + i);
-      const uint4 raw = kWritten ? __ldcg(q) : __ldg(q);
+      const uint4 raw = __ldg(reinterpret_cast<const uint4*>(p + i));
       memcpy(&out[i], &raw, sizeof(raw));
     }
   } else {
 #pragma unroll
-    for (int i = 0; i < kItems; ++i) out[i] = first + i < end ? (kWritten ? __ldcg(p + i) : p[i]) : fill;
+    for (int i = 0; i < kItems; ++i) out[i] = first + i < end ? p[i] : fill;
   }
 }
 
