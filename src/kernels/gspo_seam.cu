@@ -265,6 +265,15 @@ __device__ __forceinline__ Quad segment_terms(float u, float advantage, float we
               weight * static_cast<float>(ratio < lo || ratio > hi), weight * ratio, 0.f};
 }
 
+// out[4] = {loss_sum, new_logprobs_sum, clipped_sum, ratio_sum} / D from the whole seam's sums
+// (a: loss, b: clipped, c: ratio, d: Σ m·lp·w).
+__device__ __forceinline__ void write_scalars(float* out, const Quad& total, float divisor) {
+  out[0] = total.a / divisor;
+  out[1] = total.d / divisor;
+  out[2] = total.b / divisor;
+  out[3] = total.c / divisor;
+}
+
 // Asks L2 for the line holding p (no register waits on it).
 __device__ __forceinline__ void prefetch_l2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
@@ -599,12 +608,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       total = total + Quad{p.x + q.x, p.y + q.y, p.z + q.z, p.w};
     }
     total = cub::BlockReduce<Quad, kThreads>(sh.reduce).Reduce(total, QuadSum());
-    if (threadIdx.x == 0) {
-      out[0] = total.a / scalars.divisor;
-      out[1] = total.d / scalars.divisor;
-      out[2] = total.b / scalars.divisor;
-      out[3] = total.c / scalars.divisor;
-    }
+    if (threadIdx.x == 0) write_scalars(out, total, scalars.divisor);
   }
   // Local seam: every segment this block's tokens belong to is stored or among its edges.
   if (coefficient != nullptr)
@@ -662,12 +666,7 @@ __global__ void __launch_bounds__(kThreads)
     total.d += __ldcg(ws + layout.reduce_partials() + 4 * b + 3);
   __syncthreads();
   total = cub::BlockReduce<Quad, kThreads>(sh.reduce).Reduce(total, QuadSum());
-  if (threadIdx.x == 0) {
-    out[0] = total.a / scalars.divisor;
-    out[1] = total.d / scalars.divisor;
-    out[2] = total.b / scalars.divisor;
-    out[3] = total.c / scalars.divisor;
-  }
+  if (threadIdx.x == 0) write_scalars(out, total, scalars.divisor);
 }
 
 // Blocks of `kernel` resident on the whole device at once (one wave).

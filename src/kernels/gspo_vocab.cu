@@ -13,9 +13,13 @@
 #include <type_traits>
 
 #include "kernels/gspo_seam.h"
+#include "kernels/norm_swiglu_common.cuh"
 
 namespace dspine::kernels {
 namespace {
+
+using detail::from_float;
+using detail::to_float;
 
 constexpr int kThreads = 256;
 // Blocks per SM the register budgets are sized for: 64 registers a thread in the forward, 80 in
@@ -68,24 +72,6 @@ struct Packet {
     *reinterpret_cast<uint4*>(p) = make_uint4(words[0], words[1], words[2], words[3]);
   }
 };
-
-template <typename T>
-__device__ __forceinline__ float to_float(T x) {
-  if constexpr (std::is_same_v<T, float>) {
-    return x;
-  } else {
-    return __bfloat162float(x);
-  }
-}
-
-template <typename T>
-__device__ __forceinline__ T from_float(float x) {
-  if constexpr (std::is_same_v<T, float>) {
-    return x;
-  } else {
-    return __float2bfloat16_rn(x);
-  }
-}
 
 // Scalar packets (rows not 16-byte aligned): one element, converted on load.
 template <typename T>
