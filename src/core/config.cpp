@@ -112,7 +112,9 @@ std::vector<Key> keys_of(Config& c) {
       {"logging.progress", &c.logging.progress, {"auto", "true", "false"}, true},
       {"logging.level", &c.logging.level, {"trace", "debug", "info", "warn", "error"}},
       {"distributed.backend", &c.distributed.backend, {"auto", "mpi", "nccl"}},
-      {"distributed.reshard_after_forward", &c.distributed.reshard_after_forward},
+      {"distributed.sharding", &c.distributed.sharding, {"none", "zero2", "zero3"}},
+      {"distributed.timeout_s", &c.distributed.timeout_s},
+      {"distributed.prefetch", &c.distributed.prefetch},
   };
 }
 
@@ -665,6 +667,7 @@ void validate(const Context& ctx, const Config& c) {
   at_least("checkpoint.keep_last", c.checkpoint.keep_last, 0);
   non_empty("checkpoint.resume", c.checkpoint.resume);
   at_least("logging.every", c.logging.every, 1);
+  positive("distributed.timeout_s", c.distributed.timeout_s);
 }
 
 }  // namespace

@@ -106,9 +106,12 @@ struct LoggingConfig {
   std::string level = "info";     // trace | debug | info | warn | error
 };
 
+// How ranks talk and how the draft's parameters are split over them (docs/distributed.md).
 struct DistributedConfig {
-  std::string backend = "auto";  // auto | mpi | nccl
-  bool reshard_after_forward = true;
+  std::string backend = "auto";   // auto (NCCL for CUDA, MPI for CPU) | mpi | nccl
+  std::string sharding = "none";  // none (data parallel) | zero2 | zero3
+  double timeout_s = 600;         // a collective not done by then ends every rank
+  bool prefetch = true;           // zero3: gather the next unit while the current one runs
 };
 
 struct Config {

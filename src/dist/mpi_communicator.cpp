@@ -46,9 +46,10 @@ class MpiCommunicator final : public Communicator {
   }
   int rank() const override { return rank_; }
   int world_size() const override { return world_size_; }
+  std::string backend() const override { return "mpi"; }
 
   void all_reduce(at::Tensor& tensor, ReduceOp op) override {
-    count_collective();
+    count_collective(static_cast<int64_t>(tensor.nbytes()));
     require_cpu_contiguous(tensor, "all_reduce");
     if (tensor.scalar_type() == at::kBFloat16 || tensor.scalar_type() == at::kHalf) {
       // MPI has no 16-bit float sum: reduce in fp32 and round once.
@@ -58,9 +59,10 @@ class MpiCommunicator final : public Communicator {
       return;
     }
     check_mpi(MPI_Allreduce(MPI_IN_PLACE, tensor.data_ptr(), static_cast<int>(tensor.numel()),
-                            mpi_type(tensor), op == ReduceOp::kSum ? MPI_SUM : MPI_MAX,
+                            mpi_type(tensor), op == ReduceOp::kMax ? MPI_MAX : MPI_SUM,
                             MPI_COMM_WORLD),
               "all_reduce");
+    if (op == ReduceOp::kAvg) tensor.div_(world_size_);
   }
 
   void broadcast(at::Tensor& tensor, int root) override {
@@ -85,7 +87,7 @@ class MpiCommunicator final : public Communicator {
               "all_gather");
   }
 
-  void reduce_scatter(const at::Tensor& input, at::Tensor& output) override {
+  void reduce_scatter(const at::Tensor& input, at::Tensor& output, ReduceOp op) override {
     count_collective();
     require_cpu_contiguous(input, "reduce_scatter input");
     require_cpu_contiguous(output, "reduce_scatter output");
@@ -94,9 +96,10 @@ class MpiCommunicator final : public Communicator {
            world_size_, output.numel());
     }
     check_mpi(MPI_Reduce_scatter_block(input.data_ptr(), output.data_ptr(),
-                                       static_cast<int>(output.numel()), mpi_type(input), MPI_SUM,
-                                       MPI_COMM_WORLD),
+                                       static_cast<int>(output.numel()), mpi_type(input),
+                                       op == ReduceOp::kMax ? MPI_MAX : MPI_SUM, MPI_COMM_WORLD),
               "reduce_scatter");
+    if (op == ReduceOp::kAvg) output.div_(world_size_);
   }
 
   void barrier() override { check_mpi(MPI_Barrier(MPI_COMM_WORLD), "barrier"); }

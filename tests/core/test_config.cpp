@@ -94,7 +94,8 @@ data:
   synthetic:
     temperature: 0.5
 distributed:
-  reshard_after_forward: false
+  sharding: zero3
+  timeout_s: 30
 logging:
   level: debug
 )",
@@ -103,7 +104,8 @@ logging:
   EXPECT_EQ(c.model.dspine.top_k, 7);
   EXPECT_EQ(c.data.seq_len, 32);
   EXPECT_EQ(c.data.synthetic.temperature, 0.5);
-  EXPECT_FALSE(c.distributed.reshard_after_forward);
+  EXPECT_EQ(c.distributed.sharding, "zero3");
+  EXPECT_EQ(c.distributed.timeout_s, 30.0);
   EXPECT_EQ(c.logging.level, "debug");
 }
 
@@ -213,8 +215,8 @@ TEST(Config, TriStateKeysAcceptYamlBooleans) {
 }
 
 TEST(Config, BoolKeyRejectsNonBoolean) {
-  const std::string message = parse_error("distributed:\n  reshard_after_forward: 1\n");
-  EXPECT_NE(message.find("distributed.reshard_after_forward = 1: expected a boolean"),
+  const std::string message = parse_error("distributed:\n  prefetch: 1\n");
+  EXPECT_NE(message.find("distributed.prefetch = 1: expected a boolean"),
             std::string::npos)
       << message;
 }

@@ -234,6 +234,7 @@ class PairCommunicator : public dist::Communicator {
   explicit PairCommunicator(at::Tensor other) : other_(std::move(other)) {}
   int rank() const override { return 0; }
   int world_size() const override { return 2; }
+  std::string backend() const override { return "pair"; }
   void all_reduce(at::Tensor& tensor, dist::ReduceOp op) override {
     ASSERT_EQ(op, dist::ReduceOp::kSum);
     tensor.add_(other_);
@@ -241,7 +242,9 @@ class PairCommunicator : public dist::Communicator {
   }
   void broadcast(at::Tensor&, int) override { FAIL() << "unexpected broadcast"; }
   void all_gather(const at::Tensor&, at::Tensor&) override { FAIL() << "unexpected all_gather"; }
-  void reduce_scatter(const at::Tensor&, at::Tensor&) override { FAIL() << "unexpected reduce_scatter"; }
+  void reduce_scatter(const at::Tensor&, at::Tensor&, dist::ReduceOp) override {
+    FAIL() << "unexpected reduce_scatter";
+  }
   void barrier() override {}
 
  private:
