@@ -22,6 +22,9 @@ struct RankLayout {
 // from the launcher's environment, or a world of one.
 RankLayout rank_layout();
 
+// training.device for this rank: auto|cpu|cuda; CUDA means GPU = local rank.
+c10::Device training_device(const std::string& choice, int local_rank);
+
 // The run's communicator: distributed.backend auto picks NCCL when `device` is CUDA and MPI
 // otherwise; a world of one gets the single-process communicator. Collectives that do not
 // finish within distributed.timeout_s end every rank with a message naming the rank and the

@@ -65,8 +65,21 @@ void DSpineDraftImpl::initialize_transfer_space(const torch::Tensor& head, int64
   transfer_ready_flag.fill_(true);
 }
 
+void DSpineDraftImpl::set_unit_observer(std::shared_ptr<UnitObserver> observer) {
+  observer_ = std::move(observer);
+}
+
+void DSpineDraftImpl::enter(const std::string& unit) {
+  if (observer_) observer_->before_unit(unit);
+}
+
+torch::Tensor DSpineDraftImpl::leave(const std::string& unit, const torch::Tensor& output) {
+  return observer_ ? observer_->after_unit(unit, output) : output;
+}
+
 torch::Tensor DSpineDraftImpl::context(const torch::Tensor& target_hidden) {
-  return hidden_norm(fc(target_hidden));
+  enter("context");
+  return leave("context", hidden_norm(fc(target_hidden)));
 }
 
 DraftOutput DSpineDraftImpl::forward(const torch::Tensor& position_ids,
@@ -90,13 +103,16 @@ DraftOutput DSpineDraftImpl::forward(const torch::Tensor& position_ids,
   const int64_t hidden = config_.hidden_size;
 
   auto x = noise_embedding;
+  enter("head");
   auto ctx = context(target_hidden);
   auto rope = rope_tables(position_ids, inv_freq_, x.scalar_type());
   auto mask = prepare_attention_mask(attention_mask);
   std::vector<torch::Tensor> features;
   torch::Tensor pre;
   for (int64_t i = 0; i < config_.num_hidden_layers; ++i) {
-    x = layer_modules[i](x, ctx, mask, rope);
+    const std::string unit = "layers." + std::to_string(i);
+    enter(unit);
+    x = leave(unit, layer_modules[i](x, ctx, mask, rope));
     pre = x.view({rows, blocks, bs, hidden});
     auto y = injection->forward(pre, i, block_token_ids, transfer_codes, replace_mask);
     features.push_back(injection->feature(y, i));
@@ -107,6 +123,7 @@ DraftOutput DSpineDraftImpl::forward(const torch::Tensor& position_ids,
 
 torch::Tensor DSpineDraftImpl::refine(const torch::Tensor& h, const torch::Tensor& pred_ids) {
   const int64_t last = config_.num_hidden_layers - 1;
+  enter("head");
   auto receiver = injection->feature(h, last);
   auto pred = injection->scaled_codes(transfer_codes, pred_ids);
   return norm(injection->write(h, receiver, pred, last));

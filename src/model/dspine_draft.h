@@ -15,6 +15,7 @@
 #include "model/adjacent_injection.h"
 #include "model/decoder_layer.h"
 #include "model/norm_mlp.h"
+#include "model/unit_observer.h"
 
 namespace dspine::model {
 
@@ -24,7 +25,9 @@ struct DraftOutput {
   at::Tensor layer_features;  // [L, B, N, bs, r] post-injection features of every layer
 };
 
-class DSpineDraftImpl : public torch::nn::Module {
+// Units announced to a UnitObserver: "context" (fc, hidden_norm), "layers.<i>", and "head"
+// (norm, injection), which every layer and the refinement use until the step ends.
+class DSpineDraftImpl : public torch::nn::Module, public ObservableUnits {
  public:
   // Validates the config, builds the modules in reference order and initializes them: backbone
   // Linear weights N(0, initializer_range), norms 1 (global torch RNG); injection per §3.1;
@@ -49,6 +52,7 @@ class DSpineDraftImpl : public torch::nn::Module {
   bool transfer_ready() const;
 
   const core::ModelConfig& config() const { return config_; }
+  void set_unit_observer(std::shared_ptr<UnitObserver> observer) override;
 
   torch::nn::ModuleList layers{nullptr};
   std::vector<DecoderLayer> layer_modules;
@@ -60,8 +64,12 @@ class DSpineDraftImpl : public torch::nn::Module {
   torch::Tensor transfer_ready_flag;  // registered as "transfer_ready"
 
  private:
+  void enter(const std::string& unit);
+  torch::Tensor leave(const std::string& unit, const torch::Tensor& output);
+
   core::ModelConfig config_;
   torch::Tensor inv_freq_;  // non-persistent rotary_emb.inv_freq
+  std::shared_ptr<UnitObserver> observer_;
 };
 TORCH_MODULE(DSpineDraft);
 

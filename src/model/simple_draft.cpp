@@ -39,9 +39,22 @@ SimpleDraftImpl::SimpleDraftImpl(const core::ModelConfig& config, bool fused_ker
   }
 }
 
+void SimpleDraftImpl::set_unit_observer(std::shared_ptr<UnitObserver> observer) {
+  observer_ = std::move(observer);
+}
+
 torch::Tensor SimpleDraftImpl::forward(const torch::Tensor& hidden_states) {
-  torch::Tensor x = fc->forward(hidden_states);
-  for (const auto& layer : *layers) x = layer->as<ResidualMlpImpl>()->forward(x);
+  auto run = [&](const std::string& unit, const auto& body) {
+    if (observer_) observer_->before_unit(unit);
+    auto output = body();
+    return observer_ ? observer_->after_unit(unit, output) : output;
+  };
+  torch::Tensor x = run("context", [&] { return fc->forward(hidden_states); });
+  for (size_t i = 0; i < layers->size(); ++i) {
+    x = run("layers." + std::to_string(i),
+            [&] { return layers[i]->as<ResidualMlpImpl>()->forward(x); });
+  }
+  if (observer_) observer_->before_unit("head");
   return norm->forward(x);
 }
 

@@ -45,37 +45,56 @@ int64_t step_of(const fs::path& directory) {
 
 std::string checkpoint_name(int64_t step) { return fmt::format("step-{:06d}", step); }
 
-CheckpointManager::CheckpointManager(std::string root, int64_t keep_last)
-    : root_(std::move(root)), keep_last_(keep_last) {}
+std::string optimizer_shard_name(int rank, int world_size) {
+  return fmt::format("optimizer-rank-{:05d}-of-{:05d}.safetensors", rank, world_size);
+}
+
+CheckpointManager::CheckpointManager(std::string root, int64_t keep_last,
+                                     dist::Communicator& comm)
+    : root_(std::move(root)), keep_last_(keep_last), comm_(comm) {}
 
 std::string CheckpointManager::save(int64_t step, const CheckpointContents& contents,
                                     const std::function<void(const std::string&)>& after_file) {
+  const bool leader = comm_.rank() == 0;
   const fs::path final_dir = fs::path(root_) / checkpoint_name(step);
   if (fs::exists(final_dir)) {
     fail("checkpoint {} already exists; refusing to overwrite a saved checkpoint",
          final_dir.string());
   }
-  fs::create_directories(root_);
-  const fs::path temp_dir =
-      fs::path(root_) / fmt::format(".tmp-{}-{}", checkpoint_name(step), ::getpid());
-  core::remove_tree(temp_dir);
-  fs::create_directories(temp_dir);
+  // One temporary name all ranks agree on; only the leader creates and renames it.
+  const fs::path temp_dir = fs::path(root_) / (".tmp-" + checkpoint_name(step));
+  if (leader) {
+    fs::create_directories(root_);
+    core::remove_tree(temp_dir);
+    fs::create_directories(temp_dir);
+  }
+  comm_.barrier();
   auto done = [&](const std::string& name) {
     if (after_file) after_file(name);
   };
-  core::save_safetensors((temp_dir / "model.safetensors").string(), contents.model,
-                         {{"format", "pt"}});
-  done("model.safetensors");
-  write_json(temp_dir / "config.json", contents.model_config);
-  done("config.json");
-  core::save_safetensors((temp_dir / "optimizer.safetensors").string(), contents.optimizer);
-  done("optimizer.safetensors");
-  core::save_safetensors((temp_dir / "rng.safetensors").string(), contents.rng);
-  done("rng.safetensors");
-  write_json(temp_dir / "trainer_state.json", contents.trainer_state);
-  done("trainer_state.json");
-  fs::rename(temp_dir, final_dir);  // the checkpoint becomes visible only when complete
-  prune();
+  const std::string shard = optimizer_shard_name(comm_.rank(), comm_.world_size());
+  core::save_safetensors((temp_dir / shard).string(), contents.optimizer);
+  done(shard);
+  if (leader) {
+    core::save_safetensors((temp_dir / "model.safetensors").string(), contents.model,
+                           {{"format", "pt"}});
+    done("model.safetensors");
+    write_json(temp_dir / "config.json", contents.model_config);
+    done("config.json");
+    core::save_safetensors((temp_dir / "rng.safetensors").string(), contents.rng);
+    done("rng.safetensors");
+  }
+  comm_.barrier();  // every shard is complete
+  if (leader) {
+    auto manifest = contents.trainer_state;
+    manifest["world_size"] = comm_.world_size();
+    manifest["optimizer_shards"] = comm_.world_size();
+    write_json(temp_dir / "trainer_state.json", manifest);
+    done("trainer_state.json");
+    fs::rename(temp_dir, final_dir);  // the checkpoint becomes visible only when complete
+    prune();
+  }
+  comm_.barrier();
   return final_dir.string();
 }
 
@@ -119,16 +138,31 @@ void CheckpointManager::prune() const {
   }
 }
 
-LoadedCheckpoint load_checkpoint(const std::string& directory) {
+LoadedCheckpoint load_checkpoint(const std::string& directory, int rank, int world_size,
+                                 bool own_shard_only) {
   const fs::path dir(directory);
   if (!fs::is_directory(dir)) fail("checkpoint directory {} does not exist", directory);
   LoadedCheckpoint loaded;
   loaded.path = directory;
+  loaded.trainer_state = read_json(dir / "trainer_state.json");
+  const auto shards = loaded.trainer_state.find("optimizer_shards");
+  if (shards == loaded.trainer_state.end() || !shards->is_number_integer() || *shards < 1) {
+    fail("checkpoint file {} does not say how many optimizer shards it has (optimizer_shards)",
+         (dir / "trainer_state.json").string());
+  }
+  loaded.saved_world_size = shards->get<int>();
   loaded.model = core::load_safetensors((dir / "model.safetensors").string());
-  loaded.optimizer = core::load_safetensors((dir / "optimizer.safetensors").string());
+  if (own_shard_only && loaded.saved_world_size == world_size) {
+    loaded.optimizer.push_back(
+        core::load_safetensors((dir / optimizer_shard_name(rank, world_size)).string()));
+  } else {
+    for (int r = 0; r < loaded.saved_world_size; ++r) {
+      loaded.optimizer.push_back(core::load_safetensors(
+          (dir / optimizer_shard_name(r, loaded.saved_world_size)).string()));
+    }
+  }
   loaded.rng = core::load_safetensors((dir / "rng.safetensors").string());
   loaded.model_config = read_json(dir / "config.json");
-  loaded.trainer_state = read_json(dir / "trainer_state.json");
   return loaded;
 }
 

@@ -1,7 +1,9 @@
 // Checkpoints: one directory per save (root/step-000100/) written under a temporary name and
 // renamed when complete, so a directory named step-* is always whole. Holds the model weights
-// (model.safetensors with the reference state-dict keys), config.json, optimizer.safetensors,
-// rng.safetensors and trainer_state.json (step, data cursor, run configuration).
+// (model.safetensors with the reference state-dict keys, consolidated), config.json, one
+// optimizer shard per rank (optimizer-rank-00000-of-00002.safetensors: each rank writes its
+// own), rng.safetensors and trainer_state.json, the manifest: step, data cursor, world size,
+// shard files, run configuration. Rank 0 writes the manifest only after every shard is complete.
 #pragma once
 
 #include <cstdint>
@@ -12,30 +14,36 @@
 #include <nlohmann/json.hpp>
 
 #include "core/safetensors.h"
+#include "dist/communicator.h"
 
 namespace dspine::train {
 
+// What one rank hands to a save: every rank its optimizer shard; rank 0 also the rest.
 struct CheckpointContents {
   core::NamedTensors model;
   nlohmann::json model_config;  // config.json (HF-style)
-  core::NamedTensors optimizer;
+  core::NamedTensors optimizer;  // this rank's shard
   core::NamedTensors rng;
   nlohmann::json trainer_state;
 };
 
 struct LoadedCheckpoint {
   std::string path;
-  core::SafetensorsFile model, optimizer, rng;
+  core::SafetensorsFile model, rng;
+  std::vector<core::SafetensorsFile> optimizer;  // rank order, or only this rank's own
+  int saved_world_size = 1;
   nlohmann::json model_config, trainer_state;
 };
 
 class CheckpointManager {
  public:
-  // keep_last: complete checkpoints kept after each save (0 = all).
-  CheckpointManager(std::string root, int64_t keep_last);
+  // keep_last: complete checkpoints kept after each save (0 = all). Every rank of `comm` takes
+  // part in save() (the directory must be on a file system all ranks share).
+  CheckpointManager(std::string root, int64_t keep_last, dist::Communicator& comm);
 
-  // Writes root/step-<step>; calls after_file(name) after each file (tests use it to interrupt a
-  // save). Refuses to replace an existing checkpoint. Returns the final directory.
+  // Writes root/step-<step>; calls after_file(name) after each file this rank writes (tests use
+  // it to interrupt a save). Refuses to replace an existing checkpoint. Returns the final
+  // directory.
   std::string save(int64_t step, const CheckpointContents& contents,
                    const std::function<void(const std::string&)>& after_file = {});
 
@@ -50,12 +58,18 @@ class CheckpointManager {
   void prune() const;
   std::string root_;
   int64_t keep_last_;
+  dist::Communicator& comm_;
 };
 
-// Reads a checkpoint directory; a missing or malformed file is an error naming it.
-LoadedCheckpoint load_checkpoint(const std::string& directory);
+// Reads a checkpoint directory for `rank` of `world_size`: the optimizer shard of that rank
+// alone when the world size is unchanged and `own_shard_only`, otherwise every shard (a
+// resharding resume). A missing or malformed file is an error naming it.
+LoadedCheckpoint load_checkpoint(const std::string& directory, int rank = 0, int world_size = 1,
+                                 bool own_shard_only = false);
 
 // "step-000100" for 100.
 std::string checkpoint_name(int64_t step);
+// "optimizer-rank-00001-of-00002.safetensors".
+std::string optimizer_shard_name(int rank, int world_size);
 
 }  // namespace dspine::train

@@ -1,21 +1,28 @@
 #include "train/optimizer.h"
 
+#include <cmath>
+
 #include <torch/torch.h>
 
 #include "core/error.h"
 
 namespace dspine::train {
+namespace {
 
-MasterAdamW::MasterAdamW(torch::nn::Module& module, const core::TrainingConfig& config)
-    : max_grad_norm_(config.max_grad_norm) {
+using dist::ShardingMode;
+
+// The whole flat unit padded with zeros to a multiple of `world`.
+torch::Tensor padded_to(const torch::Tensor& flat, int64_t world) {
+  const int64_t padded = (flat.numel() + world - 1) / world * world;
+  return padded == flat.numel() ? flat : torch::constant_pad_nd(flat, {0, padded - flat.numel()});
+}
+
+}  // namespace
+
+MasterAdamW::MasterAdamW(dist::ShardedParameters& sharded, const core::TrainingConfig& config)
+    : sharded_(sharded), max_grad_norm_(config.max_grad_norm) {
   std::vector<torch::Tensor> masters;
-  for (const auto& item : module.named_parameters()) {
-    if (!item.value().requires_grad()) continue;
-    auto master = item.value().detach().to(torch::kFloat, /*non_blocking=*/false, /*copy=*/true);
-    slots_.push_back({item.key(), item.value(), master});
-    masters.push_back(master);
-  }
-  if (slots_.empty()) fail("optimizer: the model has no trainable parameters");
+  for (auto& unit : sharded_.units()) masters.push_back(unit.master());
   adamw_ = std::make_unique<torch::optim::AdamW>(
       masters, torch::optim::AdamWOptions(config.learning_rate)
                    .betas(std::make_tuple(config.adam_beta1, config.adam_beta2))
@@ -23,24 +30,25 @@ MasterAdamW::MasterAdamW(torch::nn::Module& module, const core::TrainingConfig& 
                    .weight_decay(config.weight_decay));
 }
 
-void MasterAdamW::zero_grad() {
-  for (auto& slot : slots_) slot.parameter.mutable_grad() = torch::Tensor();
-}
+void MasterAdamW::zero_grad() { sharded_.zero_grad(); }
 
 double MasterAdamW::step(double lr) {
   torch::NoGradGuard no_grad;
+  sharded_.finish_gradient_sync();
   std::vector<torch::Tensor> grads;
-  for (auto& slot : slots_) {
-    const auto& grad = slot.parameter.grad();
-    slot.master.mutable_grad() =
-        grad.defined() ? grad.to(torch::kFloat, false, true) : torch::zeros_like(slot.master);
-    grads.push_back(slot.master.grad());
+  for (auto& unit : sharded_.units()) {
+    // Under none the reduced gradient is the whole (unpadded) unit, as is the master.
+    unit.master().mutable_grad() = unit.gradient();
+    grads.push_back(unit.gradient());
   }
-  // min(max_norm / (norm + 1e-6), 1), as torch.nn.utils.clip_grad_norm_ and the reference.
-  const double norm = torch::linalg_vector_norm(
-                          torch::stack(torch::_foreach_norm(grads)), 2, c10::nullopt, false,
-                          torch::kDouble)
-                          .item<double>();
+  // min(max_norm / (norm + 1e-6), 1), as torch.nn.utils.clip_grad_norm_ and the reference; the
+  // squares are summed over every rank's slices (padding is zero).
+  const double local = torch::stack(torch::_foreach_norm(grads))
+                           .to(torch::kDouble)
+                           .square()
+                           .sum()
+                           .item<double>();
+  const double norm = std::sqrt(sharded_.sum_over_shards(local));
   if (!std::isfinite(norm)) fail("optimizer step {}: gradient norm is {}", steps_, norm);
   if (max_grad_norm_ > 0) {
     const double coefficient = std::min(max_grad_norm_ / (norm + 1e-6), 1.0);
@@ -50,48 +58,80 @@ double MasterAdamW::step(double lr) {
     static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
   }
   adamw_->step();
-  for (auto& slot : slots_) slot.parameter.copy_(slot.master);
+  sharded_.publish_masters();
   ++steps_;
   return norm;
 }
 
 core::NamedTensors MasterAdamW::state() const {
+  const int world = sharded_.comm().world_size();
+  const int rank = sharded_.comm().rank();
+  // Slice `rank` of a unit's flat state in the world-padded layout every mode saves.
+  auto saved_slice = [&](const torch::Tensor& owned) {
+    if (sharded_.mode() != ShardingMode::kNone) return owned;
+    const int64_t shard = padded_to(owned, world).numel() / world;
+    return padded_to(owned, world).narrow(0, rank * shard, shard).clone();
+  };
   core::NamedTensors tensors;
   tensors.emplace_back("steps", torch::tensor({steps_}, torch::kLong));
   const auto& states = adamw_->state();
-  for (const auto& slot : slots_) {
-    tensors.emplace_back("master." + slot.name, slot.master);
-    auto found = states.find(slot.master.unsafeGetTensorImpl());
+  for (auto& unit : sharded_.units()) {
+    const auto& master = unit.master();
+    tensors.emplace_back("master." + unit.name(), saved_slice(master));
+    auto found = states.find(master.unsafeGetTensorImpl());
     if (found == states.end()) continue;  // no step taken yet
     const auto& adam = static_cast<const torch::optim::AdamWParamState&>(*found->second);
-    tensors.emplace_back("exp_avg." + slot.name, adam.exp_avg());
-    tensors.emplace_back("exp_avg_sq." + slot.name, adam.exp_avg_sq());
-    tensors.emplace_back("step." + slot.name, torch::tensor({adam.step()}, torch::kLong));
+    tensors.emplace_back("exp_avg." + unit.name(), saved_slice(adam.exp_avg()));
+    tensors.emplace_back("exp_avg_sq." + unit.name(), saved_slice(adam.exp_avg_sq()));
+    tensors.emplace_back("step." + unit.name(), torch::tensor({adam.step()}, torch::kLong));
   }
   return tensors;
 }
 
-void MasterAdamW::load_state(const core::SafetensorsFile& file) {
+void MasterAdamW::load_state(const std::vector<core::SafetensorsFile>& files, int saved_world) {
+  if (files.empty()) fail("optimizer state: no shard files to load");
   torch::NoGradGuard no_grad;
-  steps_ = file.at("steps").item<int64_t>();
-  auto& states = adamw_->state();
-  for (auto& slot : slots_) {
-    const auto& master = file.at("master." + slot.name);
-    if (!master.sizes().equals(slot.master.sizes())) {
-      fail("{}: master.{} has shape {}, the model expects {}", file.path, slot.name,
-           c10::str(master.sizes()), c10::str(slot.master.sizes()));
+  const int world = sharded_.comm().world_size();
+  const bool sharded = sharded_.mode() != ShardingMode::kNone;
+  // Same world and sharded: the one file given is this rank's own slice, nothing to reshard.
+  const bool own_slice = sharded && saved_world == world && files.size() == 1;
+  // The whole unpadded flat tensor `key` of a unit, from every saved slice in rank order.
+  auto whole = [&](const dist::ShardedUnit& unit, const std::string& key) {
+    std::vector<torch::Tensor> slices;
+    for (const auto& file : files) slices.push_back(file.at(key).reshape({-1}));
+    auto flat = torch::cat(slices);
+    if (flat.numel() < unit.numel()) {
+      fail("{}: {} holds {} elements over {} shard files, unit {} has {} (not this model?)",
+           files.front().path, key, flat.numel(), files.size(), unit.name(), unit.numel());
     }
-    slot.master.copy_(master);
-    slot.parameter.copy_(slot.master);
-    states.erase(slot.master.unsafeGetTensorImpl());
-    if (!file.contains("exp_avg." + slot.name)) continue;
+    return flat.narrow(0, 0, unit.numel());
+  };
+  auto owned = [&](dist::ShardedUnit& unit, const std::string& key) {
+    if (own_slice) {
+      const auto& slice = files.front().at(key);
+      if (slice.numel() != unit.shard_numel()) {
+        fail("{}: {} has {} elements, this rank's slice of unit {} has {}", files.front().path,
+             key, slice.numel(), unit.name(), unit.shard_numel());
+      }
+      return slice.to(unit.master().device(), torch::kFloat, false, true);
+    }
+    auto flat = whole(unit, key);
+    if (sharded) flat = padded_to(flat, world).narrow(0, unit.shard_offset(), unit.shard_numel());
+    return flat.to(unit.master().device(), torch::kFloat, false, true);
+  };
+  steps_ = files.front().at("steps").item<int64_t>();
+  auto& states = adamw_->state();
+  for (auto& unit : sharded_.units()) {
+    unit.master().copy_(owned(unit, "master." + unit.name()));
+    states.erase(unit.master().unsafeGetTensorImpl());
+    if (!files.front().contains("exp_avg." + unit.name())) continue;
     auto adam = std::make_unique<torch::optim::AdamWParamState>();
-    adam->step(file.at("step." + slot.name).item<int64_t>());
-    adam->exp_avg(file.at("exp_avg." + slot.name).to(slot.master.device(), torch::kFloat, false, true));
-    adam->exp_avg_sq(
-        file.at("exp_avg_sq." + slot.name).to(slot.master.device(), torch::kFloat, false, true));
-    states[slot.master.unsafeGetTensorImpl()] = std::move(adam);
+    adam->step(files.front().at("step." + unit.name()).item<int64_t>());
+    adam->exp_avg(owned(unit, "exp_avg." + unit.name()));
+    adam->exp_avg_sq(owned(unit, "exp_avg_sq." + unit.name()));
+    states[unit.master().unsafeGetTensorImpl()] = std::move(adam);
   }
+  sharded_.publish_masters();
 }
 
 }  // namespace dspine::train

@@ -1,41 +1,41 @@
-// AdamW over fp32 master weights (dspine.md §2.4, the reference's BF16Optimizer): gradients of
-// the (possibly bf16) model parameters are copied into fp32 masters, clipped by their global norm,
-// stepped by torch::optim::AdamW, and the masters are copied back in the model dtype.
+// AdamW over fp32 master weights (dspine.md §2.4, the reference's BF16Optimizer), stepped on the
+// slices of the sharding units this rank owns (docs/distributed.md): the units' reduced fp32
+// gradients are clipped by their global norm over all shards, torch::optim::AdamW steps the
+// masters, and the sharding publishes them back into the model in its dtype.
 #pragma once
 
 #include <memory>
 #include <string>
 #include <vector>
 
-#include <torch/nn/module.h>
 #include <torch/optim/adamw.h>
 
 #include "core/config.h"
 #include "core/safetensors.h"
+#include "dist/sharded_parameters.h"
 
 namespace dspine::train {
 
 class MasterAdamW {
  public:
-  MasterAdamW(torch::nn::Module& module, const core::TrainingConfig& config);
+  MasterAdamW(dist::ShardedParameters& sharded, const core::TrainingConfig& config);
 
-  // Global L2 norm of the model gradients (before clipping); applies clipping, one AdamW step at
-  // `lr` and copies the masters back into the model. Missing gradients count as zero.
+  // Finishes the gradient sync, returns the global L2 norm of the gradients (before clipping),
+  // applies clipping and one AdamW step at `lr`, and publishes the masters into the model.
   double step(double lr);
   void zero_grad();
 
-  // Moments and masters keyed by parameter name ("exp_avg.<name>", ...), plus the step count.
+  // This rank's part of the optimizer state, keyed by unit ("master.<unit>", "exp_avg.<unit>",
+  // "exp_avg_sq.<unit>", "step.<unit>") plus "steps". Every mode saves slice `rank` of each
+  // unit padded to a multiple of the world size, so any world size and mode can load it.
   core::NamedTensors state() const;
-  // Restores state(); errors name the missing tensor.
-  void load_state(const core::SafetensorsFile& file);
+  // Restores state() saved by `saved_world` ranks: `files` holds every rank's file in rank order
+  // (any world size and mode: resharded here), or only this rank's own when the world size is
+  // unchanged and the mode shards. Errors name the file and the missing or mis-sized tensor.
+  void load_state(const std::vector<core::SafetensorsFile>& files, int saved_world);
 
  private:
-  struct Slot {
-    std::string name;
-    torch::Tensor parameter;  // the model's (trainable) parameter
-    torch::Tensor master;     // fp32 copy the optimizer steps
-  };
-  std::vector<Slot> slots_;
+  dist::ShardedParameters& sharded_;
   std::unique_ptr<torch::optim::AdamW> adamw_;
   double max_grad_norm_;
   int64_t steps_ = 0;

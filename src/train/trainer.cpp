@@ -10,22 +10,18 @@
 
 #include "core/error.h"
 #include "data/batch_source.h"
+#include "dist/launch.h"
+#include "dist/sharded_parameters.h"
 #include "train/builder.h"
 #include "train/checkpoint.h"
 #include "train/lr_schedule.h"
 #include "train/metrics_log.h"
 #include "train/optimizer.h"
+#include "train/sharding_observer.h"
 
 namespace dspine::train {
 namespace fs = std::filesystem;
 namespace {
-
-torch::Device resolve_device(const std::string& choice, int rank) {
-  const bool cuda = torch::cuda::is_available();
-  if (choice == "cuda" && !cuda) fail("training.device = cuda, but no CUDA device is available");
-  if (choice == "cpu" || (choice == "auto" && !cuda)) return torch::kCPU;
-  return torch::Device(torch::kCUDA, static_cast<int8_t>(rank % torch::cuda::device_count()));
-}
 
 int64_t peak_memory_bytes(const torch::Device& device) {
   if (!device.is_cuda()) return peak_rss_bytes();
@@ -46,6 +42,7 @@ struct Trainer::State {
   torch::Device device{torch::kCPU};
   std::unique_ptr<data::BatchSource> source;
   BuiltModel built;
+  std::unique_ptr<dist::ShardedParameters> sharded;
   std::unique_ptr<MasterAdamW> optimizer;
   at::Generator generator;
   int64_t step = 0;
@@ -59,13 +56,18 @@ Trainer::Trainer(core::Config config, std::shared_ptr<dist::Communicator> comm)
   s.config = std::move(config);
   s.comm = std::move(comm);
   const auto& training = s.config.training;
-  s.device = resolve_device(training.device, s.comm->rank());
+  s.device = dist::training_device(training.device, dist::rank_layout().local_rank);
   if (training.cpu_threads > 0) at::set_num_threads(static_cast<int>(training.cpu_threads));
   torch::manual_seed(static_cast<uint64_t>(training.seed));  // model initialisation
   s.source = data::make_batch_source(s.config);
   const auto dtype = training.dtype == "bf16" ? torch::kBFloat16 : torch::kFloat;
   s.built = build_model(s.config, *s.source, s.device, dtype);
-  s.optimizer = std::make_unique<MasterAdamW>(*s.built.module, training);
+  const auto& distributed = s.config.distributed;
+  s.sharded = std::make_unique<dist::ShardedParameters>(
+      *s.built.module, s.comm, dist::parse_sharding_mode(distributed.sharding),
+      distributed.prefetch);
+  attach_sharding(*s.built.module, *s.sharded, s.config.model.architecture);
+  s.optimizer = std::make_unique<MasterAdamW>(*s.sharded, training);
   s.generator = at::make_generator<at::CPUGeneratorImpl>(objective_seed(training.seed, s.comm->rank()));
 }
 
@@ -104,27 +106,6 @@ void load_model_state(torch::nn::Module& module, const core::SafetensorsFile& fi
   }
 }
 
-// Sums every gradient over ranks in one flat buffer (each rank's gradient is already its share
-// of the global loss).
-void all_reduce_gradients(torch::nn::Module& module, dist::Communicator& comm) {
-  if (comm.world_size() == 1) return;
-  std::vector<torch::Tensor> grads;
-  for (auto& parameter : module.parameters()) {
-    if (!parameter.requires_grad()) continue;
-    if (!parameter.grad().defined()) parameter.mutable_grad() = torch::zeros_like(parameter);
-    grads.push_back(parameter.grad());
-  }
-  std::vector<torch::Tensor> views;
-  for (auto& g : grads) views.push_back(g.reshape({-1}));
-  auto flat = torch::cat(views).to(torch::kFloat).contiguous();
-  comm.all_reduce(flat);
-  int64_t offset = 0;
-  for (auto& g : grads) {
-    g.copy_(flat.slice(0, offset, offset + g.numel()).view(g.sizes()));
-    offset += g.numel();
-  }
-}
-
 }  // namespace
 
 TrainResult Trainer::run(int64_t stop_after) {
@@ -133,7 +114,7 @@ TrainResult Trainer::run(int64_t stop_after) {
   const int rank = s.comm->rank();
   const int world = s.comm->world_size();
   const bool leader = rank == 0;
-  CheckpointManager checkpoints(cfg.checkpoint.dir, cfg.checkpoint.keep_last);
+  CheckpointManager checkpoints(cfg.checkpoint.dir, cfg.checkpoint.keep_last, *s.comm);
 
   // Resume or start fresh.
   std::string resume_from;
@@ -147,21 +128,35 @@ TrainResult Trainer::run(int64_t stop_after) {
          cfg.checkpoint.dir, fs::path(checkpoints.latest()).filename().string());
   }
   if (leader) checkpoints.remove_incomplete();
+  s.comm->barrier();  // nobody reads the directory while the leader cleans it
   if (!resume_from.empty()) {
-    auto loaded = load_checkpoint(resume_from);
+    const bool sharded = s.sharded->mode() != dist::ShardingMode::kNone;
+    auto loaded = load_checkpoint(resume_from, rank, world, sharded);
     const auto& ts = loaded.trainer_state;
-    if (ts.value("world_size", -1) != world) {
-      fail("{}: saved with world size {}, resuming with {}", resume_from,
-           ts.value("world_size", -1), world);
-    }
+    s.sharded->gather_all();
     load_model_state(*s.built.module, loaded.model);
-    s.optimizer->load_state(loaded.optimizer);
-    s.generator.set_state(loaded.rng.at(fmt::format("objective_generator.rank{}", rank)));
+    s.optimizer->load_state(loaded.optimizer, loaded.saved_world_size);
+    s.sharded->release_all();
+    const std::string stream = fmt::format("objective_generator.rank{}", rank);
+    if (loaded.rng.contains(stream)) {
+      s.generator.set_state(loaded.rng.at(stream));
+    } else {
+      // A rank the saved run did not have: its own stream, started where this step begins.
+      s.generator.set_current_seed(objective_seed(cfg.training.seed + ts.at("step").get<int64_t>(), rank));
+    }
     s.step = ts.at("step").get<int64_t>();
     s.cursor = ts.at("data_cursor").get<int64_t>();
     if (leader) log::info("resumed from {} at step {}", resume_from, s.step);
+    if (leader && loaded.saved_world_size != world) {
+      log::warn("resharded {} from {} to {} ranks: the global batch and the sampling streams "
+                "now differ from the saved run's",
+                resume_from, loaded.saved_world_size, world);
+    }
   } else {
+    s.sharded->gather_all();
     s.built.objective->on_fresh_start();
+    s.sharded->load_masters_from_model();  // initialisation done on the model counts
+    s.sharded->release_all();
   }
 
   const int64_t rows = cfg.training.batch_size;
@@ -178,7 +173,12 @@ TrainResult Trainer::run(int64_t stop_after) {
 
   auto save = [&](int64_t step) {
     CheckpointContents contents;
+    s.sharded->gather_all();
     contents.model = model_state(*s.built.module);
+    if (s.sharded->mode() == dist::ShardingMode::kZero3) {
+      for (auto& item : contents.model) item.second = item.second.to(torch::kCPU, false, true);
+    }
+    s.sharded->release_all();
     contents.model_config = s.built.hf_config;
     contents.optimizer = s.optimizer->state();
     // Every rank's sampling stream, gathered so any rank can resume its own.
@@ -191,11 +191,8 @@ TrainResult Trainer::run(int64_t stop_after) {
     }
     contents.trainer_state = {{"step", step},
                               {"data_cursor", s.cursor},
-                              {"world_size", world},
                               {"config", core::to_yaml(cfg)}};
-    std::string path;
-    if (leader) path = checkpoints.save(step, contents);
-    s.comm->barrier();
+    const std::string path = checkpoints.save(step, contents);
     if (leader) log::info("saved {}", path);
     return path;
   };
@@ -232,13 +229,14 @@ TrainResult Trainer::run(int64_t stop_after) {
     int64_t local_tokens = 0;
     for (int64_t micro = 0; micro < accumulation; ++micro) {
       auto out = s.built.objective->micro_step(window[micro], micro, context);
+      // Gradients are reduced over ranks once per window, during its last backward.
+      s.sharded->begin_backward(micro + 1 == accumulation);
       out.loss.backward();
       local_loss += out.loss.detach().item<double>();
       local_tokens += window[micro].input_ids.numel();
     }
     auto terms = s.built.objective->end_window(context);
     const auto optimizer_start = phase("optimizer");
-    all_reduce_gradients(*s.built.module, *s.comm);
     const double lr = schedule.at(s.step);
     const double grad_norm = s.optimizer->step(lr);
     s.optimizer->zero_grad();
@@ -283,6 +281,7 @@ TrainResult Trainer::run(int64_t stop_after) {
   }
   progress.finish();
   if (saved_at != s.step && s.step > result.first_step) result.last_checkpoint = save(s.step);
+  s.sharded->gather_all();  // callers (tests, exports) read whole weights after a run
   result.final_step = s.step;
   result.seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();

@@ -308,7 +308,9 @@ TEST(Config, ToYamlRoundTripsEveryKeyExactly) {
   c.checkpoint.dir = "runs/a: b #c \"quoted\"";
   c.checkpoint.resume = "auto";
   c.logging.metrics_file = "";
-  c.distributed.reshard_after_forward = false;
+  c.distributed.prefetch = false;
+  c.distributed.sharding = "zero2";
+  c.distributed.timeout_s = 0.25;
   c.data.synthetic.seed = -0 + 987654321012345;
   const std::string yaml = to_yaml(c);
   const Config back = parse_config(yaml, "to_yaml");
@@ -319,7 +321,9 @@ TEST(Config, ToYamlRoundTripsEveryKeyExactly) {
   EXPECT_EQ(back.model.fused_kernels, "false");
   EXPECT_EQ(back.checkpoint.dir, c.checkpoint.dir);
   EXPECT_EQ(back.logging.metrics_file, "");
-  EXPECT_FALSE(back.distributed.reshard_after_forward);
+  EXPECT_FALSE(back.distributed.prefetch);
+  EXPECT_EQ(back.distributed.sharding, "zero2");
+  EXPECT_EQ(back.distributed.timeout_s, 0.25);
   EXPECT_EQ(back.data.synthetic.seed, 987654321012345);
   EXPECT_EQ(back.model.target_layer_ids, c.model.target_layer_ids);
   EXPECT_NE(yaml.find("candidate_mass_threshold: 0.0001"), std::string::npos) << yaml;
@@ -388,6 +392,13 @@ TEST(Config, DSpineNonIntegerTopKIsRejected) {
 TEST(Config, DSpineFloatFieldsAcceptIntegers) {
   const Config c = parse_config(kTinyDSpine, "tiny", {"model.dspine.ce_weight=1"});
   EXPECT_EQ(c.model.dspine.ce_weight, 1.0);
+}
+
+TEST(Config, DistributedKeysAreChecked) {
+  std::string message = parse_error("distributed:\n  sharding: zero4\n");
+  EXPECT_NE(message.find("allowed: none, zero2, zero3"), std::string::npos) << message;
+  message = parse_error("distributed:\n  timeout_s: 0\n");
+  EXPECT_NE(message.find("distributed.timeout_s = 0"), std::string::npos) << message;
 }
 
 }  // namespace

@@ -1,12 +1,16 @@
 // dspine.md T29 on two CPU ranks (MPI back end): rank r takes rows 2·micro + r of a combined
 // batch; after an accumulation window and the trainer's gradient SUM all-reduce, every rank's
-// gradients equal the single-process gradients of the combined batch.
+// gradients equal the single-process gradients of the combined batch. The same holds for the
+// reduced gradient slices of every sharding mode, zero3 gathering each unit (again in the
+// backward and in the objective's checkpointed recompute).
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include "common/dspine_tiny.h"
 #include "dist/mpi_context.h"
+#include "dist/sharded_parameters.h"
+#include "train/sharding_observer.h"
 
 namespace dspine {
 namespace {
@@ -60,6 +64,62 @@ TEST(DSpineDistributed, UnevenRanksMatchTheCombinedBatch) {
       EXPECT_TRUE(torch::allclose(grads.at(name), grad, 2e-4, 2e-5))
           << "A = " << accumulation << " rank " << comm->rank() << " " << name << " max diff "
           << (grads.at(name) - grad).abs().max().item<double>();
+    }
+  }
+}
+
+
+TEST(DSpineDistributed, ShardedGradientSlicesMatchTheCombinedBatch) {
+  auto comm = dist::make_mpi_communicator();
+  const auto sparse = testing::mask_rows({{0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0}});
+  const auto dense = testing::mask_rows({{0, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0}});
+  const int64_t accumulation = 2;
+  std::vector<data::DraftBatch> rows;
+  for (int64_t i = 0; i < 2 * accumulation; ++i) {
+    rows.push_back(testing::random_batch(i % 3 ? dense : sparse, 70 + i));
+  }
+  std::vector<data::DraftBatch> mine;
+  for (int64_t micro = 0; micro < accumulation; ++micro) mine.push_back(rows[2 * micro + comm->rank()]);
+  // Objective chunks of 1 block: the loss terms are recomputed in the backward.
+  auto single = testing::training_objective(testing::tiny_config(1, 1));
+  auto local = dist::make_single_process_communicator();
+  const auto expected = window_gradients(*single, {data::concat_rows(rows)}, *local);
+
+  for (const auto mode : {dist::ShardingMode::kNone, dist::ShardingMode::kZero2,
+                          dist::ShardingMode::kZero3}) {
+    auto objective = testing::training_objective(testing::tiny_config(1, accumulation));
+    dist::ShardedParameters sharded(*objective->module(), comm, mode);
+    train::attach_sharding(*objective->module(), sharded, "dspine");
+    objectives::StepContext context;
+    context.step = 300;
+    context.total_steps = 600;
+    context.comm = comm.get();
+    context.generator = at::make_generator<at::CPUGeneratorImpl>(11);
+    objective->begin_window(mine, context);
+    for (int64_t i = 0; i < accumulation; ++i) {
+      auto loss = objective->micro_step(mine[i], i, context).loss;
+      sharded.begin_backward(i + 1 == accumulation);
+      loss.backward();
+    }
+    objective->end_window(context);
+    sharded.finish_gradient_sync();
+    for (auto& unit : sharded.units()) {
+      std::vector<torch::Tensor> flat;
+      for (const auto& item : unit.parameters()) flat.push_back(expected.at(item.first).reshape(-1));
+      auto whole = torch::cat(flat);
+      const int64_t padded = unit.shard_offset() + unit.shard_numel();
+      if (padded > whole.numel()) whole = torch::constant_pad_nd(whole, {0, padded - whole.numel()});
+      const auto slice = whole.narrow(0, unit.shard_offset(), unit.shard_numel());
+      EXPECT_TRUE(torch::allclose(unit.gradient().narrow(0, 0, unit.shard_numel()), slice, 2e-4, 2e-5))
+          << "mode " << static_cast<int>(mode) << " rank " << comm->rank() << " unit "
+          << unit.name() << " max diff "
+          << (unit.gradient().narrow(0, 0, unit.shard_numel()) - slice).abs().max().item<double>();
+    }
+    // zero3 frees every unit it gathered once its backward is done.
+    if (mode == dist::ShardingMode::kZero3) {
+      for (auto& unit : sharded.units()) {
+        EXPECT_EQ(unit.resident(), unit.name() == "head") << unit.name();
+      }
     }
   }
 }

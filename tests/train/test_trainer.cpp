@@ -115,7 +115,8 @@ TEST(Trainer, KeepLastKeepsOnlyTheNewestCheckpoints) {
   config.checkpoint.keep_last = 2;
   dspine::train::Trainer trainer(config, dspine::dist::make_single_process_communicator());
   trainer.run();
-  dspine::train::CheckpointManager manager(config.checkpoint.dir, 2);
+  auto comm = dspine::dist::make_single_process_communicator();
+  dspine::train::CheckpointManager manager(config.checkpoint.dir, 2, *comm);
   auto kept = manager.list();
   ASSERT_EQ(kept.size(), 2u);
   EXPECT_EQ(fs::path(kept[0]).filename(), "step-000004");
@@ -145,10 +146,11 @@ TEST(Checkpoint, InterruptedSaveLeavesPreviousCheckpointUsable) {
   ASSERT_TRUE(fs::exists(previous));
 
   // A save that dies after writing its weights (as a killed job would).
-  dspine::train::CheckpointManager manager(config.checkpoint.dir, 1);
+  auto comm = dspine::dist::make_single_process_communicator();
+  dspine::train::CheckpointManager manager(config.checkpoint.dir, 1, *comm);
   auto loaded = dspine::train::load_checkpoint(previous.string());
   dspine::train::CheckpointContents contents{loaded.model.tensors, loaded.model_config,
-                                             loaded.optimizer.tensors, loaded.rng.tensors,
+                                             loaded.optimizer.at(0).tensors, loaded.rng.tensors,
                                              loaded.trainer_state};
   EXPECT_THROW(manager.save(4, contents,
                             [](const std::string& file) {
@@ -175,12 +177,13 @@ TEST(Checkpoint, MissingFileIsNamedInTheError) {
   auto config = small_config(dir, 1);
   dspine::train::Trainer(config, dspine::dist::make_single_process_communicator()).run();
   const auto checkpoint = fs::path(config.checkpoint.dir) / "step-000001";
-  fs::remove(checkpoint / "optimizer.safetensors");
+  const std::string shard = dspine::train::optimizer_shard_name(0, 1);
+  fs::remove(checkpoint / shard);
   try {
     dspine::train::load_checkpoint(checkpoint.string());
     FAIL() << "expected an error";
   } catch (const dspine::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("optimizer.safetensors"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(shard), std::string::npos) << e.what();
   }
 }
 
@@ -200,7 +203,7 @@ TEST(Trainer, Bf16RunTrainsBf16ParametersFromFp32Masters) {
   EXPECT_TRUE(changed);
   // The optimizer state keeps fp32 masters beside the bf16 weights.
   auto saved = dspine::train::load_checkpoint(result.last_checkpoint);
-  EXPECT_EQ(saved.optimizer.at("master.fc.weight").scalar_type(), torch::kFloat);
+  EXPECT_EQ(saved.optimizer.at(0).at("master.context").scalar_type(), torch::kFloat);
   EXPECT_EQ(saved.model.at("fc.weight").scalar_type(), torch::kBFloat16);
 }
 

@@ -1,0 +1,132 @@
+#include "dist/sharded_unit.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+#include <c10/core/StorageImpl.h>
+
+#include "core/error.h"
+
+namespace dspine::dist {
+
+ShardingMode parse_sharding_mode(const std::string& name) {
+  if (name == "none") return ShardingMode::kNone;
+  if (name == "zero2") return ShardingMode::kZero2;
+  if (name == "zero3") return ShardingMode::kZero3;
+  fail("distributed.sharding = {}: allowed: none, zero2, zero3", name);
+}
+
+ShardedUnit::ShardedUnit(std::string name, NamedParameters parameters, Communicator& comm,
+                         ShardingMode mode)
+    : name_(std::move(name)), parameters_(std::move(parameters)), comm_(comm), mode_(mode) {
+  if (parameters_.empty()) fail("sharding unit {} has no parameters", name_);
+  const auto options = parameters_.front().second.options();
+  for (const auto& [key, parameter] : parameters_) {
+    if (parameter.scalar_type() != options.dtype().toScalarType() ||
+        parameter.device() != options.device()) {
+      fail("sharding unit {}: parameter {} is {} on {}, the unit's first is {} on {}", name_, key,
+           c10::toString(parameter.scalar_type()), parameter.device().str(),
+           c10::toString(options.dtype().toScalarType()), options.device().str());
+    }
+    numel_ += parameter.numel();
+  }
+  // Under none every rank owns the whole unit; otherwise rank r owns slice r.
+  const int64_t degree = mode_ == ShardingMode::kNone ? 1 : comm_.world_size();
+  const int64_t rank = mode_ == ShardingMode::kNone ? 0 : comm_.rank();
+  padded_numel_ = (numel_ + degree - 1) / degree * degree;
+  shard_numel_ = padded_numel_ / degree;
+  shard_offset_ = rank * shard_numel_;
+  full_bytes_ = padded_numel_ * static_cast<int64_t>(options.dtype().itemsize());
+
+  c10::NoGradGuard no_grad;
+  full_ = at::zeros({padded_numel_}, options);
+  full_gradient_ = at::zeros({padded_numel_}, options);
+  int64_t offset = 0;
+  for (auto& [key, parameter] : parameters_) {
+    const int64_t n = parameter.numel();
+    auto weights = full_.narrow(0, offset, n).view(parameter.sizes());
+    weights.copy_(parameter);
+    parameter.set_data(weights);
+    parameter.mutable_grad() = full_gradient_.narrow(0, offset, n).view(parameter.sizes());
+    offset += n;
+  }
+  master_ = at::empty({shard_numel_}, options.dtype(at::kFloat));
+  gradient_ = at::zeros({mode_ == ShardingMode::kNone ? padded_numel_ : shard_numel_},
+                        options.dtype(at::kFloat));
+  load_master_from_model();
+}
+
+void ShardedUnit::load_master_from_model() {
+  c10::NoGradGuard no_grad;
+  if (mode_ == ShardingMode::kZero3 && !resident()) {
+    master_.copy_(shard_weights_);
+    return;
+  }
+  master_.copy_(full_.narrow(0, shard_offset_, shard_numel_));
+  if (mode_ == ShardingMode::kZero3) shard_weights_ = full_.narrow(0, shard_offset_, shard_numel_).clone();
+}
+
+bool ShardedUnit::note_gradient_accumulated() {
+  return ++accumulated_ == static_cast<int64_t>(parameters_.size());
+}
+
+void ShardedUnit::start_gradient_reduce() {
+  if (reduce_started_) return;
+  reduce_started_ = true;
+  c10::NoGradGuard no_grad;
+  if (mode_ == ShardingMode::kNone) {
+    gradient_.copy_(full_gradient_);
+    pending_reduce_ = comm_.all_reduce_async(gradient_, ReduceOp::kSum);
+    return;
+  }
+  reduce_input_ = full_gradient_.to(at::kFloat);
+  pending_reduce_ = comm_.reduce_scatter_async(reduce_input_, gradient_, ReduceOp::kSum);
+}
+
+void ShardedUnit::finish_gradient_reduce() {
+  start_gradient_reduce();
+  if (pending_reduce_) pending_reduce_->wait();
+  pending_reduce_.reset();
+  reduce_input_ = at::Tensor();
+}
+
+void ShardedUnit::zero_grad() {
+  if (pending_reduce_) fail("sharding unit {}: zero_grad while its gradient reduce runs", name_);
+  full_gradient_.zero_();
+  reduce_started_ = false;
+}
+
+void ShardedUnit::publish_master() {
+  c10::NoGradGuard no_grad;
+  if (mode_ == ShardingMode::kNone) {
+    full_.copy_(master_);
+    return;
+  }
+  if (mode_ == ShardingMode::kZero3) {
+    shard_weights_.copy_(master_);
+    if (resident()) start_gather()->wait();
+    return;
+  }
+  auto shard = master_.to(full_.scalar_type());
+  comm_.all_gather(shard, full_);
+}
+
+bool ShardedUnit::resident() const {
+  return full_.storage().nbytes() == static_cast<size_t>(full_bytes_);
+}
+
+std::unique_ptr<PendingCollective> ShardedUnit::start_gather() {
+  if (mode_ != ShardingMode::kZero3) fail("sharding unit {}: gather needs zero3", name_);
+  auto* storage = full_.storage().unsafeGetStorageImpl();
+  if (!resident()) {
+    storage->set_data_ptr_noswap(storage->allocator()->allocate(full_bytes_));
+    storage->set_nbytes(full_bytes_);
+  }
+  return comm_.all_gather_async(shard_weights_, full_);
+}
+
+void ShardedUnit::release() {
+  if (mode_ != ShardingMode::kZero3) return;
+  full_.storage().unsafeGetStorageImpl()->reset();
+}
+
+}  // namespace dspine::dist

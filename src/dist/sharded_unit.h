@@ -1,0 +1,86 @@
+// One sharding unit (docs/distributed.md): a group of parameters that is gathered, reduced and
+// stepped together. Its parameters become views into one flat buffer padded to a multiple of
+// the sharding degree; this rank owns slice `rank` of it: the fp32 master weights, the fp32
+// gradient the optimizer reads, and (zero3) the only resident copy of its model-dtype weights.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "dist/communicator.h"
+
+namespace dspine::dist {
+
+enum class ShardingMode { kNone, kZero2, kZero3 };
+
+// "none" | "zero2" | "zero3" (distributed.sharding).
+ShardingMode parse_sharding_mode(const std::string& name);
+
+class ShardedUnit {
+ public:
+  using NamedParameters = std::vector<std::pair<std::string, at::Tensor>>;
+
+  // Re-points every parameter (all on one device, one dtype) into the unit's flat buffer,
+  // keeping its values, and gives each a gradient view into a flat gradient buffer.
+  ShardedUnit(std::string name, NamedParameters parameters, Communicator& comm,
+              ShardingMode mode);
+
+  const std::string& name() const { return name_; }
+  const NamedParameters& parameters() const { return parameters_; }
+  int64_t numel() const { return numel_; }              // without padding
+  int64_t shard_numel() const { return shard_numel_; }  // elements owned by this rank
+  int64_t shard_offset() const { return shard_offset_; }
+
+  // fp32 [shard_numel]: the optimizer's weights and (after finish_gradient_reduce) gradient.
+  at::Tensor& master() { return master_; }
+  const at::Tensor& gradient() const { return gradient_; }
+
+  // Copies the model's current weights into the master (fresh start, after initialisation).
+  void load_master_from_model();
+  // Starts reducing this unit's accumulated gradient over ranks (SUM, in fp32): an all-reduce
+  // under none, a reduce-scatter into this rank's slice otherwise. Idempotent until zero_grad.
+  void start_gradient_reduce();
+  void finish_gradient_reduce();
+  bool gradient_reduce_started() const { return reduce_started_; }
+  void zero_grad();
+
+  // After an optimizer step: the updated masters become the model's weights on every rank
+  // (all-gathered under zero2; kept as this rank's shard under zero3 until the next gather).
+  void publish_master();
+
+  // zero3: makes the whole unit resident (all-gather of the shards) / frees it again.
+  // Parameters keep their tensors; only the storage behind them comes and goes, so tensors
+  // autograd saved during the forward see the weights again when the backward gathers them.
+  std::unique_ptr<PendingCollective> start_gather();
+  void release();
+  bool resident() const;
+
+  // Called by the gradient hook of each parameter once its gradient is accumulated; returns
+  // true when that completes the unit (every parameter has its gradient for this backward).
+  bool note_gradient_accumulated();
+  void reset_gradient_count() { accumulated_ = 0; }
+
+ private:
+  std::string name_;
+  NamedParameters parameters_;
+  Communicator& comm_;
+  ShardingMode mode_;
+  int64_t numel_ = 0, padded_numel_ = 0, shard_numel_ = 0, shard_offset_ = 0;
+  int64_t full_bytes_ = 0;
+  at::Tensor full_;           // model dtype [padded]: what the parameters view
+  at::Tensor full_gradient_;  // model dtype [padded]: what the parameters' .grad view
+  at::Tensor shard_weights_;  // zero3: model dtype [shard], the resident copy of this rank's slice
+  at::Tensor master_;         // fp32 [shard]
+  at::Tensor gradient_;       // fp32 [shard] (none: [padded], the all-reduced gradient)
+  at::Tensor reduce_input_;   // fp32 gradient handed to the collective; kept until it is done
+  std::unique_ptr<PendingCollective> pending_reduce_;
+  bool reduce_started_ = false;
+  int64_t accumulated_ = 0;  // parameters whose gradient arrived in this backward
+};
+
+}  // namespace dspine::dist

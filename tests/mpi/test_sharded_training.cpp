@@ -1,0 +1,138 @@
+// Two ranks (mpirun -np 2, MPI back end on CPU) train exactly like one process on the combined
+// batch under every distributed.sharding mode: rank r reads rows r·B..(r+1)·B-1 of each global
+// micro-batch, gradients add up, and the sharded optimizer steps the same weights. Sharded
+// checkpoints resume bitwise on the same world size and reshard 2 → 1 and 1 → 2.
+#include <unistd.h>
+
+#include <filesystem>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "common/small_run.h"
+#include "core/config.h"
+#include "core/files.h"
+#include "dist/mpi_context.h"
+#include "train/checkpoint.h"
+#include "train/trainer.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::vector<std::string> kModes = {"none", "zero2", "zero3"};
+
+dspine::core::Config small_config(const fs::path& dir, int64_t rows, const std::string& mode) {
+  auto config = dspine::testing::small_run_config(dir, 4, rows);
+  config.logging.metrics_file = "";
+  config.distributed.sharding = mode;
+  return config;
+}
+
+// One directory name on every rank (rank 0 writes the shared files); unique per run.
+fs::path shared_dir(dspine::dist::Communicator& comm, const std::string& name) {
+  auto stamp = torch::tensor({static_cast<int64_t>(::getpid())}, torch::kLong);
+  comm.broadcast(stamp, 0);
+  return fs::temp_directory_path() /
+         ("dspine_mpi_" + name + "_" + std::to_string(stamp.item<int64_t>()));
+}
+
+std::shared_ptr<dspine::dist::Communicator> single() {
+  return dspine::dist::make_single_process_communicator();
+}
+
+void expect_same_training(const dspine::train::TrainResult& got, dspine::train::Trainer& trainer,
+                          const dspine::train::TrainResult& expected,
+                          dspine::train::Trainer& reference, const std::string& what) {
+  ASSERT_EQ(got.losses.size(), expected.losses.size()) << what;
+  for (size_t i = 0; i < got.losses.size(); ++i) {
+    EXPECT_NEAR(got.losses[i], expected.losses[i], 1e-5 * std::abs(expected.losses[i]))
+        << what << " step " << i;
+  }
+  auto weights = reference.module().named_parameters();
+  for (const auto& item : trainer.module().named_parameters()) {
+    EXPECT_TRUE(torch::allclose(item.value(), weights[item.key()], 2e-5, 1e-6))
+        << what << " " << item.key() << " max diff "
+        << (item.value() - weights[item.key()]).abs().max().item<double>();
+  }
+}
+
+}  // namespace
+
+TEST(ShardedTraining, TwoRanksMatchOneProcessOnTheCombinedBatch) {
+  auto comm = dspine::dist::make_mpi_communicator();
+  ASSERT_EQ(comm->world_size(), 2);
+  const fs::path dir = shared_dir(*comm, "equal");
+  // Every rank also computes the single-process reference with the combined batch.
+  dspine::train::Trainer reference(
+      small_config(dir / ("single" + std::to_string(comm->rank())), 4, "none"), single());
+  const auto expected = reference.run();
+  for (const auto& mode : kModes) {
+    dspine::train::Trainer distributed(small_config(dir / mode, 2, mode), comm);
+    const auto got = distributed.run();
+    expect_same_training(got, distributed, expected, reference, mode);
+  }
+  comm->barrier();
+  if (comm->rank() == 0) dspine::core::remove_tree(dir.string());
+}
+
+TEST(ShardedTraining, ResumeOnTheSameWorldSizeIsBitwise) {
+  auto comm = dspine::dist::make_mpi_communicator();
+  const fs::path dir = shared_dir(*comm, "resume");
+  for (const auto& mode : kModes) {
+    dspine::train::Trainer straight(small_config(dir / (mode + "_straight"), 2, mode), comm);
+    const auto expected = straight.run();
+
+    auto config = small_config(dir / (mode + "_resumed"), 2, mode);
+    dspine::train::Trainer(config, comm).run(/*stop_after=*/2);
+    config.checkpoint.resume = "auto";
+    dspine::train::Trainer resumed(config, comm);
+    const auto got = resumed.run();
+    ASSERT_EQ(got.first_step, 2) << mode;
+    ASSERT_EQ(got.losses.size(), 2u) << mode;
+    EXPECT_EQ(got.losses[0], expected.losses[2]) << mode;
+    EXPECT_EQ(got.losses[1], expected.losses[3]) << mode;
+    auto weights = straight.module().named_parameters();
+    for (const auto& item : resumed.module().named_parameters()) {
+      EXPECT_TRUE(torch::equal(item.value(), weights[item.key()])) << mode << " " << item.key();
+    }
+    // Every rank wrote its own optimizer shard; the manifest names how many.
+    const auto saved = dspine::train::load_checkpoint(got.last_checkpoint, comm->rank(), 2);
+    EXPECT_EQ(saved.saved_world_size, 2);
+    EXPECT_EQ(saved.optimizer.size(), 2u);
+  }
+  comm->barrier();
+  if (comm->rank() == 0) dspine::core::remove_tree(dir.string());
+}
+
+TEST(ShardedTraining, ReshardsTwoRanksToOneAndOneToTwo) {
+  auto comm = dspine::dist::make_mpi_communicator();
+  const fs::path dir = shared_dir(*comm, "reshard");
+  const std::string me = std::to_string(comm->rank());
+  dspine::train::Trainer reference(small_config(dir / ("single" + me), 4, "none"), single());
+  const auto expected = reference.run();
+
+  // 2 → 1: two zero2 ranks train 2 steps; one process resumes their checkpoint to step 4.
+  dspine::train::Trainer(small_config(dir / "two", 2, "zero2"), comm).run(2);
+  auto one = small_config(dir / ("one" + me), 4, "none");
+  one.checkpoint.resume = (dir / "two" / "checkpoints" / "step-000002").string();
+  dspine::train::Trainer resumed_alone(one, single());
+  auto got = resumed_alone.run();
+  ASSERT_EQ(got.first_step, 2);
+  auto tail = expected;
+  tail.losses.erase(tail.losses.begin(), tail.losses.begin() + 2);
+  expect_same_training(got, resumed_alone, tail, reference, "2 -> 1");
+
+  // 1 → 2: rank 0 alone trains 2 steps on the combined batch; both ranks resume under zero3.
+  const fs::path alone = dir / "alone";
+  if (comm->rank() == 0) dspine::train::Trainer(small_config(alone, 4, "none"), single()).run(2);
+  comm->barrier();
+  auto two = small_config(dir / "two_again", 2, "zero3");
+  two.checkpoint.resume = (alone / "checkpoints" / "step-000002").string();
+  dspine::train::Trainer resumed_pair(two, comm);
+  got = resumed_pair.run();
+  ASSERT_EQ(got.first_step, 2);
+  expect_same_training(got, resumed_pair, tail, reference, "1 -> 2");
+  comm->barrier();
+  if (comm->rank() == 0) dspine::core::remove_tree(dir.string());
+}
