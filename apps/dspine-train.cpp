@@ -35,7 +35,7 @@ int main(int argc, char** argv) {
     }
     dspine::log::set_level(config.logging.level);
     if (mpi.rank() != 0) dspine::log::set_level("warn");
-    auto comm = dspine::dist::make_mpi_communicator();
+    auto comm = dspine::dist::make_mpi_communicator(config.distributed.timeout_s);
     dspine::train::Trainer trainer(config, comm);
     const auto result = trainer.run();
     if (mpi.rank() == 0 && result.losses.empty()) {
