@@ -27,6 +27,17 @@ for test in test_nccl_collectives test_collectives; do
   echo "$test: $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$OUT/$test.log" | tr '\n' ' ')"
   grep -E "^\[  FAILED  \]|Failure|Expected|Which is|error" "$OUT/$test.log" | head -20
 done
+# A rank that stops before an NCCL collective: rank 0's watchdog (timeout 5 s) must end the job.
+probe_start=$(date +%s)
+mpirun_np "$BUILD_DIR/tests/hang_probe" stuck nccl > "$OUT/hang_probe_nccl.log" 2>&1
+probe_rc=$?; probe_s=$(( $(date +%s) - probe_start ))
+expected="error (rank 0): NCCL all_reduce #1 did not finish within 5 s"
+if [[ $probe_rc -ne 0 && $probe_s -lt 60 ]] && grep -qF "$expected" "$OUT/hang_probe_nccl.log"; then
+  echo "hang_probe stuck nccl: ended with $probe_rc after $probe_s s, as expected"
+else
+  echo "hang_probe stuck nccl: FAILED (exit $probe_rc after $probe_s s)"
+  head -20 "$OUT/hang_probe_nccl.log"; status=1
+fi
 echo "tests done at $(( $(date +%s) - start )) s"
 
 scripts/bench_collectives.sh "$BUILD_DIR" "$RANKS" > "$OUT/bench_collectives.log" 2>&1 || status=1
