@@ -12,6 +12,7 @@ int main(int argc, char** argv) {
   dspine::bench::register_kernel_bench(app);
   dspine::bench::register_gspo_bench(app);
   dspine::bench::register_step_bench(app);
+  dspine::bench::register_collective_bench(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -16,6 +16,9 @@ void register_gspo_bench(CLI::App& app);
 // Adds `step` (time and peak memory of each phase of a training step: CE-only prepass, replay,
 // optimizer) for any run configuration.
 void register_step_bench(CLI::App& app);
+// Adds `collectives` (NCCL all-reduce / all-gather / reduce-scatter bus bandwidth through the
+// NCCL communicator, under mpirun -np N) to `app`.
+void register_collective_bench(CLI::App& app);
 
 // Device-to-device copy bandwidth in GB/s (bytes read + written per second), measured with
 // CUDA events on a buffer of `bytes` (median of repeated copies).

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include <c10/core/Device.h>
 
@@ -18,11 +19,15 @@ struct RankLayout {
   int local_world_size = 1;  // ranks on this host
 };
 
-// From MPI when it is initialised (a singleton without mpirun is a world of one); otherwise
-// from the launcher's environment, or a world of one.
+// From MPI when it is initialised (a singleton without mpirun is a world of one; the first call
+// must come from every rank: the local ranks come from a collective split, which MpiContext
+// makes at start-up; later calls reuse it); otherwise from the
+// launcher's environment (torchrun's RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE, then
+// OpenMPI's OMPI_COMM_WORLD_*), or a world of one.
 RankLayout rank_layout();
 
-// training.device for this rank: auto|cpu|cuda; CUDA means GPU = local rank.
+// The device this rank trains on for training.device `choice` (auto | cpu | cuda): cuda means
+// GPU `local_rank`; auto is that GPU when CUDA devices are visible, else the CPU.
 c10::Device training_device(const std::string& choice, int local_rank);
 
 // The run's communicator: distributed.backend auto picks NCCL when `device` is CUDA and MPI

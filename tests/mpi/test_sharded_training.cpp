@@ -60,7 +60,7 @@ void expect_same_training(const dspine::train::TrainResult& got, dspine::train::
 }  // namespace
 
 TEST(ShardedTraining, TwoRanksMatchOneProcessOnTheCombinedBatch) {
-  auto comm = dspine::dist::make_mpi_communicator();
+  auto comm = dspine::dist::make_mpi_communicator(120);
   ASSERT_EQ(comm->world_size(), 2);
   const fs::path dir = shared_dir(*comm, "equal");
   // Every rank also computes the single-process reference with the combined batch.
@@ -77,7 +77,7 @@ TEST(ShardedTraining, TwoRanksMatchOneProcessOnTheCombinedBatch) {
 }
 
 TEST(ShardedTraining, ResumeOnTheSameWorldSizeIsBitwise) {
-  auto comm = dspine::dist::make_mpi_communicator();
+  auto comm = dspine::dist::make_mpi_communicator(120);
   const fs::path dir = shared_dir(*comm, "resume");
   for (const auto& mode : kModes) {
     dspine::train::Trainer straight(small_config(dir / (mode + "_straight"), 2, mode), comm);
@@ -106,7 +106,7 @@ TEST(ShardedTraining, ResumeOnTheSameWorldSizeIsBitwise) {
 }
 
 TEST(ShardedTraining, ReshardsTwoRanksToOneAndOneToTwo) {
-  auto comm = dspine::dist::make_mpi_communicator();
+  auto comm = dspine::dist::make_mpi_communicator(120);
   const fs::path dir = shared_dir(*comm, "reshard");
   const std::string me = std::to_string(comm->rank());
   dspine::train::Trainer reference(small_config(dir / ("single" + me), 4, "none"), single());
