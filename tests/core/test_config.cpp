@@ -308,7 +308,7 @@ TEST(Config, ToYamlRoundTripsEveryKeyExactly) {
   c.checkpoint.dir = "runs/a: b #c \"quoted\"";
   c.checkpoint.resume = "auto";
   c.logging.metrics_file = "";
-  c.distributed.reshard_after_forward = false;
+  c.distributed.prefetch = false;
   c.data.synthetic.seed = -0 + 987654321012345;
   const std::string yaml = to_yaml(c);
   const Config back = parse_config(yaml, "to_yaml");
@@ -319,7 +319,7 @@ TEST(Config, ToYamlRoundTripsEveryKeyExactly) {
   EXPECT_EQ(back.model.fused_kernels, "false");
   EXPECT_EQ(back.checkpoint.dir, c.checkpoint.dir);
   EXPECT_EQ(back.logging.metrics_file, "");
-  EXPECT_FALSE(back.distributed.reshard_after_forward);
+  EXPECT_FALSE(back.distributed.prefetch);
   EXPECT_EQ(back.data.synthetic.seed, 987654321012345);
   EXPECT_EQ(back.model.target_layer_ids, c.model.target_layer_ids);
   EXPECT_NE(yaml.find("candidate_mass_threshold: 0.0001"), std::string::npos) << yaml;
