@@ -9,6 +9,7 @@
 
 #include "core/config.h"
 #include "core/error.h"
+#include "dist/launch.h"
 #include "dist/mpi_context.h"
 #include "train/trainer.h"
 
@@ -35,7 +36,9 @@ int main(int argc, char** argv) {
     }
     dspine::log::set_level(config.logging.level);
     if (mpi.rank() != 0) dspine::log::set_level("warn");
-    auto comm = dspine::dist::make_mpi_communicator();
+    const auto layout = dspine::dist::rank_layout();
+    const auto device = dspine::dist::training_device(config.training.device, layout.local_rank);
+    auto comm = dspine::dist::make_communicator(config.distributed, device);
     dspine::train::Trainer trainer(config, comm);
     const auto result = trainer.run();
     if (mpi.rank() == 0 && result.losses.empty()) {
@@ -49,10 +52,13 @@ int main(int argc, char** argv) {
   } catch (const std::exception& e) {
     // dspine::Error carries its context; anything else (e.g. a torch check) is reported as is.
     const bool ours = dynamic_cast<const dspine::Error*>(&e) != nullptr;
-    std::fprintf(stderr, "%s (rank %d): %s\n", ours ? "error" : "internal error", mpi.rank(),
-                 e.what());
-    if (mpi.world_size() > 1) mpi.abort(1);
-    return 1;
+    const char* kind = ours ? "error" : "internal error";
+    if (mpi.world_size() == 1) {
+      std::fprintf(stderr, "%s: %s\n", kind, e.what());
+      return 1;
+    }
+    std::fprintf(stderr, "%s (rank %d): %s\n", kind, mpi.rank(), e.what());
+    mpi.abort(1);
   }
   return 0;
 }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include <c10/core/Device.h>
 
@@ -18,9 +19,15 @@ struct RankLayout {
   int local_world_size = 1;  // ranks on this host
 };
 
-// From MPI when it is initialised (a singleton without mpirun is a world of one); otherwise
-// from the launcher's environment, or a world of one.
+// From MPI when it is initialised (a singleton without mpirun is a world of one; every rank
+// must call it then: the local ranks come from a collective split); otherwise from the
+// launcher's environment (torchrun's RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE, then
+// OpenMPI's OMPI_COMM_WORLD_*), or a world of one.
 RankLayout rank_layout();
+
+// The device this rank trains on for training.device `choice` (auto | cpu | cuda): cuda means
+// GPU `local_rank`; auto is that GPU when CUDA devices are visible, else the CPU.
+c10::Device training_device(const std::string& choice, int local_rank);
 
 // The run's communicator: distributed.backend auto picks NCCL when `device` is CUDA and MPI
 // otherwise; a world of one gets the single-process communicator. Collectives that do not

@@ -1,14 +1,20 @@
 #include <mpi.h>
 
-#include <cstdlib>
+#include <climits>
+#include <functional>
+#include <utility>
 
 #include <ATen/ATen.h>
 
 #include "core/error.h"
+#include "dist/collective_checks.h"
+#include "dist/deadline.h"
 #include "dist/mpi_context.h"
 
 namespace dspine::dist {
 namespace {
+
+constexpr const char* kBackend = "MPI";
 
 void check_mpi(int code, const char* what) {
   if (code != MPI_SUCCESS) {
@@ -31,16 +37,72 @@ MPI_Datatype mpi_type(const at::Tensor& tensor) {
   }
 }
 
-void require_cpu_contiguous(const at::Tensor& tensor, const char* what) {
-  if (!tensor.device().is_cpu() || !tensor.is_contiguous()) {
-    fail("MPI communicator: {} needs a contiguous CPU tensor (got {} on {})", what,
-         tensor.is_contiguous() ? "contiguous" : "non-contiguous", tensor.device().str());
-  }
+MPI_Op mpi_op(ReduceOp op) { return op == ReduceOp::kMax ? MPI_MAX : MPI_SUM; }
+
+// MPI counts are ints; larger payloads would need chunking, which nothing here sends yet.
+int mpi_count(size_t count, const char* what) {
+  if (count > static_cast<size_t>(INT_MAX))
+    fail("MPI {}: {} elements exceed MPI's int count", what, count);
+  return static_cast<int>(count);
 }
+
+// MPI has no 16-bit float sum: 16-bit floats are reduced in an fp32 temporary and rounded once.
+at::Tensor reduction_buffer(const at::Tensor& tensor) {
+  const auto dtype = tensor.scalar_type();
+  return dtype == at::kBFloat16 || dtype == at::kHalf ? tensor.to(at::kFloat) : tensor;
+}
+
+// After the reduction into `buffer`: divide for an average, round back into `result`.
+void finish_reduction(at::Tensor result, at::Tensor buffer, ReduceOp op, int world_size) {
+  if (op == ReduceOp::kAvg) buffer.div_(world_size);
+  if (!buffer.is_same(result)) result.copy_(buffer);
+}
+
+// A started MPI collective. wait() polls MPI_Test until it completes, ending the job if that
+// takes longer than timeout_s, then runs the finishing step (average, copy back), which also
+// keeps the buffers alive until then.
+class MpiPending final : public PendingCollective {
+ public:
+  MpiPending(MPI_Request request, const char* collective, int rank, double timeout_s,
+             std::function<void()> finish)
+      : request_(request),
+        collective_(collective),
+        rank_(rank),
+        timeout_s_(timeout_s),
+        finish_(std::move(finish)) {}
+  // MPI may not free a request (or its buffers) before it completes.
+  ~MpiPending() override { wait(); }
+
+  void wait() override {
+    if (finished_) return;
+    const bool done = poll_until(
+        [&] {
+          int flag = 0;
+          check_mpi(MPI_Test(&request_, &flag, MPI_STATUS_IGNORE), collective_);
+          return flag != 0;
+        },
+        timeout_s_);
+    if (!done) {
+      abort_job(rank_, fmt::format("MPI {} did not finish within {} s (another rank failed or "
+                                   "stopped)",
+                                   collective_, timeout_s_));
+    }
+    finished_ = true;
+    if (finish_) finish_();
+  }
+
+ private:
+  MPI_Request request_;
+  const char* collective_;
+  int rank_;
+  double timeout_s_;
+  std::function<void()> finish_;
+  bool finished_ = false;
+};
 
 class MpiCommunicator final : public Communicator {
  public:
-  MpiCommunicator() {
+  explicit MpiCommunicator(double timeout_s) : timeout_s_(timeout_s) {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
     MPI_Comm_size(MPI_COMM_WORLD, &world_size_);
   }
@@ -49,62 +111,91 @@ class MpiCommunicator final : public Communicator {
   std::string backend() const override { return "mpi"; }
 
   void all_reduce(at::Tensor& tensor, ReduceOp op) override {
-    count_collective(static_cast<int64_t>(tensor.nbytes()));
-    require_cpu_contiguous(tensor, "all_reduce");
-    if (tensor.scalar_type() == at::kBFloat16 || tensor.scalar_type() == at::kHalf) {
-      // MPI has no 16-bit float sum: reduce in fp32 and round once.
-      at::Tensor wide = tensor.to(at::kFloat);
-      all_reduce(wide, op);
-      tensor.copy_(wide);
-      return;
-    }
-    check_mpi(MPI_Allreduce(MPI_IN_PLACE, tensor.data_ptr(), static_cast<int>(tensor.numel()),
-                            mpi_type(tensor), op == ReduceOp::kMax ? MPI_MAX : MPI_SUM,
-                            MPI_COMM_WORLD),
-              "all_reduce");
-    if (op == ReduceOp::kAvg) tensor.div_(world_size_);
+    all_reduce_async(tensor, op)->wait();
   }
-
   void broadcast(at::Tensor& tensor, int root) override {
-    count_collective();
-    require_cpu_contiguous(tensor, "broadcast");
-    check_mpi(MPI_Bcast(tensor.data_ptr(), static_cast<int>(tensor.nbytes()), MPI_BYTE, root,
-                        MPI_COMM_WORLD),
-              "broadcast");
+    const char* what = "broadcast";
+    require_cpu(tensor, what);
+    count_collective(static_cast<int64_t>(tensor.nbytes()));
+    MPI_Request request;
+    check_mpi(MPI_Ibcast(tensor.data_ptr(), mpi_count(tensor.nbytes(), what), MPI_BYTE, root,
+                         MPI_COMM_WORLD, &request),
+              what);
+    pending(request, what, nullptr)->wait();
   }
-
   void all_gather(const at::Tensor& input, at::Tensor& output) override {
-    count_collective();
-    require_cpu_contiguous(input, "all_gather input");
-    require_cpu_contiguous(output, "all_gather output");
-    if (output.nbytes() != input.nbytes() * static_cast<size_t>(world_size_)) {
-      fail("MPI all_gather: output has {} bytes, expected {} x {}", output.nbytes(),
-           world_size_, input.nbytes());
-    }
-    check_mpi(MPI_Allgather(input.data_ptr(), static_cast<int>(input.nbytes()), MPI_BYTE,
-                            output.data_ptr(), static_cast<int>(input.nbytes()), MPI_BYTE,
-                            MPI_COMM_WORLD),
-              "all_gather");
+    all_gather_async(input, output)->wait();
   }
-
   void reduce_scatter(const at::Tensor& input, at::Tensor& output, ReduceOp op) override {
-    count_collective();
-    require_cpu_contiguous(input, "reduce_scatter input");
-    require_cpu_contiguous(output, "reduce_scatter output");
-    if (input.numel() != output.numel() * world_size_) {
-      fail("MPI reduce_scatter: input has {} elements, expected {} x {}", input.numel(),
-           world_size_, output.numel());
-    }
-    check_mpi(MPI_Reduce_scatter_block(input.data_ptr(), output.data_ptr(),
-                                       static_cast<int>(output.numel()), mpi_type(input),
-                                       op == ReduceOp::kMax ? MPI_MAX : MPI_SUM, MPI_COMM_WORLD),
-              "reduce_scatter");
-    if (op == ReduceOp::kAvg) output.div_(world_size_);
+    reduce_scatter_async(input, output, op)->wait();
+  }
+  void barrier() override {
+    MPI_Request request;
+    check_mpi(MPI_Ibarrier(MPI_COMM_WORLD, &request), "barrier");
+    pending(request, "barrier", nullptr)->wait();
   }
 
-  void barrier() override { check_mpi(MPI_Barrier(MPI_COMM_WORLD), "barrier"); }
+  std::unique_ptr<PendingCollective> all_reduce_async(at::Tensor& tensor, ReduceOp op) override {
+    const char* what = "all_reduce";
+    require_cpu(tensor, what);
+    check_reduce_op(tensor, op, kBackend, what);
+    count_collective(static_cast<int64_t>(tensor.nbytes()));
+    at::Tensor buffer = reduction_buffer(tensor);
+    MPI_Request request;
+    check_mpi(MPI_Iallreduce(MPI_IN_PLACE, buffer.data_ptr(), mpi_count(buffer.numel(), what),
+                             mpi_type(buffer), mpi_op(op), MPI_COMM_WORLD, &request),
+              what);
+    return pending(request, what, [tensor, buffer, op, n = world_size_] {
+      finish_reduction(tensor, buffer, op, n);
+    });
+  }
+
+  std::unique_ptr<PendingCollective> all_gather_async(const at::Tensor& input,
+                                                      at::Tensor& output) override {
+    const char* what = "all_gather";
+    require_cpu(input, what);
+    require_cpu(output, what);
+    check_gather_sizes(input, output, world_size_, kBackend);
+    count_collective(static_cast<int64_t>(input.nbytes()));
+    const int count = mpi_count(input.nbytes(), what);
+    MPI_Request request;
+    check_mpi(MPI_Iallgather(input.data_ptr(), count, MPI_BYTE, output.data_ptr(), count,
+                             MPI_BYTE, MPI_COMM_WORLD, &request),
+              what);
+    return pending(request, what, [input, output] {});
+  }
+
+  std::unique_ptr<PendingCollective> reduce_scatter_async(const at::Tensor& input,
+                                                          at::Tensor& output,
+                                                          ReduceOp op) override {
+    const char* what = "reduce_scatter";
+    require_cpu(input, what);
+    require_cpu(output, what);
+    check_scatter_sizes(input, output, world_size_, kBackend);
+    check_reduce_op(input, op, kBackend, what);
+    count_collective(static_cast<int64_t>(input.nbytes()));
+    const at::Tensor send = reduction_buffer(input);
+    at::Tensor receive = send.is_same(input) ? output : at::empty_like(output, send.options());
+    MPI_Request request;
+    check_mpi(MPI_Ireduce_scatter_block(send.data_ptr(), receive.data_ptr(),
+                                        mpi_count(receive.numel(), what), mpi_type(send),
+                                        mpi_op(op), MPI_COMM_WORLD, &request),
+              what);
+    return pending(request, what, [send, receive, output, op, n = world_size_] {
+      finish_reduction(output, receive, op, n);
+    });
+  }
 
  private:
+  void require_cpu(const at::Tensor& tensor, const char* what) const {
+    require_contiguous_on(tensor, c10::Device(c10::kCPU), kBackend, what);
+  }
+  std::unique_ptr<PendingCollective> pending(MPI_Request request, const char* what,
+                                             std::function<void()> finish) const {
+    return std::make_unique<MpiPending>(request, what, rank_, timeout_s_, std::move(finish));
+  }
+
+  double timeout_s_;
   int rank_ = 0;
   int world_size_ = 1;
 };
@@ -126,16 +217,14 @@ MpiContext::~MpiContext() {
   if (owns_) MPI_Finalize();
 }
 
-void MpiContext::abort(int code) const {
-  MPI_Abort(MPI_COMM_WORLD, code);
-  std::exit(code);
-}
+void MpiContext::abort(int code) const { end_job(code); }
 
-std::shared_ptr<Communicator> make_mpi_communicator() {
+std::shared_ptr<Communicator> make_mpi_communicator(double timeout_s) {
   int initialized = 0;
   MPI_Initialized(&initialized);
   if (!initialized) fail("MPI communicator requested before MPI was initialised");
-  return std::make_shared<MpiCommunicator>();
+  if (!(timeout_s > 0)) fail("distributed.timeout_s must be > 0 (got {})", timeout_s);
+  return std::make_shared<MpiCommunicator>(timeout_s);
 }
 
 }  // namespace dspine::dist

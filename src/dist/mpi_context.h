@@ -25,7 +25,8 @@ class MpiContext {
   int world_size_ = 1;
 };
 
-// Collectives over MPI_COMM_WORLD on CPU tensors (the CPU back end used by CI and tests).
-std::shared_ptr<Communicator> make_mpi_communicator();
+// Collectives over MPI_COMM_WORLD on CPU tensors (the CPU back end used by CI and tests). A
+// collective not finished after `timeout_s` seconds ends every rank (distributed.timeout_s).
+std::shared_ptr<Communicator> make_mpi_communicator(double timeout_s);
 
 }  // namespace dspine::dist

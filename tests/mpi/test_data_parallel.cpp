@@ -26,7 +26,8 @@ dspine::core::Config small_config(const fs::path& dir, int64_t rows) {
 }  // namespace
 
 TEST(DataParallel, TwoRanksMatchOneProcessOnTheCombinedBatch) {
-  auto comm = dspine::dist::make_mpi_communicator();
+  const double timeout_s = dspine::core::DistributedConfig{}.timeout_s;
+  auto comm = dspine::dist::make_mpi_communicator(timeout_s);
   ASSERT_EQ(comm->world_size(), 2);
   // Same directory name on both ranks (rank 0 writes checkpoints); unique per run.
   auto stamp = torch::tensor({static_cast<int64_t>(::getpid())}, torch::kLong);

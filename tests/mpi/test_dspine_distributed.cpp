@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include "common/dspine_tiny.h"
+#include "core/config.h"
 #include "dist/mpi_context.h"
 
 namespace dspine {
@@ -34,7 +35,7 @@ std::map<std::string, torch::Tensor> window_gradients(objectives::DSpineObjectiv
 }
 
 TEST(DSpineDistributed, UnevenRanksMatchTheCombinedBatch) {
-  auto comm = dist::make_mpi_communicator();
+  auto comm = dist::make_mpi_communicator(core::DistributedConfig{}.timeout_s);
   ASSERT_EQ(comm->world_size(), 2);
   // Uneven masks whose valid anchors all fit num_anchors, so every split sees the same blocks.
   const auto sparse = testing::mask_rows({{0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0}});
