@@ -37,6 +37,6 @@ python3 scripts/check_gspo_file.py "$BUILD_DIR/bin/dspine-bench" /tmp/gspo-file 
 cat "$OUT/gspo_file.log"
 "$BUILD_DIR/bin/dspine-bench" step --config configs/tiny.yaml --set training.device=cuda --steps 6 \
   > "$OUT/bench_step.log" 2>&1 || status=1
-tail -8 "$OUT/bench_step.log"
+tail -30 "$OUT/bench_step.log"
 echo "done in $(( $(date +%s) - start )) s, status $status"
 exit $status
