@@ -117,7 +117,7 @@ int main(int argc, char** argv) {
       embed = target.at("model.embed_tokens.weight");
       head = target.at("lm_head.weight");
     } else {
-      auto source = dspine::data::make_batch_source(config);
+      auto source = dspine::data::make_batch_source(config, device);
       embed = source->embed_tokens();
       head = source->lm_head();
     }

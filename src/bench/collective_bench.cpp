@@ -52,7 +52,6 @@ double milliseconds_per_call(dist::Communicator& comm, const Options& options,
 void run(const Options& options) {
   if (options.bytes <= 0 || options.iters <= 0 || options.warmup < 0)
     fail("collectives: --bytes and --iters must be > 0 and --warmup >= 0");
-  dist::MpiContext mpi(nullptr, nullptr);
   const dist::RankLayout layout = dist::rank_layout();
   auto comm = dist::make_nccl_communicator(layout.local_rank, options.timeout_s);
   const int n = comm->world_size();

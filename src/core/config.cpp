@@ -72,7 +72,7 @@ std::vector<Key> keys_of(Config& c) {
       {"model.dspine.replacement_hold_ratio", &d.replacement_hold_ratio},
       {"model.dspine.replacement_end_ratio", &d.replacement_end_ratio},
       {"model.dspine.candidate_mass_threshold", &d.candidate_mass_threshold},
-      {"data.source", &data.source, {"synthetic", "shards"}},
+      {"data.source", &data.source, {"synthetic", "shards", "random"}},
       {"data.shards_dir", &data.shards_dir},
       {"data.seq_len", &data.seq_len},
       {"data.synthetic.seed", &s.seed},

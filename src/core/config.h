@@ -59,7 +59,9 @@ struct SyntheticTargetConfig {
 };
 
 struct DataConfig {
-  std::string source = "synthetic";  // synthetic | shards
+  // synthetic | shards | random (seeded values of the configured shapes on the training device,
+  // for benchmarks; uses synthetic.seed and synthetic.prompt_length)
+  std::string source = "synthetic";
   std::string shards_dir;            // directory written by `dspine-data generate`
   int64_t seq_len = 64;
   SyntheticTargetConfig synthetic;

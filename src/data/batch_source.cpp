@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include "core/error.h"
+#include "data/random_source.h"
 #include "data/shards.h"
 #include "data/synthetic_target.h"
 
@@ -42,13 +43,15 @@ class SyntheticSource : public BatchSource {
 
 }  // namespace
 
-std::unique_ptr<BatchSource> make_batch_source(const core::Config& config) {
+std::unique_ptr<BatchSource> make_batch_source(const core::Config& config,
+                                               const c10::Device& device) {
   if (config.data.source == "synthetic") return std::make_unique<SyntheticSource>(config);
+  if (config.data.source == "random") return std::make_unique<RandomSource>(config, device);
   if (config.data.source == "shards") {
     if (config.data.shards_dir.empty()) fail("data.source is 'shards' but data.shards_dir is empty");
     return std::make_unique<ShardReader>(config.data.shards_dir, layout_from_config(config));
   }
-  fail("data.source must be 'synthetic' or 'shards', got '{}'", config.data.source);
+  fail("data.source must be 'synthetic', 'shards' or 'random', got '{}'", config.data.source);
 }
 
 }  // namespace dspine::data

@@ -1,11 +1,13 @@
-// Where training batches come from: the live synthetic target or safetensors shards.
-// Both are deterministic functions of a sample cursor, so resume restores the cursor only.
+// Where training batches come from: the live synthetic target, safetensors shards or seeded
+// random values (benchmarks). All are deterministic functions of a sample cursor, so resume
+// restores the cursor only.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 
 #include "core/config.h"
 #include "data/batch.h"
@@ -15,7 +17,8 @@ namespace dspine::data {
 class BatchSource {
  public:
   virtual ~BatchSource() = default;
-  // The next `rows` samples as one batch (CPU tensors, hidden states fp32); advances the cursor.
+  // The next `rows` samples as one batch (hidden states fp32; on the CPU, except the random
+  // source's, which live on its device); advances the cursor.
   virtual DraftBatch next(int64_t rows) = 0;
   // Index of the next sample to be read; samples are numbered from 0 across epochs.
   virtual int64_t cursor() const = 0;
@@ -26,6 +29,8 @@ class BatchSource {
 };
 
 // Builds the source selected by config.data.source (errors name the shard directory/file).
-std::unique_ptr<BatchSource> make_batch_source(const core::Config& config);
+// `device` is the training device: the random source generates there; the others ignore it.
+std::unique_ptr<BatchSource> make_batch_source(const core::Config& config,
+                                               const c10::Device& device);
 
 }  // namespace dspine::data

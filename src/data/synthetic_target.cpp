@@ -9,6 +9,7 @@
 #include <torch/torch.h>
 
 #include "core/error.h"
+#include "data/seeding.h"
 
 // MKL, LibTorch's CPU BLAS on x86, runs every gemm on all intra-op threads, even inside
 // at::parallel_for (ATen switches MKL's dynamic adjustment off). For the thousands of tiny gemms
@@ -48,19 +49,8 @@ constexpr double kQueryNormGain = 2.0;
 // probability of ~0.6 (entropy ~1.3 nats, varying by context) at the default sizes.
 constexpr double kHeadGain = 1.5;
 
-// splitmix64's finalizer: spreads (seed, index) pairs over the generator's seed space so that
-// neighbouring sample indices get unrelated random streams.
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ULL;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
-  return x ^ (x >> 31);
-}
-
 at::Generator seeded_generator(uint64_t seed) {
-  // at::mt19937 keeps 32 bits of its seed: fold the high half in so every bit counts.
-  const uint64_t mixed = splitmix64(seed);
-  return at::make_generator<at::CPUGeneratorImpl>((mixed ^ (mixed >> 32)) & 0xFFFFFFFFULL);
+  return at::make_generator<at::CPUGeneratorImpl>(generator_seed(seed));
 }
 
 at::Tensor normal(at::Generator& gen, at::IntArrayRef shape, double std) {
@@ -250,8 +240,7 @@ DraftBatch SyntheticTarget::sample(int64_t index, int64_t seq_len) const {
   // The draft fills its proposal slots with the mask token; keep it out of the data, as a real
   // tokenizer's reserved mask id would be.
   const int64_t mask_id = model_.mask_token_id < 0 ? vocab - 1 : model_.mask_token_id;
-  at::Generator gen = seeded_generator(splitmix64(static_cast<uint64_t>(target_.seed)) ^
-                                       static_cast<uint64_t>(index));
+  at::Generator gen = seeded_generator(stream_seed(target_.seed, index));
 
   auto ids = at::zeros({1, seq_len}, at::TensorOptions().dtype(at::kLong));
   auto ids_acc = ids.accessor<int64_t, 2>();

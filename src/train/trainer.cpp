@@ -59,7 +59,7 @@ Trainer::Trainer(core::Config config, std::shared_ptr<dist::Communicator> comm)
   s.device = dist::training_device(training.device, dist::rank_layout().local_rank);
   if (training.cpu_threads > 0) at::set_num_threads(static_cast<int>(training.cpu_threads));
   torch::manual_seed(static_cast<uint64_t>(training.seed));  // model initialisation
-  s.source = data::make_batch_source(s.config);
+  s.source = data::make_batch_source(s.config, s.device);
   const auto dtype = training.dtype == "bf16" ? torch::kBFloat16 : torch::kFloat;
   s.built = build_model(s.config, *s.source, s.device, dtype);
   const auto& distributed = s.config.distributed;
@@ -148,8 +148,8 @@ TrainResult Trainer::run(int64_t stop_after) {
     s.cursor = ts.at("data_cursor").get<int64_t>();
     if (leader) log::info("resumed from {} at step {}", resume_from, s.step);
     if (leader && loaded.saved_world_size != world) {
-      log::warn("resharded {} from {} to {} ranks: the global batch and the sampling streams "
-                "now differ from the saved run's",
+      log::warn("resharded {} from {} to {} ranks: each rank keeps training.batch_size rows, "
+                "and ranks the saved run lacked start their own sampling streams",
                 resume_from, loaded.saved_world_size, world);
     }
   } else {

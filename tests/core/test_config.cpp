@@ -242,6 +242,20 @@ TEST(Config, CrossKeyChecks) {
                                "t"));
 }
 
+// The recipe runs on random inputs for benchmarks: its target layers exceed the synthetic
+// target's, which the random source does not use; its prompt length is still checked.
+TEST(Config, RandomSourceTakesTheRecipeAndChecksPromptLength) {
+  const Config c = load_config(std::string(DSPINE_SOURCE_DIR) + "/configs/qwen3-8b-dspine.yaml",
+                               {"data.source=random"});
+  EXPECT_EQ(c.data.source, "random");
+  EXPECT_EQ(c.model.target_layer_ids.size(), 5u);
+  EXPECT_NE(parse_error("data:\n  source: random\n  seq_len: 8\n")
+                .find("data.synthetic.prompt_length = 8"),
+            std::string::npos);
+  EXPECT_NE(parse_error("data:\n  source: files\n").find("allowed: synthetic, shards, random"),
+            std::string::npos);
+}
+
 TEST(Config, MissingFileErrorNamesThePath) {
   const std::string path = ::testing::TempDir() + "no_such_dir/missing.yaml";
   const std::string message = load_error(path);

@@ -116,7 +116,7 @@ TEST_F(Shards, Bf16ShardsServeFp32HiddenStates) {
 
 TEST_F(Shards, MakeBatchSourceServesEitherSourceByCursor) {
   auto config = small_config();
-  auto synthetic = make_batch_source(config);
+  auto synthetic = make_batch_source(config, torch::kCPU);
   expect_batches_equal(synthetic->next(2), live_samples({0, 1}));
   synthetic->seek(4);
   expect_batches_equal(synthetic->next(1), live_samples({4}));
@@ -124,15 +124,16 @@ TEST_F(Shards, MakeBatchSourceServesEitherSourceByCursor) {
 
   config.data.source = "shards";
   config.data.shards_dir = write();
-  auto shards = make_batch_source(config);
+  auto shards = make_batch_source(config, torch::kCPU);
   shards->seek(1);
   expect_batches_equal(shards->next(2), live_samples({1, 2}));
   EXPECT_TRUE(torch::equal(shards->lm_head(), synthetic->lm_head()));
 
   config.data.shards_dir = "";
-  expect_error_mentioning([&] { make_batch_source(config); }, {"data.shards_dir"});
+  expect_error_mentioning([&] { make_batch_source(config, torch::kCPU); }, {"data.shards_dir"});
   config.data.source = "files";
-  expect_error_mentioning([&] { make_batch_source(config); }, {"data.source", "files"});
+  expect_error_mentioning([&] { make_batch_source(config, torch::kCPU); },
+                          {"data.source", "files"});
 }
 
 TEST_F(Shards, MissingShardFileIsNamed) {
