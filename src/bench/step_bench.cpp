@@ -53,6 +53,7 @@ struct PhaseMeter {
   std::map<std::string, std::vector<double>> peak_mib;
   std::vector<double> window_seconds;
   std::vector<int64_t> bytes_at_prepass, collectives_at_prepass;
+  std::vector<int64_t> kind_bytes_at_prepass[dist::kCollectiveKinds];
 
   int64_t current_bytes() const {
     if (!cuda) return CpuMemoryTracker::install().current_bytes();
@@ -84,6 +85,9 @@ struct PhaseMeter {
     if (next == "prepass") {
       bytes_at_prepass.push_back(comm->bytes_moved());
       collectives_at_prepass.push_back(comm->collective_count());
+      for (int kind = 0; kind < dist::kCollectiveKinds; ++kind) {
+        kind_bytes_at_prepass[kind].push_back(comm->bytes_moved(static_cast<dist::Collective>(kind)));
+      }
     }
     current = next == "end" ? std::string() : next;
     phase_base = current_bytes();
@@ -186,6 +190,11 @@ void run_step_bench(const StepOptions& options) {
   std::printf("peak_allocated_gib_max_rank: %.3f\n", peak_gib);
   std::printf("collective_bytes_per_rank_per_step: %.0f\n", bytes_per_step);
   std::printf("collectives_per_step: %.1f\n", collectives_per_step);
+  for (int kind = 0; kind < dist::kCollectiveKinds; ++kind) {
+    std::printf("collective_bytes_per_rank_per_step.%s: %.0f\n",
+                dist::collective_name(static_cast<dist::Collective>(kind)),
+                meter.per_step(meter.kind_bytes_at_prepass[kind]));
+  }
   std::printf("final_loss: %.4f\n", result.losses.back());
   std::printf("final_step: %lld\n", static_cast<long long>(result.final_step));
 }

@@ -3,6 +3,17 @@
 #include "dist/communicator.h"
 
 namespace dspine::dist {
+
+const char* collective_name(Collective kind) {
+  switch (kind) {
+    case Collective::kAllReduce: return "all_reduce";
+    case Collective::kBroadcast: return "broadcast";
+    case Collective::kAllGather: return "all_gather";
+    case Collective::kReduceScatter: return "reduce_scatter";
+  }
+  return "collective";
+}
+
 namespace {
 
 // The handle of a collective that finished before it was returned.
@@ -34,21 +45,21 @@ std::unique_ptr<PendingCollective> Communicator::reduce_scatter_async(const at::
 
 // The reduction (or gather) of one contribution is that contribution.
 void SingleProcessCommunicator::all_reduce(at::Tensor& tensor, ReduceOp) {
-  count_collective(static_cast<int64_t>(tensor.nbytes()));
+  count_collective(Collective::kAllReduce, static_cast<int64_t>(tensor.nbytes()));
 }
 
 void SingleProcessCommunicator::broadcast(at::Tensor& tensor, int) {
-  count_collective(static_cast<int64_t>(tensor.nbytes()));
+  count_collective(Collective::kBroadcast, static_cast<int64_t>(tensor.nbytes()));
 }
 
 void SingleProcessCommunicator::all_gather(const at::Tensor& input, at::Tensor& output) {
-  count_collective(static_cast<int64_t>(input.nbytes()));
+  count_collective(Collective::kAllGather, static_cast<int64_t>(input.nbytes()));
   output.view(-1).copy_(input.reshape(-1));
 }
 
 void SingleProcessCommunicator::reduce_scatter(const at::Tensor& input, at::Tensor& output,
                                                ReduceOp) {
-  count_collective(static_cast<int64_t>(input.nbytes()));
+  count_collective(Collective::kReduceScatter, static_cast<int64_t>(input.nbytes()));
   output.view(-1).copy_(input.reshape(-1));
 }
 

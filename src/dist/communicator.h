@@ -13,6 +13,11 @@ namespace dspine::dist {
 
 enum class ReduceOp { kSum, kAvg, kMax };
 
+// The collectives counted per kind (benchmarks report the bytes each moves per rank).
+enum class Collective { kAllReduce, kBroadcast, kAllGather, kReduceScatter };
+inline constexpr int kCollectiveKinds = 4;
+const char* collective_name(Collective kind);  // "all_reduce", ...
+
 // A collective that was started and may still be running. wait() makes its result visible to
 // the caller: on the CPU it returns when the data is there; over NCCL it makes the caller's
 // current CUDA stream wait for the communication stream (no host synchronisation).
@@ -40,8 +45,9 @@ class Communicator {
                               ReduceOp op = ReduceOp::kSum) = 0;
   virtual void barrier() = 0;
 
-  // Asynchronous forms: start now, wait() later. The tensors must stay alive and untouched
-  // until then. The default runs the collective at once and returns a finished handle.
+  // Asynchronous forms: start now, wait() later. The communicator keeps the tensors it was
+  // given alive until the collective is done; the caller must not touch them before wait().
+  // The default runs the collective at once and returns a finished handle.
   virtual std::unique_ptr<PendingCollective> all_reduce_async(at::Tensor& tensor,
                                                               ReduceOp op = ReduceOp::kSum);
   virtual std::unique_ptr<PendingCollective> all_gather_async(const at::Tensor& input,
@@ -52,19 +58,25 @@ class Communicator {
 
   // Collectives issued so far (tests check, e.g., that a window reduces its CE scale once).
   int64_t collective_count() const { return collective_count_; }
+  int64_t collective_count(Collective kind) const { return count_of_[static_cast<int>(kind)]; }
   // Payload bytes this rank handed to collectives so far (input of all-reduce, all-gather and
   // reduce-scatter; broadcast counts its tensor): what benchmarks report per rank.
   int64_t bytes_moved() const { return bytes_moved_; }
+  int64_t bytes_moved(Collective kind) const { return bytes_of_[static_cast<int>(kind)]; }
 
  protected:
-  void count_collective(int64_t bytes = 0) {
+  void count_collective(Collective kind, int64_t bytes) {
     ++collective_count_;
     bytes_moved_ += bytes;
+    ++count_of_[static_cast<int>(kind)];
+    bytes_of_[static_cast<int>(kind)] += bytes;
   }
 
  private:
   int64_t collective_count_ = 0;
   int64_t bytes_moved_ = 0;
+  int64_t count_of_[kCollectiveKinds] = {};
+  int64_t bytes_of_[kCollectiveKinds] = {};
 };
 
 // World of one: every collective is the identity (and is still counted, so tests can check how

@@ -117,7 +117,7 @@ class MpiCommunicator final : public Communicator {
   void broadcast(at::Tensor& tensor, int root) override {
     const char* what = "broadcast";
     require_cpu(tensor, what);
-    count_collective(static_cast<int64_t>(tensor.nbytes()));
+    count_collective(Collective::kBroadcast, static_cast<int64_t>(tensor.nbytes()));
     MPI_Request request;
     check_mpi(MPI_Ibcast(tensor.data_ptr(), mpi_count(tensor.nbytes(), what), MPI_BYTE, root,
                          MPI_COMM_WORLD, &request),
@@ -140,7 +140,7 @@ class MpiCommunicator final : public Communicator {
     const char* what = "all_reduce";
     require_cpu(tensor, what);
     check_reduce_op(tensor, op, kBackend, what);
-    count_collective(static_cast<int64_t>(tensor.nbytes()));
+    count_collective(Collective::kAllReduce, static_cast<int64_t>(tensor.nbytes()));
     at::Tensor buffer = reduction_buffer(tensor);
     MPI_Request request;
     check_mpi(MPI_Iallreduce(MPI_IN_PLACE, buffer.data_ptr(), mpi_count(buffer.numel(), what),
@@ -157,7 +157,7 @@ class MpiCommunicator final : public Communicator {
     require_cpu(input, what);
     require_cpu(output, what);
     check_gather_sizes(input, output, world_size_, kBackend);
-    count_collective(static_cast<int64_t>(input.nbytes()));
+    count_collective(Collective::kAllGather, static_cast<int64_t>(input.nbytes()));
     const int count = mpi_count(input.nbytes(), what);
     MPI_Request request;
     check_mpi(MPI_Iallgather(input.data_ptr(), count, MPI_BYTE, output.data_ptr(), count,
@@ -174,7 +174,7 @@ class MpiCommunicator final : public Communicator {
     require_cpu(output, what);
     check_scatter_sizes(input, output, world_size_, kBackend);
     check_reduce_op(input, op, kBackend, what);
-    count_collective(static_cast<int64_t>(input.nbytes()));
+    count_collective(Collective::kReduceScatter, static_cast<int64_t>(input.nbytes()));
     const at::Tensor send = reduction_buffer(input);
     at::Tensor receive = send.is_same(input) ? output : at::empty_like(output, send.options());
     MPI_Request request;

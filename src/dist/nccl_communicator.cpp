@@ -102,7 +102,7 @@ class NcclCommunicator final : public Communicator {
   }
   void broadcast(at::Tensor& tensor, int root) override {
     require_on_device(tensor, "broadcast");
-    count_collective(static_cast<int64_t>(tensor.nbytes()));
+    count_collective(Collective::kBroadcast, static_cast<int64_t>(tensor.nbytes()));
     launch("broadcast", {&tensor}, [&](cudaStream_t stream) {
       return ncclBroadcast(tensor.data_ptr(), tensor.data_ptr(), tensor.numel(),
                            nccl_type(tensor), root, comm_, stream);
@@ -131,7 +131,7 @@ class NcclCommunicator final : public Communicator {
   std::unique_ptr<PendingCollective> all_reduce_async(at::Tensor& tensor, ReduceOp op) override {
     require_on_device(tensor, "all_reduce");
     check_reduce_op(tensor, op, kBackend, "all_reduce");
-    count_collective(static_cast<int64_t>(tensor.nbytes()));
+    count_collective(Collective::kAllReduce, static_cast<int64_t>(tensor.nbytes()));
     return launch("all_reduce", {&tensor}, [&](cudaStream_t stream) {
       return ncclAllReduce(tensor.data_ptr(), tensor.data_ptr(), tensor.numel(),
                            nccl_type(tensor), nccl_op(op), comm_, stream);
@@ -143,7 +143,7 @@ class NcclCommunicator final : public Communicator {
     require_on_device(input, "all_gather");
     require_on_device(output, "all_gather");
     check_gather_sizes(input, output, world_size_, kBackend);
-    count_collective(static_cast<int64_t>(input.nbytes()));
+    count_collective(Collective::kAllGather, static_cast<int64_t>(input.nbytes()));
     // Gathered as bytes: every dtype, and output may have a different dtype than input.
     return launch("all_gather", {&input, &output}, [&](cudaStream_t stream) {
       return ncclAllGather(input.data_ptr(), output.data_ptr(), input.nbytes(), ncclUint8,
@@ -158,7 +158,7 @@ class NcclCommunicator final : public Communicator {
     require_on_device(output, "reduce_scatter");
     check_scatter_sizes(input, output, world_size_, kBackend);
     check_reduce_op(input, op, kBackend, "reduce_scatter");
-    count_collective(static_cast<int64_t>(input.nbytes()));
+    count_collective(Collective::kReduceScatter, static_cast<int64_t>(input.nbytes()));
     return launch("reduce_scatter", {&input, &output}, [&](cudaStream_t stream) {
       return ncclReduceScatter(input.data_ptr(), output.data_ptr(), output.numel(),
                                nccl_type(input), nccl_op(op), comm_, stream);

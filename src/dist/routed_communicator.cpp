@@ -15,7 +15,7 @@ class RoutedCommunicator final : public Communicator {
 
   void all_reduce(at::Tensor& tensor, ReduceOp op) override { all_reduce_async(tensor, op)->wait(); }
   void broadcast(at::Tensor& tensor, int root) override {
-    count_collective(static_cast<int64_t>(tensor.nbytes()));
+    count_collective(Collective::kBroadcast, static_cast<int64_t>(tensor.nbytes()));
     for_tensor(tensor).broadcast(tensor, root);
   }
   void all_gather(const at::Tensor& input, at::Tensor& output) override {
@@ -27,18 +27,18 @@ class RoutedCommunicator final : public Communicator {
   void barrier() override { cpu_->barrier(); }
 
   std::unique_ptr<PendingCollective> all_reduce_async(at::Tensor& tensor, ReduceOp op) override {
-    count_collective(static_cast<int64_t>(tensor.nbytes()));
+    count_collective(Collective::kAllReduce, static_cast<int64_t>(tensor.nbytes()));
     return for_tensor(tensor).all_reduce_async(tensor, op);
   }
   std::unique_ptr<PendingCollective> all_gather_async(const at::Tensor& input,
                                                       at::Tensor& output) override {
-    count_collective(static_cast<int64_t>(input.nbytes()));
+    count_collective(Collective::kAllGather, static_cast<int64_t>(input.nbytes()));
     return for_tensor(input).all_gather_async(input, output);
   }
   std::unique_ptr<PendingCollective> reduce_scatter_async(const at::Tensor& input,
                                                           at::Tensor& output,
                                                           ReduceOp op) override {
-    count_collective(static_cast<int64_t>(input.nbytes()));
+    count_collective(Collective::kReduceScatter, static_cast<int64_t>(input.nbytes()));
     return for_tensor(input).reduce_scatter_async(input, output, op);
   }
 

@@ -78,15 +78,16 @@ void ShardedUnit::start_gradient_reduce() {
     pending_reduce_ = comm_.all_reduce_async(gradient_, ReduceOp::kSum);
     return;
   }
-  reduce_input_ = full_gradient_.to(at::kFloat);
-  pending_reduce_ = comm_.reduce_scatter_async(reduce_input_, gradient_, ReduceOp::kSum);
+  // The communicator keeps the fp32 copy alive until the collective is done (MPI holds it, NCCL
+  // records it on its stream), so each unit's copy is freed as soon as its reduce finishes.
+  pending_reduce_ =
+      comm_.reduce_scatter_async(full_gradient_.to(at::kFloat), gradient_, ReduceOp::kSum);
 }
 
 void ShardedUnit::finish_gradient_reduce() {
   start_gradient_reduce();
   if (pending_reduce_) pending_reduce_->wait();
   pending_reduce_.reset();
-  reduce_input_ = at::Tensor();
 }
 
 void ShardedUnit::zero_grad() {

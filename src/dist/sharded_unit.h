@@ -77,7 +77,6 @@ class ShardedUnit {
   at::Tensor shard_weights_;  // zero3: model dtype [shard], the resident copy of this rank's slice
   at::Tensor master_;         // fp32 [shard]
   at::Tensor gradient_;       // fp32 [shard] (none: [padded], the all-reduced gradient)
-  at::Tensor reduce_input_;   // fp32 gradient handed to the collective; kept until it is done
   std::unique_ptr<PendingCollective> pending_reduce_;
   bool reduce_started_ = false;
   int64_t accumulated_ = 0;  // parameters whose gradient arrived in this backward

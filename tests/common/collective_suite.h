@@ -143,6 +143,11 @@ inline void check_counting(dist::Communicator& comm, const Place& place) {
   comm.barrier();
   EXPECT_EQ(comm.collective_count(), 5);
   EXPECT_EQ(comm.bytes_moved(), 40 + 6 + 40 + 16 + 8 * n);
+  EXPECT_EQ(comm.collective_count(dist::Collective::kAllReduce), 2);
+  EXPECT_EQ(comm.bytes_moved(dist::Collective::kAllReduce), 46);
+  EXPECT_EQ(comm.bytes_moved(dist::Collective::kBroadcast), 40);
+  EXPECT_EQ(comm.bytes_moved(dist::Collective::kAllGather), 16);
+  EXPECT_EQ(comm.bytes_moved(dist::Collective::kReduceScatter), 8 * n);
 }
 
 }  // namespace dspine::testing

@@ -238,7 +238,7 @@ class PairCommunicator : public dist::Communicator {
   void all_reduce(at::Tensor& tensor, dist::ReduceOp op) override {
     ASSERT_EQ(op, dist::ReduceOp::kSum);
     tensor.add_(other_);
-    count_collective();
+    count_collective(dist::Collective::kAllReduce, static_cast<int64_t>(tensor.nbytes()));
   }
   void broadcast(at::Tensor&, int) override { FAIL() << "unexpected broadcast"; }
   void all_gather(const at::Tensor&, at::Tensor&) override { FAIL() << "unexpected all_gather"; }
