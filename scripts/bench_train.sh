@@ -36,18 +36,21 @@ run() {
   fi
   echo "== $name: ${launch[*]} ${step_args[*]} --set distributed.sharding=$sharding" >&2
   if ! "${launch[@]}" "${step_args[@]}" --set "distributed.sharding=$sharding" > "$log" 2>&1; then
-    rows+=("| $name | $ranks | failed: see $log | | | |")
+    rows+=("| $name | $ranks | failed: see $log | | | | |")
     status=1
     return
   fi
-  local tps peak bytes eff
+  local tps peak bytes eff kinds
   tps=$(value tokens_per_s_per_gpu "$log")
   peak=$(value peak_allocated_gib_max_rank "$log")
   bytes=$(value collective_bytes_per_rank_per_step "$log")
+  kinds=$(for kind in all_reduce all_gather reduce_scatter; do
+            awk -v b="$(value "collective_bytes_per_rank_per_step.$kind" "$log")" 'BEGIN { printf "%.2f ", b / 1e9 }'
+          done | sed 's/ $//; s/ / \/ /g')
   [[ "$name" == single ]] && base_tps=$tps
   eff=$(awk -v t="$tps" -v b="$base_tps" 'BEGIN { if (b > 0) printf "%.1f%%", 100 * t / b; else print "n/a" }')
   rows+=("$(awk -v n="$name" -v g="$ranks" -v t="$tps" -v e="$eff" -v p="$peak" -v c="$bytes" \
-    'BEGIN { printf "| %s | %d | %.0f | %s | %.1f | %.3f |", n, g, t, e, p, c / 1e9 }')")
+    -v k="$kinds" 'BEGIN { printf "| %s | %d | %.0f | %s | %.1f | %.3f | %s |", n, g, t, e, p, c / 1e9, k }')")
 }
 
 run single 1 none
@@ -63,8 +66,8 @@ fi
        "(medians of steps 2..), $(value dtype "$OUT_DIR/bench_train_single.log"); per-GPU" \
        "efficiency = tokens/s per GPU / the 1-GPU run's."
   echo
-  echo "| mode | GPUs | tokens/s per GPU | per-GPU efficiency | peak GiB per GPU | collective GB per rank per step |"
-  echo "|---|---|---|---|---|---|"
+  echo "| mode | GPUs | tokens/s per GPU | per-GPU efficiency | peak GiB per GPU | collective GB per rank per step | all-reduce / all-gather / reduce-scatter GB |"
+  echo "|---|---|---|---|---|---|---|"
   printf '%s\n' "${rows[@]}"
 } | tee "$OUT_DIR/bench_train.md"
 exit $status

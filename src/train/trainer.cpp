@@ -141,8 +141,9 @@ TrainResult Trainer::run(int64_t stop_after) {
     if (loaded.rng.contains(stream)) {
       s.generator.set_state(loaded.rng.at(stream));
     } else {
-      // A rank the saved run did not have: its own stream, started where this step begins.
-      s.generator.set_current_seed(objective_seed(cfg.training.seed + ts.at("step").get<int64_t>(), rank));
+      // A rank the saved run did not have: its own stream, seeded by the step it starts at.
+      const int64_t step = ts.at("step").get<int64_t>();
+      s.generator.set_current_seed(objective_seed(cfg.training.seed + step, rank));
     }
     s.step = ts.at("step").get<int64_t>();
     s.cursor = ts.at("data_cursor").get<int64_t>();
@@ -173,10 +174,13 @@ TrainResult Trainer::run(int64_t stop_after) {
 
   auto save = [&](int64_t step) {
     CheckpointContents contents;
-    s.sharded->gather_all();
-    contents.model = model_state(*s.built.module);
-    if (s.sharded->mode() == dist::ShardingMode::kZero3) {
-      for (auto& item : contents.model) item.second = item.second.to(torch::kCPU, false, true);
+    s.sharded->gather_all();  // collective: every rank, though only the leader writes the model
+    if (leader) {
+      contents.model = model_state(*s.built.module);
+      // zero3 frees the weights again below; keep a copy of what is saved.
+      if (s.sharded->mode() == dist::ShardingMode::kZero3) {
+        for (auto& item : contents.model) item.second = item.second.to(torch::kCPU, false, true);
+      }
     }
     s.sharded->release_all();
     contents.model_config = s.built.hf_config;
