@@ -1,7 +1,7 @@
-// Two ranks (mpirun -np 2, MPI back end on CPU) train exactly like one process on the combined
-// batch under every distributed.sharding mode: rank r reads rows r·B..(r+1)·B-1 of each global
-// micro-batch, gradients add up, and the sharded optimizer steps the same weights. Sharded
-// checkpoints resume bitwise on the same world size and reshard 2 → 1 and 1 → 2.
+// N ranks (ctest: mpirun -np 2, MPI back end on CPU; any N works) train exactly like one process
+// on the combined batch under every distributed.sharding mode: rank r reads rows r·B..(r+1)·B-1
+// of each global micro-batch, gradients add up, and the sharded optimizer steps the same
+// weights. Sharded checkpoints resume bitwise on the same world size and reshard N → 1, 1 → N.
 // DSPINE_TEST_DEVICE=cuda runs the same tests on one GPU per rank over NCCL (the GPU machine).
 #include <unistd.h>
 
@@ -68,9 +68,11 @@ void expect_same_training(const dspine::train::TrainResult& got, dspine::train::
   }
   auto weights = reference.module().named_parameters();
   for (const auto& item : trainer.module().named_parameters()) {
-    // fp32 on every device; GPU GEMMs may split the reductions differently by batch size.
+    // fp32 sums in another order (per rank, then over ranks; GPU GEMMs split them by batch
+    // size too); AdamW's normalisation turns that into up to ~1e-5 on weights whose gradient
+    // is near zero (seen at 8 ranks), whatever the sharding mode.
     const double rtol = test_device() == "cpu" ? 2e-5 : 1e-4;
-    EXPECT_TRUE(torch::allclose(item.value(), weights[item.key()], rtol, 1e-6))
+    EXPECT_TRUE(torch::allclose(item.value(), weights[item.key()], rtol, 1e-5))
         << what << " " << item.key() << " max diff "
         << (item.value() - weights[item.key()]).abs().max().item<double>();
   }
@@ -78,13 +80,14 @@ void expect_same_training(const dspine::train::TrainResult& got, dspine::train::
 
 }  // namespace
 
-TEST(ShardedTraining, TwoRanksMatchOneProcessOnTheCombinedBatch) {
+TEST(ShardedTraining, RanksMatchOneProcessOnTheCombinedBatch) {
   auto comm = world();
-  ASSERT_EQ(comm->world_size(), 2);
+  const int ranks = comm->world_size();
+  ASSERT_GE(ranks, 2);
   const fs::path dir = shared_dir(*comm, "equal");
   // Every rank also computes the single-process reference with the combined batch.
   dspine::train::Trainer reference(
-      small_config(dir / ("single" + std::to_string(comm->rank())), 4, "none"), single());
+      small_config(dir / ("single" + std::to_string(comm->rank())), 2 * ranks, "none"), single());
   const auto expected = reference.run();
   for (const auto& mode : kModes) {
     dspine::train::Trainer distributed(small_config(dir / mode, 2, mode), comm);
@@ -116,42 +119,46 @@ TEST(ShardedTraining, ResumeOnTheSameWorldSizeIsBitwise) {
       EXPECT_TRUE(torch::equal(item.value(), weights[item.key()])) << mode << " " << item.key();
     }
     // Every rank wrote its own optimizer shard; the manifest names how many.
-    const auto saved = dspine::train::load_checkpoint(got.last_checkpoint, comm->rank(), 2);
-    EXPECT_EQ(saved.saved_world_size, 2);
-    EXPECT_EQ(saved.optimizer.size(), 2u);
+    const auto saved =
+        dspine::train::load_checkpoint(got.last_checkpoint, comm->rank(), comm->world_size());
+    EXPECT_EQ(saved.saved_world_size, comm->world_size());
+    EXPECT_EQ(saved.optimizer.size(), static_cast<size_t>(comm->world_size()));
   }
   comm->barrier();
   if (comm->rank() == 0) dspine::core::remove_tree(dir.string());
 }
 
-TEST(ShardedTraining, ReshardsTwoRanksToOneAndOneToTwo) {
+TEST(ShardedTraining, ReshardsToOneRankAndBack) {
   auto comm = world();
+  const int ranks = comm->world_size();
   const fs::path dir = shared_dir(*comm, "reshard");
   const std::string me = std::to_string(comm->rank());
-  dspine::train::Trainer reference(small_config(dir / ("single" + me), 4, "none"), single());
+  dspine::train::Trainer reference(small_config(dir / ("single" + me), 2 * ranks, "none"), single());
   const auto expected = reference.run();
 
-  // 2 → 1: two zero2 ranks train 2 steps; one process resumes their checkpoint to step 4.
+  // N → 1: N zero2 ranks train 2 steps; one process resumes their checkpoint to step 4.
   dspine::train::Trainer(small_config(dir / "two", 2, "zero2"), comm).run(2);
-  auto one = small_config(dir / ("one" + me), 4, "none");
+  auto one = small_config(dir / ("one" + me), 2 * ranks, "none");
   one.checkpoint.resume = (dir / "two" / "checkpoints" / "step-000002").string();
   dspine::train::Trainer resumed_alone(one, single());
   auto got = resumed_alone.run();
   ASSERT_EQ(got.first_step, 2);
   auto tail = expected;
   tail.losses.erase(tail.losses.begin(), tail.losses.begin() + 2);
-  expect_same_training(got, resumed_alone, tail, reference, "2 -> 1");
+  expect_same_training(got, resumed_alone, tail, reference, "N -> 1");
 
-  // 1 → 2: rank 0 alone trains 2 steps on the combined batch; both ranks resume under zero3.
+  // 1 → N: rank 0 alone trains 2 steps on the combined batch; all ranks resume under zero3.
   const fs::path alone = dir / "alone";
-  if (comm->rank() == 0) dspine::train::Trainer(small_config(alone, 4, "none"), single()).run(2);
+  if (comm->rank() == 0) {
+    dspine::train::Trainer(small_config(alone, 2 * ranks, "none"), single()).run(2);
+  }
   comm->barrier();
   auto two = small_config(dir / "two_again", 2, "zero3");
   two.checkpoint.resume = (alone / "checkpoints" / "step-000002").string();
   dspine::train::Trainer resumed_pair(two, comm);
   got = resumed_pair.run();
   ASSERT_EQ(got.first_step, 2);
-  expect_same_training(got, resumed_pair, tail, reference, "1 -> 2");
+  expect_same_training(got, resumed_pair, tail, reference, "1 -> N");
   comm->barrier();
   if (comm->rank() == 0) dspine::core::remove_tree(dir.string());
 }
