@@ -86,7 +86,8 @@ struct PhaseMeter {
       bytes_at_prepass.push_back(comm->bytes_moved());
       collectives_at_prepass.push_back(comm->collective_count());
       for (int kind = 0; kind < dist::kCollectiveKinds; ++kind) {
-        kind_bytes_at_prepass[kind].push_back(comm->bytes_moved(static_cast<dist::Collective>(kind)));
+        const auto collective = static_cast<dist::Collective>(kind);
+        kind_bytes_at_prepass[kind].push_back(comm->bytes_moved(collective));
       }
     }
     current = next == "end" ? std::string() : next;

@@ -13,7 +13,9 @@ class RoutedCommunicator final : public Communicator {
   int world_size() const override { return cpu_->world_size(); }
   std::string backend() const override { return cuda_->backend() + "+" + cpu_->backend(); }
 
-  void all_reduce(at::Tensor& tensor, ReduceOp op) override { all_reduce_async(tensor, op)->wait(); }
+  void all_reduce(at::Tensor& tensor, ReduceOp op) override {
+    all_reduce_async(tensor, op)->wait();
+  }
   void broadcast(at::Tensor& tensor, int root) override {
     count_collective(Collective::kBroadcast, static_cast<int64_t>(tensor.nbytes()));
     for_tensor(tensor).broadcast(tensor, root);

@@ -1,6 +1,5 @@
 #include "dist/sharded_parameters.h"
 
-#include <map>
 #include <regex>
 
 #include <torch/csrc/autograd/function_hook.h>
@@ -39,35 +38,28 @@ class GradientAccumulatedHook final : public torch::autograd::PostAccumulateGrad
 
 std::vector<std::pair<std::string, ShardedUnit::NamedParameters>> plan_units(
     torch::nn::Module& module) {
-  std::vector<std::pair<std::string, ShardedUnit::NamedParameters>> units;
-  std::map<std::string, size_t> index;
-  auto add = [&](const std::string& unit, const std::string& key, const at::Tensor& parameter) {
-    auto found = index.find(unit);
-    if (found == index.end()) {
-      found = index.emplace(unit, units.size()).first;
-      units.emplace_back(unit, ShardedUnit::NamedParameters{});
-    }
-    units[found->second].second.emplace_back(key, parameter);
-  };
-  // Forward order: context first, layers in index order, the head last.
-  std::vector<std::pair<std::string, at::Tensor>> layers, rest;
+  // Forward order: the context first, the layers in the module's (index) order, the head last.
+  std::vector<std::pair<std::string, ShardedUnit::NamedParameters>> units = {{"context", {}}};
+  ShardedUnit::NamedParameters head;
   for (const auto& item : module.named_parameters()) {
     if (!item.value().requires_grad()) continue;
     const std::string unit = unit_of(item.key());
-    if (unit == "context") add(unit, item.key(), item.value());
-  }
-  for (const auto& item : module.named_parameters()) {
-    if (!item.value().requires_grad()) continue;
-    const std::string unit = unit_of(item.key());
-    if (unit != "context" && unit != "head") add(unit, item.key(), item.value());
-  }
-  for (const auto& item : module.named_parameters()) {
-    if (item.value().requires_grad() && unit_of(item.key()) == "head") {
-      add("head", item.key(), item.value());
+    if (unit == "context") {
+      units.front().second.emplace_back(item.key(), item.value());
+    } else if (unit == "head") {
+      head.emplace_back(item.key(), item.value());
+    } else {
+      if (units.back().first != unit) units.emplace_back(unit, ShardedUnit::NamedParameters{});
+      units.back().second.emplace_back(item.key(), item.value());
     }
   }
-  if (units.empty()) fail("sharding: the model has no trainable parameters");
-  return units;
+  units.emplace_back("head", std::move(head));
+  std::vector<std::pair<std::string, ShardedUnit::NamedParameters>> used;
+  for (auto& unit : units) {
+    if (!unit.second.empty()) used.push_back(std::move(unit));
+  }
+  if (used.empty()) fail("sharding: the model has no trainable parameters");
+  return used;
 }
 
 ShardedParameters::ShardedParameters(torch::nn::Module& module,
@@ -91,7 +83,9 @@ ShardedParameters::ShardedParameters(torch::nn::Module& module,
 }
 
 ShardedParameters::~ShardedParameters() {
-  for (auto& parameter : hooked_) torch::autograd::impl::set_post_acc_grad_hooks(parameter, nullptr);
+  for (auto& parameter : hooked_) {
+    torch::autograd::impl::set_post_acc_grad_hooks(parameter, nullptr);
+  }
 }
 
 void ShardedParameters::begin_backward(bool sync) {

@@ -61,8 +61,9 @@ void ShardedUnit::load_master_from_model() {
     master_.copy_(shard_weights_);
     return;
   }
-  master_.copy_(full_.narrow(0, shard_offset_, shard_numel_));
-  if (mode_ == ShardingMode::kZero3) shard_weights_ = full_.narrow(0, shard_offset_, shard_numel_).clone();
+  const auto owned = full_.narrow(0, shard_offset_, shard_numel_);
+  master_.copy_(owned);
+  if (mode_ == ShardingMode::kZero3) shard_weights_ = owned.clone();
 }
 
 bool ShardedUnit::note_gradient_accumulated() {

@@ -80,7 +80,9 @@ TEST(DSpineDistributed, ShardedGradientSlicesMatchTheCombinedBatch) {
     rows.push_back(testing::random_batch(i % 3 ? dense : sparse, 70 + i));
   }
   std::vector<data::DraftBatch> mine;
-  for (int64_t micro = 0; micro < accumulation; ++micro) mine.push_back(rows[2 * micro + comm->rank()]);
+  for (int64_t micro = 0; micro < accumulation; ++micro) {
+    mine.push_back(rows[2 * micro + comm->rank()]);
+  }
   // Objective chunks of 1 block: the loss terms are recomputed in the backward.
   auto single = testing::training_objective(testing::tiny_config(1, 1));
   auto local = dist::make_single_process_communicator();
@@ -105,16 +107,19 @@ TEST(DSpineDistributed, ShardedGradientSlicesMatchTheCombinedBatch) {
     objective->end_window(context);
     sharded.finish_gradient_sync();
     for (auto& unit : sharded.units()) {
+      // The single-process gradient of the unit, flattened and padded like the unit.
       std::vector<torch::Tensor> flat;
-      for (const auto& item : unit.parameters()) flat.push_back(expected.at(item.first).reshape(-1));
+      for (const auto& item : unit.parameters()) {
+        flat.push_back(expected.at(item.first).reshape(-1));
+      }
       auto whole = torch::cat(flat);
-      const int64_t padded = unit.shard_offset() + unit.shard_numel();
-      if (padded > whole.numel()) whole = torch::constant_pad_nd(whole, {0, padded - whole.numel()});
+      const int64_t end = unit.shard_offset() + unit.shard_numel();
+      if (end > whole.numel()) whole = torch::constant_pad_nd(whole, {0, end - whole.numel()});
       const auto slice = whole.narrow(0, unit.shard_offset(), unit.shard_numel());
-      EXPECT_TRUE(torch::allclose(unit.gradient().narrow(0, 0, unit.shard_numel()), slice, 2e-4, 2e-5))
+      const auto got = unit.gradient().narrow(0, 0, unit.shard_numel());
+      EXPECT_TRUE(torch::allclose(got, slice, 2e-4, 2e-5))
           << "mode " << static_cast<int>(mode) << " rank " << comm->rank() << " unit "
-          << unit.name() << " max diff "
-          << (unit.gradient().narrow(0, 0, unit.shard_numel()) - slice).abs().max().item<double>();
+          << unit.name() << " max diff " << (got - slice).abs().max().item<double>();
     }
     // zero3 frees every unit it gathered once its backward is done.
     if (mode == dist::ShardingMode::kZero3) {

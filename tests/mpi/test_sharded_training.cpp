@@ -133,7 +133,8 @@ TEST(ShardedTraining, ReshardsToOneRankAndBack) {
   const int ranks = comm->world_size();
   const fs::path dir = shared_dir(*comm, "reshard");
   const std::string me = std::to_string(comm->rank());
-  dspine::train::Trainer reference(small_config(dir / ("single" + me), 2 * ranks, "none"), single());
+  dspine::train::Trainer reference(small_config(dir / ("single" + me), 2 * ranks, "none"),
+                                   single());
   const auto expected = reference.run();
 
   // N → 1: N zero2 ranks train 2 steps; one process resumes their checkpoint to step 4.
