@@ -9,7 +9,9 @@
 #include "core/error.h"
 #include "core/files.h"
 #include "core/safetensors.h"
+#include "data/batch_source.h"
 #include "dist/communicator.h"
+#include "objectives/dspine_objective.h"
 #include "train/checkpoint.h"
 #include "train/lr_schedule.h"
 #include "common/small_run.h"
@@ -239,4 +241,35 @@ TEST(Trainer, DSpineTransferCodesComeFromTheCheckpointOnResume) {
   EXPECT_TRUE(torch::equal(buffers["transfer_codes"], flipped));
   EXPECT_EQ(buffers["transfer_codes"].scalar_type(), torch::kFloat);
   EXPECT_TRUE(buffers["transfer_ready"].item<bool>());
+}
+
+// The fresh-start initialisation the objective does on the model (DSpine's readouts from the
+// transfer space) is what the optimizer's fp32 masters start from: a step at a negligible rate
+// leaves it in place instead of writing the pre-initialisation weights back.
+TEST(Trainer, FreshStartInitialisationReachesTheMasters) {
+  auto dir = fresh_dir("fresh_start");
+  Config config = dspine::core::load_config("");  // the embedded tiny DSpine configuration
+  config.training.total_steps = 1;
+  config.training.learning_rate = 1e-12;
+  config.training.device = "cpu";
+  config.checkpoint.dir = (dir / "checkpoints").string();
+  config.checkpoint.resume = "none";
+  config.logging.metrics_file = "";
+  config.logging.progress = "false";
+  config.logging.level = "warn";
+  dspine::train::Trainer trainer(config, dspine::dist::make_single_process_communicator());
+  trainer.run();
+
+  torch::manual_seed(static_cast<uint64_t>(config.training.seed));  // as the trainer builds it
+  auto source = dspine::data::make_batch_source(config, torch::kCPU);
+  auto initialised = dspine::objectives::make_dspine_objective(
+      config, source->embed_tokens(), source->lm_head(), torch::kCPU, torch::kFloat);
+  const std::string readout = "injection.readouts.0.weight";
+  const auto random_init = initialised->module()->named_parameters()[readout].clone();
+  initialised->on_fresh_start();
+  const auto expected = initialised->module()->named_parameters()[readout];
+  const auto trained = trainer.module().named_parameters()[readout];
+  ASSERT_FALSE(torch::allclose(random_init, expected, 1e-3, 1e-3));
+  EXPECT_TRUE(torch::allclose(trained, expected, 1e-5, 1e-6))
+      << "max diff " << (trained - expected).abs().max().item<double>();
 }
