@@ -16,13 +16,14 @@ command -v nvcc >/dev/null || export PATH="/usr/local/cuda/bin:$PATH"
 TORCH_PREFIX=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null)
 { cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$TORCH_PREFIX" &&
   ninja -C "$BUILD_DIR" -j "$(nproc)" test_fused_norm_mlp test_gspo_gpu test_dspine_fused_step \
-    test_random_source_gpu test_dspine_objective dspine-bench; } > "$OUT/build.log" 2>&1 ||
+    test_random_source_gpu test_dspine_objective test_trainer dspine-bench; } > "$OUT/build.log" 2>&1 ||
   { grep -E -A12 "error|FAILED" "$OUT/build.log" | head -80; exit 1; }
 echo "build ok in $(( $(date +%s) - start )) s"
 
 status=0
+# test_trainer trains on the device `auto` picks: the GPU here.
 for test in test_fused_norm_mlp test_gspo_gpu test_dspine_fused_step test_random_source_gpu \
-  test_dspine_objective; do
+  test_dspine_objective test_trainer; do
   "$BUILD_DIR/tests/$test" > "$OUT/$test.log" 2>&1 || status=1
   echo "$test: $(grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/$test.log" | tr '\n' ' ')"
   grep -E "^\[  FAILED  \]|Failure|Expected|Which is|fused vs reference" "$OUT/$test.log" | head -20
