@@ -1,12 +1,10 @@
 // dspine-bench: kernel, seam and training-step benchmarks (run on the GPU machine; see
 // scripts/bench_*.sh). `step` also runs under `mpirun -np N`.
-#include <cstdio>
 #include <exception>
 
 #include <CLI/CLI.hpp>
 
 #include "bench/bench.h"
-#include "core/error.h"
 #include "dist/mpi_context.h"
 
 int main(int argc, char** argv) {
@@ -22,15 +20,7 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   } catch (const std::exception& e) {
-    // dspine::Error carries its context; anything else (e.g. a torch check) is reported as is.
-    const bool ours = dynamic_cast<const dspine::Error*>(&e) != nullptr;
-    const char* kind = ours ? "error" : "internal error";
-    if (mpi.world_size() == 1) {
-      std::fprintf(stderr, "%s: %s\n", kind, e.what());
-      return 1;
-    }
-    std::fprintf(stderr, "%s (rank %d): %s\n", kind, mpi.rank(), e.what());
-    mpi.abort(1);  // a failing rank must not leave the others blocked in a collective
+    return mpi.fail_run(e);
   }
   return 0;
 }

@@ -8,7 +8,6 @@
 #include "core/log.h"
 
 #include "core/config.h"
-#include "core/error.h"
 #include "dist/launch.h"
 #include "dist/mpi_context.h"
 #include "train/trainer.h"
@@ -50,15 +49,7 @@ int main(int argc, char** argv) {
                    result.losses.back(), result.last_checkpoint);
     }
   } catch (const std::exception& e) {
-    // dspine::Error carries its context; anything else (e.g. a torch check) is reported as is.
-    const bool ours = dynamic_cast<const dspine::Error*>(&e) != nullptr;
-    const char* kind = ours ? "error" : "internal error";
-    if (mpi.world_size() == 1) {
-      std::fprintf(stderr, "%s: %s\n", kind, e.what());
-      return 1;
-    }
-    std::fprintf(stderr, "%s (rank %d): %s\n", kind, mpi.rank(), e.what());
-    mpi.abort(1);
+    return mpi.fail_run(e);
   }
   return 0;
 }

@@ -1,6 +1,7 @@
 #include <mpi.h>
 
 #include <climits>
+#include <cstdio>
 #include <functional>
 #include <utility>
 
@@ -220,6 +221,16 @@ MpiContext::~MpiContext() {
 }
 
 void MpiContext::abort(int code) const { end_job(code); }
+
+int MpiContext::fail_run(const std::exception& error) const {
+  const char* kind = dynamic_cast<const Error*>(&error) != nullptr ? "error" : "internal error";
+  if (world_size_ == 1) {
+    std::fprintf(stderr, "%s: %s\n", kind, error.what());
+    return 1;
+  }
+  std::fprintf(stderr, "%s (rank %d): %s\n", kind, rank_, error.what());
+  abort(1);
+}
 
 std::shared_ptr<Communicator> make_mpi_communicator(double timeout_s) {
   int initialized = 0;

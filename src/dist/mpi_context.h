@@ -1,6 +1,7 @@
 // MPI bootstraps every run (mpirun -np N, or a plain single process as a singleton).
 #pragma once
 
+#include <exception>
 #include <memory>
 
 #include "dist/communicator.h"
@@ -18,6 +19,10 @@ class MpiContext {
   int world_size() const { return world_size_; }
   // Ends every rank (a failing rank must not leave the others blocked in a collective).
   [[noreturn]] void abort(int code) const;
+  // What an app's main does with an exception: one line on stderr ("error" for a dspine::Error,
+  // which carries its context, "internal error" otherwise; the rank when there are several),
+  // then exit status 1 in a world of one, or every rank ended.
+  int fail_run(const std::exception& error) const;
 
  private:
   bool owns_ = false;
