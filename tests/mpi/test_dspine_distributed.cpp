@@ -38,21 +38,33 @@ std::map<std::string, torch::Tensor> window_gradients(objectives::DSpineObjectiv
   return grads;
 }
 
+// 2·accumulation rows with uneven masks whose valid anchors all fit num_anchors, so every split
+// of them over ranks and micro-batches sees the same blocks.
+std::vector<data::DraftBatch> uneven_rows(int64_t accumulation, int64_t seed) {
+  const auto sparse = testing::mask_rows({{0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0}});
+  const auto dense = testing::mask_rows({{0, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0}});
+  std::vector<data::DraftBatch> rows;
+  for (int64_t i = 0; i < 2 * accumulation; ++i) {
+    rows.push_back(testing::random_batch(i % 3 ? dense : sparse, seed + i));
+  }
+  return rows;
+}
+
+// Rank r's micro-batches: row 2·micro + r of the combined batch.
+std::vector<data::DraftBatch> rows_of_rank(const std::vector<data::DraftBatch>& rows, int rank) {
+  std::vector<data::DraftBatch> mine;
+  for (size_t micro = 0; 2 * micro + 1 < rows.size(); ++micro) {
+    mine.push_back(rows[2 * micro + rank]);
+  }
+  return mine;
+}
+
 TEST(DSpineDistributed, UnevenRanksMatchTheCombinedBatch) {
   auto comm = dist::make_mpi_communicator(core::DistributedConfig{}.timeout_s);
   ASSERT_EQ(comm->world_size(), 2);
-  // Uneven masks whose valid anchors all fit num_anchors, so every split sees the same blocks.
-  const auto sparse = testing::mask_rows({{0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0}});
-  const auto dense = testing::mask_rows({{0, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0}});
   for (int64_t accumulation : {1, 2}) {
-    std::vector<data::DraftBatch> rows;
-    for (int64_t i = 0; i < 2 * accumulation; ++i) {
-      rows.push_back(testing::random_batch(i % 3 ? dense : sparse, 50 + i));
-    }
-    std::vector<data::DraftBatch> mine;
-    for (int64_t micro = 0; micro < accumulation; ++micro) {
-      mine.push_back(rows[2 * micro + comm->rank()]);
-    }
+    const auto rows = uneven_rows(accumulation, 50);
+    const auto mine = rows_of_rank(rows, comm->rank());
     auto distributed = testing::training_objective(testing::tiny_config(0, accumulation));
     auto grads = window_gradients(*distributed, mine, *comm);
 
@@ -71,18 +83,11 @@ TEST(DSpineDistributed, UnevenRanksMatchTheCombinedBatch) {
 
 
 TEST(DSpineDistributed, ShardedGradientSlicesMatchTheCombinedBatch) {
-  auto comm = dist::make_mpi_communicator(120);
-  const auto sparse = testing::mask_rows({{0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0}});
-  const auto dense = testing::mask_rows({{0, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0}});
+  auto comm = dist::make_mpi_communicator(core::DistributedConfig{}.timeout_s);
+  ASSERT_EQ(comm->world_size(), 2);
   const int64_t accumulation = 2;
-  std::vector<data::DraftBatch> rows;
-  for (int64_t i = 0; i < 2 * accumulation; ++i) {
-    rows.push_back(testing::random_batch(i % 3 ? dense : sparse, 70 + i));
-  }
-  std::vector<data::DraftBatch> mine;
-  for (int64_t micro = 0; micro < accumulation; ++micro) {
-    mine.push_back(rows[2 * micro + comm->rank()]);
-  }
+  const auto rows = uneven_rows(accumulation, 70);
+  const auto mine = rows_of_rank(rows, comm->rank());
   // Objective chunks of 1 block: the loss terms are recomputed in the backward.
   auto single = testing::training_objective(testing::tiny_config(1, 1));
   auto local = dist::make_single_process_communicator();

@@ -33,6 +33,18 @@ Config small_config(const fs::path& dir, int64_t total_steps) {
   return dspine::testing::small_run_config(dir, total_steps);
 }
 
+// The embedded tiny DSpine configuration, checkpoints under `dir`, quiet, no metrics file.
+Config tiny_dspine_config(const fs::path& dir, int64_t total_steps) {
+  Config config = dspine::core::load_config("");
+  config.training.total_steps = total_steps;
+  config.checkpoint.dir = (dir / "checkpoints").string();
+  config.checkpoint.resume = "none";
+  config.logging.metrics_file = "";
+  config.logging.progress = "false";
+  config.logging.level = "warn";
+  return config;
+}
+
 std::map<std::string, torch::Tensor> parameters_of(torch::nn::Module& module) {
   std::map<std::string, torch::Tensor> out;
   for (const auto& item : module.named_parameters()) out[item.key()] = item.value().clone();
@@ -211,14 +223,8 @@ TEST(Trainer, Bf16RunTrainsBf16ParametersFromFp32Masters) {
 
 TEST(Trainer, DSpineTransferCodesComeFromTheCheckpointOnResume) {
   auto dir = fresh_dir("dspine_codes");
-  Config config = dspine::core::load_config("");  // the embedded tiny DSpine configuration
-  config.training.total_steps = 2;
+  Config config = tiny_dspine_config(dir, 2);
   config.data.seq_len = 24;
-  config.checkpoint.dir = (dir / "checkpoints").string();
-  config.checkpoint.resume = "none";
-  config.logging.metrics_file = "";
-  config.logging.progress = "false";
-  config.logging.level = "warn";
   dspine::train::Trainer first(config, dspine::dist::make_single_process_communicator());
   auto saved = first.run();
 
@@ -248,15 +254,9 @@ TEST(Trainer, DSpineTransferCodesComeFromTheCheckpointOnResume) {
 // leaves it in place instead of writing the pre-initialisation weights back.
 TEST(Trainer, FreshStartInitialisationReachesTheMasters) {
   auto dir = fresh_dir("fresh_start");
-  Config config = dspine::core::load_config("");  // the embedded tiny DSpine configuration
-  config.training.total_steps = 1;
+  Config config = tiny_dspine_config(dir, 1);
   config.training.learning_rate = 1e-12;
   config.training.device = "cpu";
-  config.checkpoint.dir = (dir / "checkpoints").string();
-  config.checkpoint.resume = "none";
-  config.logging.metrics_file = "";
-  config.logging.progress = "false";
-  config.logging.level = "warn";
   dspine::train::Trainer trainer(config, dspine::dist::make_single_process_communicator());
   trainer.run();
 
