@@ -60,8 +60,21 @@ torch_python() {
   echo "$VENV/bin/python"
 }
 
+# NCCL normally comes with the CUDA toolkit. Where the toolkit or the loader has none, the
+# nvidia-nccl wheel that torch itself pins goes into the venv, where CMake looks beside torch.
+ensure_nccl() {
+  local py=$1
+  compgen -G "/usr/local/cuda/lib*/libnccl.so*" >/dev/null && return
+  ldconfig -p 2>/dev/null | grep -q 'libnccl\.so' && return
+  "$py" -c "import nvidia.nccl" 2>/dev/null && return
+  [[ $py == "$VENV/bin/python" ]] || { log "warning: no NCCL found and python3 is not our venv"; return; }
+  log "no NCCL in the CUDA toolkit: installing nvidia-nccl-cu13 into $VENV"
+  "$VENV/bin/pip" install -q --no-deps "nvidia-nccl-cu13==2.28.9"
+}
+
 install_system_packages
 PY=$(torch_python)
+ensure_nccl "$PY"
 TORCH_PREFIX=$("$PY" -W ignore -c 'import torch; print(torch.utils.cmake_prefix_path)')
 log "torch from $PY ($TORCH_PREFIX)"
 
