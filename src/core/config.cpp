@@ -102,7 +102,7 @@ std::vector<Key> keys_of(Config& c) {
       {"training.loss_decay_gamma", &t.loss_decay_gamma},
       {"training.objective_chunk_blocks", &t.objective_chunk_blocks},
       {"training.cpu_threads", &t.cpu_threads},
-      {"objective.name", &c.objective.name, {"ce", "dspine"}},
+      {"objective.name", &c.objective.name, {"ce", "dspine", "gspo"}},
       {"checkpoint.dir", &c.checkpoint.dir},
       {"checkpoint.save_every", &c.checkpoint.save_every},
       {"checkpoint.keep_last", &c.checkpoint.keep_last},

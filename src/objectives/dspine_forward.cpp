@@ -92,6 +92,11 @@ DSpineOutput DSpineTrainingModel::forward(const data::DraftBatch& batch, at::Gen
   if (options.ce_only && torch::GradMode::is_enabled()) {
     fail("DSpine CE prepass requires gradients to be disabled");
   }
+  return objective(draft_pass(batch, generator, options, !options.ce_only), options);
+}
+
+DraftPass DSpineTrainingModel::draft_pass(const data::DraftBatch& batch, at::Generator& generator,
+                                          const DSpineForwardOptions& options, bool full_rows) {
   check_batch(batch, model_config_);
   const auto device = lm_head_.device();
   const auto dtype = lm_head_.scalar_type();
@@ -101,7 +106,7 @@ DSpineOutput DSpineTrainingModel::forward(const data::DraftBatch& batch, at::Gen
   auto hidden_states = batch.hidden_states.detach().to(device, dtype);
   const int64_t rows = input_ids.size(0), seq = input_ids.size(1);
 
-  DSpineOutput out;
+  DraftPass out;
   out.schedule = dspine_schedule(model_config_.dspine, options.step, options.total_steps);
   auto sample =
       anchors_for(batch.loss_mask, training_config_.num_anchors, generator, options.overrides);
@@ -127,33 +132,46 @@ DSpineOutput DSpineTrainingModel::forward(const data::DraftBatch& batch, at::Gen
   // §5.9: blocks become rows, M = B·N.
   const int64_t blocks = rows * out.blocks.anchors.size(1);
   const int64_t hidden = model_config_.hidden_size;
-  auto hidden_rows = draft.hidden_states.slice(2, 1).reshape({blocks, proposals, hidden});
-  auto labels = out.blocks.labels.slice(2, 1).reshape({blocks, proposals});
-  auto weights = out.blocks.weights.reshape({blocks, proposals});
-  auto supervised = out.blocks.supervised.reshape({blocks, proposals});
-  out.denominator = weights.sum();
-  out.count = supervised.sum().to(torch::kFloat32);
+  out.hidden_rows = draft.hidden_states.slice(2, 1).reshape({blocks, proposals, hidden});
+  out.labels = out.blocks.labels.slice(2, 1).reshape({blocks, proposals});
+  out.weights = out.blocks.weights.reshape({blocks, proposals});
+  out.supervised = out.blocks.supervised.reshape({blocks, proposals});
+  out.predecessors = out.blocks.labels.slice(2, 0, proposals).reshape({blocks, proposals});
+  if (full_rows) {
+    out.pre_rows = draft.pre_injection.slice(2, 1).reshape({blocks, proposals, hidden});
+    out.features = draft.layer_features.slice(3, 1)
+                       .permute({1, 2, 0, 3, 4})
+                       .reshape({blocks, model_config_.num_hidden_layers, proposals, -1});
+    out.teacher = teacher_hidden(batch.target_last_hidden_states.detach().to(device, dtype),
+                                 out.blocks.source_index)
+                      .reshape({blocks, proposals, hidden});
+  }
+  return out;
+}
+
+DSpineOutput DSpineTrainingModel::objective(const DraftPass& pass,
+                                            const DSpineForwardOptions& options) {
+  const auto device = lm_head_.device();
+  DSpineOutput out;
+  out.schedule = pass.schedule;
+  out.blocks = pass.blocks;
+  out.replace = pass.replace;
+  out.position_ids = pass.position_ids;
+  out.denominator = pass.weights.sum();
+  out.count = pass.supervised.sum().to(torch::kFloat32);
   const int64_t chunk = training_config_.objective_chunk_blocks;
 
   if (options.ce_only) {
     auto sums = checkpointed_chunk_reduce(
         [this](const std::vector<at::Tensor>& c) { return ce_terms(lm_head_, c); },
-        {hidden_rows, labels, weights, supervised}, chunk, {});
+        {pass.hidden_rows, pass.labels, pass.weights, pass.supervised}, chunk, {});
     out.ce = sums[0].to(torch::kFloat32);
     out.correct = sums[1].to(torch::kFloat32);
     out.numerator = out.ce;
     out.loss = out.numerator / out.denominator.clamp_min(1.0);
     return out;
   }
-
-  auto pre_rows = draft.pre_injection.slice(2, 1).reshape({blocks, proposals, hidden});
-  auto features = draft.layer_features.slice(3, 1)
-                      .permute({1, 2, 0, 3, 4})
-                      .reshape({blocks, model_config_.num_hidden_layers, proposals, -1});
-  auto predecessors = out.blocks.labels.slice(2, 0, proposals).reshape({blocks, proposals});
-  auto teacher = teacher_hidden(batch.target_last_hidden_states.detach().to(device, dtype),
-                                out.blocks.source_index)
-                     .reshape({blocks, proposals, hidden});
+  if (!pass.teacher.defined()) fail("DSpine objective terms need a draft pass with its full rows");
 
   std::vector<at::Tensor> trainable;
   for (const auto& p : draft_->parameters()) {
@@ -165,8 +183,9 @@ DSpineOutput DSpineTrainingModel::forward(const data::DraftBatch& batch, at::Gen
       [this, &draft_impl, &dspine](const std::vector<at::Tensor>& c) {
         return objective_terms(draft_impl, lm_head_, dspine, c);
       },
-      {hidden_rows, pre_rows, features, labels, predecessors, teacher, weights, supervised}, chunk,
-      trainable);
+      {pass.hidden_rows, pass.pre_rows, pass.features, pass.labels, pass.predecessors,
+       pass.teacher, pass.weights, pass.supervised},
+      chunk, trainable);
 
   // §7.2: CE̅ of the window (replay) or of this batch over all ranks (immediate path).
   if (options.alignment_ce.defined()) {

@@ -43,6 +43,25 @@ struct DSpineOutput {
   at::Tensor position_ids;  // [B, S + N·bs]
 };
 
+// The draft's side of one batch (§5.2–5.9): anchor blocks laid out, the draft run, and its
+// outputs rearranged into M = B·N rows of T proposals. The objective terms, the GSPO rollout and
+// its update all start from here.
+struct DraftPass {
+  DSpineSchedule schedule;
+  BlockLayout blocks;
+  at::Tensor replace;       // [B, N] bool or undefined
+  at::Tensor position_ids;  // [B, S + N·bs]
+  at::Tensor hidden_rows;   // [M, T, H] final normed draft states
+  at::Tensor labels;        // [M, T] int64 target tokens of the proposals
+  at::Tensor predecessors;  // [M, T] int64 true previous tokens (slot 0: the anchor token)
+  at::Tensor weights;       // [M, T] fp32 decayed supervision weights
+  at::Tensor supervised;    // [M, T] bool
+  // Full rows only:
+  at::Tensor pre_rows;      // [M, T, H] last layer's states before its injection
+  at::Tensor features;      // [M, L, T, r] post-injection features
+  at::Tensor teacher;       // [M, T, H] target's last hidden state before each label
+};
+
 class DSpineTrainingModel {
  public:
   // embed_tokens / lm_head: the target's [V, H] tables, moved to the draft's device and dtype
@@ -54,6 +73,13 @@ class DSpineTrainingModel {
   // order, unless overridden.
   DSpineOutput forward(const data::DraftBatch& batch, at::Generator& generator,
                        const DSpineForwardOptions& options);
+
+  // The draft pass alone (same RNG draws as forward). pre_rows, features and teacher only with
+  // `full_rows` (the CE prepass needs none of them).
+  DraftPass draft_pass(const data::DraftBatch& batch, at::Generator& generator,
+                       const DSpineForwardOptions& options, bool full_rows);
+  // The objective terms of §7 on a draft pass (CE only when options.ce_only).
+  DSpineOutput objective(const DraftPass& pass, const DSpineForwardOptions& options);
 
   model::DSpineDraft draft() const { return draft_; }
   const at::Tensor& embed_tokens() const { return embed_tokens_; }

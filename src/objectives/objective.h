@@ -23,6 +23,7 @@ namespace dspine::objectives {
 struct StepContext {
   int64_t step = 0;         // optimizer step this window belongs to (0-based)
   int64_t total_steps = 1;  // optimizer-step horizon (schedules such as DSpine replacement)
+  int64_t update = 0;       // which of the window's updates_per_window() updates is running
   dist::Communicator* comm = nullptr;  // never null; collectives for global normalizers
   at::Generator generator;  // RNG for sampling inside the objective (anchors, replacement)
   bool training = true;     // false for evaluation (no replay, no replacement)
@@ -41,6 +42,11 @@ class Objective {
   // Called once when training starts from scratch (not on resume): one-time initialisation of
   // model state derived from the frozen target weights (e.g. DSpine's transfer space).
   virtual void on_fresh_start() {}
+
+  // Optimizer updates per window: RL objectives reuse one rollout for several (the trainer runs
+  // every micro_step again, then steps the optimizer, once per update; end_window comes after
+  // the last update's micro-steps).
+  virtual int64_t updates_per_window() const { return 1; }
 
   // Sees the whole window before any micro_step; reduces global normalizers across ranks.
   virtual void begin_window(const std::vector<data::DraftBatch>& micro_batches,

@@ -6,6 +6,7 @@
 #include "model/simple_draft.h"
 #include "objectives/ce_objective.h"
 #include "objectives/dspine_objective.h"
+#include "objectives/gspo_objective.h"
 
 namespace dspine::train {
 namespace {
@@ -48,6 +49,16 @@ BuiltModel build_simple(const core::Config& config, const data::BatchSource& sou
 
 BuiltModel build_dspine(const core::Config& config, const data::BatchSource& source,
                         torch::Device device, torch::Dtype dtype) {
+  if (config.objective.name == "gspo") {
+    auto objective = objectives::make_gspo_objective(config, objectives::GspoSettings{},
+                                                     source.embed_tokens(), source.lm_head(),
+                                                     device, dtype);
+    BuiltModel built;
+    built.module = objective->module();
+    built.hf_config = objective->hf_config();
+    built.objective = std::move(objective);
+    return built;
+  }
   if (config.objective.name != "dspine") {
     fail("objective.name = {} does not train model.architecture: dspine; use objective.name: dspine",
          config.objective.name);

@@ -12,6 +12,7 @@
 #include "data/batch_source.h"
 #include "dist/launch.h"
 #include "dist/sharded_parameters.h"
+#include "model/module_state.h"
 #include "train/builder.h"
 #include "train/checkpoint.h"
 #include "train/lr_schedule.h"
@@ -77,37 +78,6 @@ torch::nn::Module& Trainer::module() { return *state_->built.module; }
 
 void Trainer::set_phase_hook(PhaseHook hook) { state_->phase_hook = std::move(hook); }
 
-namespace {
-
-core::NamedTensors model_state(torch::nn::Module& module) {
-  core::NamedTensors tensors;
-  for (const auto& item : module.named_parameters()) tensors.emplace_back(item.key(), item.value());
-  for (const auto& item : module.named_buffers()) tensors.emplace_back(item.key(), item.value());
-  return tensors;
-}
-
-void load_model_state(torch::nn::Module& module, const core::SafetensorsFile& file) {
-  torch::NoGradGuard no_grad;
-  size_t expected = 0;
-  auto restore = [&](const std::string& name, torch::Tensor& target) {
-    ++expected;
-    const auto& saved = file.at(name);
-    if (!saved.sizes().equals(target.sizes())) {
-      fail("{}: tensor {} has shape {}, the model expects {}", file.path, name,
-           c10::str(saved.sizes()), c10::str(target.sizes()));
-    }
-    target.copy_(saved);
-  };
-  for (auto& item : module.named_parameters()) restore(item.key(), item.value());
-  for (auto& item : module.named_buffers()) restore(item.key(), item.value());
-  if (file.tensors.size() != expected) {
-    fail("{}: holds {} tensors, the model has {} (not the checkpoint of this model?)", file.path,
-         file.tensors.size(), expected);
-  }
-}
-
-}  // namespace
-
 TrainResult Trainer::run(int64_t stop_after) {
   auto& s = *state_;
   const auto& cfg = s.config;
@@ -134,7 +104,7 @@ TrainResult Trainer::run(int64_t stop_after) {
     auto loaded = load_checkpoint(resume_from, rank, world, sharded);
     const auto& ts = loaded.trainer_state;
     s.sharded->gather_all();
-    load_model_state(*s.built.module, loaded.model);
+    model::load_module_state(*s.built.module, loaded.model);
     s.optimizer->load_state(loaded.optimizer, loaded.saved_world_size);
     s.sharded->release_all();
     const std::string stream = fmt::format("objective_generator.rank{}", rank);
@@ -176,7 +146,7 @@ TrainResult Trainer::run(int64_t stop_after) {
     CheckpointContents contents;
     s.sharded->gather_all();  // collective: every rank, though only the leader writes the model
     if (leader) {
-      contents.model = model_state(*s.built.module);
+      contents.model = model::module_state(*s.built.module);
       // zero3 frees the weights again below; keep a copy of what is saved.
       if (s.sharded->mode() == dist::ShardingMode::kZero3) {
         for (auto& item : contents.model) item.second = item.second.to(torch::kCPU, false, true);
@@ -231,18 +201,27 @@ TrainResult Trainer::run(int64_t stop_after) {
     const auto replay_start = phase("replay");
     double local_loss = 0;
     int64_t local_tokens = 0;
-    for (int64_t micro = 0; micro < accumulation; ++micro) {
-      auto out = s.built.objective->micro_step(window[micro], micro, context);
-      // Gradients are reduced over ranks once per window, during its last backward.
-      s.sharded->begin_backward(micro + 1 == accumulation);
-      out.loss.backward();
-      local_loss += out.loss.detach().item<double>();
-      local_tokens += window[micro].input_ids.numel();
+    const double lr = schedule.at(s.step);
+    const int64_t updates = s.built.objective->updates_per_window();
+    double grad_norm = 0;
+    for (int64_t update = 0; update < updates; ++update) {
+      context.update = update;
+      local_loss = 0;
+      for (int64_t micro = 0; micro < accumulation; ++micro) {
+        auto out = s.built.objective->micro_step(window[micro], micro, context);
+        // Gradients are reduced over ranks once per update, during its last backward.
+        s.sharded->begin_backward(micro + 1 == accumulation);
+        out.loss.backward();
+        local_loss += out.loss.detach().item<double>();
+      }
+      if (update + 1 == updates) break;  // the last update steps after end_window, below
+      grad_norm = s.optimizer->step(lr);
+      s.optimizer->zero_grad();
     }
+    for (const auto& batch : window) local_tokens += batch.input_ids.numel();
     auto terms = s.built.objective->end_window(context);
     const auto optimizer_start = phase("optimizer");
-    const double lr = schedule.at(s.step);
-    const double grad_norm = s.optimizer->step(lr);
+    grad_norm = s.optimizer->step(lr);
     s.optimizer->zero_grad();
     const auto window_end = phase("end");
     auto seconds_between = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
@@ -250,6 +229,9 @@ TrainResult Trainer::run(int64_t stop_after) {
     terms["time/prepass_s"] = seconds_between(prepass_start, replay_start);
     terms["time/replay_s"] = seconds_between(replay_start, optimizer_start);
     terms["time/optimizer_s"] = seconds_between(optimizer_start, window_end);
+    terms["time/step_s"] = seconds_between(data_start, window_end);
+    // An objective that times a part of its step (GSPO: the seam) also gets that part's share.
+    if (terms.count("time/seam_s")) terms["time/seam_share"] = terms["time/seam_s"] / terms["time/step_s"];
     auto totals = torch::tensor({local_loss, static_cast<double>(local_tokens)}, torch::kDouble);
     s.comm->all_reduce(totals);
     const double loss = totals[0].item<double>();

@@ -1,0 +1,330 @@
+#include "objectives/gspo_objective.h"
+
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <optional>
+
+#include "core/error.h"
+#include "model/dspine_config.h"
+#include "model/module_state.h"
+#include "model/norm_mlp.h"
+#include "objectives/dspine_terms.h"
+#include "objectives/gspo_policy_loss.h"
+
+namespace dspine::objectives {
+namespace {
+
+model::DSpineDraft build_draft(const core::Config& config, torch::Device device,
+                               torch::Dtype dtype) {
+  const bool fused =
+      model::use_fused_kernels(model::parse_fused_kernels(config.model.fused_kernels), device);
+  model::DSpineDraft draft(config.model, fused);
+  model::place_draft(*draft, device, dtype);
+  return draft;
+}
+
+// Wall time of the seam: CUDA events on the GPU (read once, at the end of the window, with no
+// extra synchronisation on the way), the host clock on the CPU.
+class SeamTimer {
+ public:
+  explicit SeamTimer(const torch::Device& device) : cuda_(device.is_cuda()) {
+    if (cuda_) {
+      start_.emplace(cudaEventDefault);
+      stop_.emplace(cudaEventDefault);
+      start_->record(c10::cuda::getCurrentCUDAStream(device.index()));
+    } else {
+      host_start_ = std::chrono::steady_clock::now();
+    }
+  }
+  void stop() {
+    if (cuda_) {
+      stop_->record(c10::cuda::getCurrentCUDAStream());
+    } else {
+      host_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - host_start_)
+                          .count();
+    }
+  }
+  double seconds() {
+    if (!cuda_) return host_seconds_;
+    stop_->synchronize();
+    return start_->elapsed_time(*stop_) / 1000.0;
+  }
+
+ private:
+  bool cuda_;
+  std::optional<at::cuda::CUDAEvent> start_, stop_;
+  std::chrono::steady_clock::time_point host_start_;
+  double host_seconds_ = 0;
+};
+
+// Sum layout of update_sums_ (this rank's shares; summed over ranks they are global values).
+enum UpdateSum : size_t {
+  kUpdateLoss,          // total loss (GSPO + ce_weight·DSpine)
+  kUpdateGspoLoss,
+  kUpdateNewLogprobs,
+  kUpdateClipped,
+  kUpdateRatioMean,
+  kUpdateKl,
+  kUpdateSupervised,    // the DSpine loss part (ce_weight > 0)
+  kUpdateSums
+};
+
+enum RolloutSum : size_t { kRolloutSegments, kRolloutReward, kRolloutAccepted, kRolloutSums };
+
+// The update's policy rows and sampled tokens of one rollout.
+struct PolicyRows {
+  at::Tensor logits;  // [R, C] with grad
+  GspoPolicySamples samples;
+};
+
+at::Tensor masked_targets(const at::Tensor& choices, const at::Tensor& supervised) {
+  return at::where(supervised, choices, at::full({}, -100, choices.options()));
+}
+
+// Backbone: the K·T slot rows of the backbone logits, each shared by the G samples of its block.
+PolicyRows backbone_rows(const DraftPass& pass, const GspoRollout& r, const at::Tensor& lm_head) {
+  const int64_t blocks = r.tokens.size(0), group = r.tokens.size(1), slots = r.tokens.size(2);
+  PolicyRows out;
+  auto hidden = pass.hidden_rows.index_select(0, r.kept);
+  out.logits = project_logits(hidden, lm_head).view({blocks * slots, -1});
+  auto per_slot = [&](const at::Tensor& t) {  // [K, G, T] → [K·T, G]
+    return t.permute({0, 2, 1}).reshape({blocks * slots, group});
+  };
+  auto& s = out.samples;
+  s.targets = per_slot(masked_targets(r.choices, r.supervised.unsqueeze(1)));
+  s.old_logprobs = per_slot(r.old_logprobs);
+  s.advantages = per_slot(r.advantages.unsqueeze(2).expand({blocks, group, slots}));
+  auto segment = torch::arange(blocks * group, r.tokens.options()).view({blocks, group, 1});
+  s.segments = per_slot(segment.expand({blocks, group, slots}));
+  auto counts = r.supervised.sum(1).view({blocks, 1, 1});
+  s.label_counts = per_slot(counts.expand({blocks, group, slots}));
+  // Seam order (block, sample, slot): row-major index of token (k, g, t) is (k·T + t)·G + g.
+  s.seam_order = torch::arange(blocks * slots * group, r.tokens.options())
+                     .view({blocks, slots, group})
+                     .permute({0, 2, 1})
+                     .reshape(-1);
+  s.num_segments = blocks * group;
+  return out;
+}
+
+// Refinement: one row per (block, sample, slot) over the slot's k candidates, scored by
+// refine(pre, previous sampled token) as in the rollout's walk.
+PolicyRows refinement_rows(const DraftPass& pass, const GspoRollout& r,
+                           model::DSpineDraftImpl& draft, const at::Tensor& lm_head) {
+  const int64_t blocks = r.tokens.size(0), group = r.tokens.size(1), slots = r.tokens.size(2);
+  const int64_t hidden = pass.pre_rows.size(2), k = r.candidates.size(2);
+  auto pre = pass.pre_rows.index_select(0, r.kept).unsqueeze(1).expand({blocks, group, slots, hidden});
+  auto anchor = pass.predecessors.index_select(0, r.kept).select(1, 0).view({blocks, 1, 1});
+  auto previous = torch::cat({anchor.expand({blocks, group, 1}), r.tokens.narrow(2, 0, slots - 1)}, 2);
+  auto refined = draft.refine(pre, previous);  // [K, G, T, H]
+  auto heads = lm_head.index_select(0, r.candidates.reshape(-1)).view({blocks, 1, slots, k, hidden});
+  auto scores = refined.unsqueeze(3).matmul(heads.transpose(3, 4)).squeeze(3);  // [K, G, T, k]
+  PolicyRows out;
+  out.logits = scores.reshape({blocks * group * slots, k});
+  auto& s = out.samples;
+  auto flat = [&](const at::Tensor& t) { return t.reshape({blocks * group * slots, 1}); };
+  s.targets = flat(masked_targets(r.choices, r.supervised.unsqueeze(1)));
+  s.old_logprobs = flat(r.old_logprobs);
+  s.advantages = flat(r.advantages.unsqueeze(2).expand({blocks, group, slots}));
+  s.segments = flat(torch::arange(blocks * group, r.tokens.options())
+                        .view({blocks, group, 1})
+                        .expand({blocks, group, slots}));
+  s.label_counts = flat(r.supervised.sum(1).view({blocks, 1, 1}).expand({blocks, group, slots}));
+  s.seam_order = torch::arange(blocks * group * slots, r.tokens.options());
+  s.num_segments = blocks * group;
+  return out;
+}
+
+// KL(rollout ‖ policy) per segment by the k3 estimator r − 1 − log r (r = π/π_old, ≥ 0), averaged
+// over the segment's labelled tokens; this rank's share of the mean over the D segments.
+double kl_share(const at::Tensor& logprobs, const GspoPolicySamples& s, double divisor) {
+  auto mask = s.targets.ge(0);
+  auto log_ratio = (logprobs - s.old_logprobs).masked_fill(~mask, 0.0);
+  auto k3 = log_ratio.exp() - 1.0 - log_ratio;
+  auto weight = mask.to(torch::kFloat32) / s.label_counts.clamp_min(1).to(torch::kFloat32);
+  return (k3 * weight).sum().item<double>() / divisor;
+}
+
+at::Tensor reduced(std::vector<double> values, dist::Communicator& comm) {
+  auto t = torch::tensor(values, torch::kFloat64).contiguous();
+  comm.all_reduce(t);
+  return t;
+}
+
+}  // namespace
+
+GspoObjective::GspoObjective(const core::Config& config, const GspoSettings& settings,
+                             at::Tensor embed_tokens, at::Tensor lm_head, torch::Device device,
+                             torch::Dtype dtype)
+    : config_(config),
+      settings_(settings),
+      draft_(build_draft(config, device, dtype)),
+      model_(config, draft_, std::move(embed_tokens), std::move(lm_head)) {
+  if (settings_.rollout.group_size < 2)
+    fail("gspo: objective.gspo.group_size must be >= 2 (got {})", settings_.rollout.group_size);
+  if (settings_.updates_per_rollout < 1)
+    fail("gspo: objective.gspo.updates_per_rollout must be >= 1 (got {})",
+         settings_.updates_per_rollout);
+}
+
+nlohmann::json GspoObjective::hf_config() const {
+  return model::dspine_hf_config(config_.model, config_.training.dtype);
+}
+
+void GspoObjective::on_fresh_start() {
+  if (settings_.init_from.empty()) {
+    draft_->initialize_transfer_space(model_.lm_head());
+    return;
+  }
+  const auto file = core::load_safetensors(model::weights_file(settings_.init_from));
+  model::load_module_state(*draft_, file);
+  if (!draft_->transfer_ready())
+    fail("objective.gspo.init_from: {} holds a draft whose transfer space was never built",
+         file.path);
+}
+
+DraftPass GspoObjective::pass(const data::DraftBatch& batch, StepContext& context,
+                              const BlockOverrides* blocks, bool full_rows) {
+  DSpineForwardOptions options;
+  options.step = context.step;
+  options.total_steps = context.total_steps;
+  options.training = false;  // RL draws no replacement: the policy sees its own predecessors
+  options.comm = context.comm;
+  options.overrides = blocks;
+  return model_.draft_pass(batch, context.generator, options, full_rows);
+}
+
+void GspoObjective::begin_window(const std::vector<data::DraftBatch>& micro_batches,
+                                 StepContext& context) {
+  if (static_cast<int64_t>(micro_batches.size()) != config_.training.accumulation_steps)
+    fail("gspo: the window has {} micro-batches, training.accumulation_steps is {}",
+         micro_batches.size(), config_.training.accumulation_steps);
+  torch::NoGradGuard no_grad;
+  const auto& r = settings_.rollout;
+  const bool full = r.sampling == GspoSampling::kRefinement ||
+                    r.reward == GspoReward::kExpectedAcceptance;
+  rollouts_.clear();
+  rollout_sums_.assign(kRolloutSums, 0.0);
+  update_sums_.assign(kUpdateSums, 0.0);
+  seam_seconds_ = 0;
+  double weights = 0;
+  for (const auto& batch : micro_batches) {
+    auto p = pass(batch, context, nullptr, full);
+    rollouts_.push_back(gspo_rollout(p, *draft_, model_.lm_head(), r, context.generator));
+    const auto& rollout = rollouts_.back();
+    rollout_sums_[kRolloutSegments] += static_cast<double>(rollout.rewards.numel());
+    rollout_sums_[kRolloutReward] += rollout.rewards.sum().item<double>();
+    rollout_sums_[kRolloutAccepted] += rollout.accepted.sum().item<double>();
+    weights += p.weights.sum().item<double>();
+  }
+  auto totals = reduced({rollout_sums_[kRolloutSegments], weights}, *context.comm);
+  divisor_ = totals[0].item<double>();
+  dspine_denominator_ = totals[1].item<double>();
+  if (!(divisor_ > 0)) fail("gspo: the window has no anchor block on any rank");
+}
+
+MicroStepResult GspoObjective::micro_step(const data::DraftBatch& batch, int64_t index,
+                                          StepContext& context) {
+  if (index < 0 || index >= static_cast<int64_t>(rollouts_.size()))
+    fail("gspo: micro-step {} has no rollout (begin_window first)", index);
+  const auto& rollout = rollouts_[index];
+  const bool refinement = settings_.rollout.sampling == GspoSampling::kRefinement;
+  const bool supervised = settings_.ce_weight > 0;
+  BlockOverrides blocks{rollout.anchors, rollout.keep, at::Tensor()};
+  auto p = pass(batch, context, &blocks, refinement || supervised);
+  auto rows = refinement ? refinement_rows(p, rollout, *draft_, model_.lm_head())
+                         : backbone_rows(p, rollout, model_.lm_head());
+
+  GspoSeamParams params;
+  params.logits_scale = settings_.rollout.logits_scale;
+  params.eps_low = settings_.eps_low;
+  params.eps_high = settings_.eps_high;
+  params.divisor = divisor_;
+  SeamTimer timer(rows.logits.device());
+  auto policy = gspo_policy_loss(rows.logits, rows.samples, params, *context.comm);
+  timer.stop();
+  seam_seconds_ += timer.seconds();
+
+  auto loss = policy.loss;
+  if (supervised) {
+    DSpineForwardOptions options;
+    options.step = context.step;
+    options.total_steps = context.total_steps;
+    options.training = false;
+    options.comm = context.comm;  // alignment scale from this micro-batch over all ranks
+    auto terms = model_.objective(p, options);
+    auto part = terms.numerator / dspine_denominator_;
+    update_sums_[kUpdateSupervised] += part.detach().item<double>();
+    loss = loss + settings_.ce_weight * part.to(loss.scalar_type());
+  }
+  update_sums_[kUpdateLoss] += loss.detach().item<double>();
+  update_sums_[kUpdateGspoLoss] += policy.seam.loss.item<double>();
+  update_sums_[kUpdateNewLogprobs] += policy.seam.new_logprobs.item<double>();
+  update_sums_[kUpdateClipped] += policy.seam.clipped_fraction.item<double>();
+  update_sums_[kUpdateRatioMean] += policy.seam.ratio_mean.item<double>();
+  update_sums_[kUpdateKl] += kl_share(policy.logprobs, rows.samples, divisor_);
+  const int64_t tokens = rows.samples.targets.ge(0).sum().item<int64_t>();
+  return {loss, tokens};
+}
+
+std::map<std::string, double> GspoObjective::end_window(StepContext& context) {
+  auto update = update_sums_;
+  update.insert(update.end(), rollout_sums_.begin(), rollout_sums_.end());
+  auto sums = reduced(update, *context.comm);
+  auto s = sums.accessor<double, 1>();
+  const double updates = static_cast<double>(settings_.updates_per_rollout);
+  const double segments = std::max(s[kUpdateSums + kRolloutSegments], 1.0);
+  std::map<std::string, double> metrics = {
+      {"loss", s[kUpdateLoss] / updates},
+      {"gspo/loss", s[kUpdateGspoLoss] / updates},
+      {"gspo/new_logprobs", s[kUpdateNewLogprobs] / updates},
+      {"gspo/clipped_fraction", s[kUpdateClipped] / updates},
+      {"gspo/ratio_mean", s[kUpdateRatioMean] / updates},
+      {"gspo/kl", s[kUpdateKl] / updates},
+      {"gspo/reward", s[kUpdateSums + kRolloutReward] / segments},
+      // τ: the accepted prefix plus the token the target itself adds at verification.
+      {"gspo/accepted_length", s[kUpdateSums + kRolloutAccepted] / segments + 1.0},
+      {"gspo/segments", segments},
+      {"time/seam_s", seam_seconds_},
+  };
+  if (settings_.ce_weight > 0) metrics["gspo/dspine_loss"] = s[kUpdateSupervised] / updates;
+  rollouts_.clear();
+  return metrics;
+}
+
+std::map<std::string, double> GspoObjective::evaluate(const data::DraftBatch& batch,
+                                                      StepContext& context) {
+  torch::NoGradGuard no_grad;
+  const auto& r = settings_.rollout;
+  auto p = pass(batch, context, nullptr, true);
+  auto rollout = gspo_rollout(p, *draft_, model_.lm_head(), r, context.generator);
+  auto greedy = gspo_greedy_tokens(p, rollout.kept, *draft_, model_.lm_head(), r);
+  auto greedy_accepted = accepted_prefix(greedy.unsqueeze(1), rollout.labels, rollout.supervised);
+  auto sums = reduced({static_cast<double>(rollout.rewards.numel()),
+                       rollout.rewards.sum().item<double>(),
+                       rollout.accepted.sum().item<double>(),
+                       static_cast<double>(greedy_accepted.numel()),
+                       greedy_accepted.sum().item<double>()},
+                      *context.comm);
+  auto s = sums.accessor<double, 1>();
+  const double segments = std::max(s[0], 1.0), blocks = std::max(s[3], 1.0);
+  return {
+      {"gspo/reward", s[1] / segments},
+      {"gspo/accepted_length", s[2] / segments + 1.0},
+      {"gspo/greedy_accepted_length", s[4] / blocks + 1.0},
+      {"gspo/blocks", s[3]},
+  };
+}
+
+std::unique_ptr<GspoObjective> make_gspo_objective(const core::Config& config,
+                                                   const GspoSettings& settings,
+                                                   at::Tensor embed_tokens, at::Tensor lm_head,
+                                                   torch::Device device, torch::Dtype dtype) {
+  return std::make_unique<GspoObjective>(config, settings, std::move(embed_tokens),
+                                         std::move(lm_head), device, dtype);
+}
+
+}  // namespace dspine::objectives

@@ -1,0 +1,84 @@
+// The GSPO RL objective (objective.name: gspo; docs/gspo.md, "RL steps"). The DSpine draft is the
+// policy and one sampled draft block is one GSPO segment.
+//
+// Window: begin_window rolls out every micro-batch without gradients (anchors as in supervised
+// training, G blocks per kept anchor, rewards, group advantages) and reduces the divisor D (the
+// window's segments over all ranks) with one all-reduce. The trainer then runs
+// updates_per_window() = updates_per_rollout optimizer updates on that rollout: each re-runs the
+// draft with gradients on the same anchor blocks and puts the sampled tokens' logits through the
+// GSPO seam. From the second update on the policy differs from the rollout's, so the ratios
+// differ from 1 and clipping acts. ce_weight > 0 adds the supervised DSpine loss of the same
+// blocks. Metrics are reduced over ranks in end_window.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/types.h>
+
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "core/config.h"
+#include "model/dspine_draft.h"
+#include "objectives/dspine_forward.h"
+#include "objectives/gspo_rollout.h"
+#include "objectives/gspo_seam.h"
+#include "objectives/objective.h"
+
+namespace dspine::objectives {
+
+// objective.gspo.* (validated where the config is read).
+struct GspoSettings {
+  GspoRolloutSettings rollout;
+  double eps_low = 3e-4;
+  double eps_high = 4e-4;
+  int64_t updates_per_rollout = 1;
+  double ce_weight = 0.0;
+  std::string init_from;  // checkpoint directory or a draft model.safetensors; "" = fresh draft
+};
+
+class GspoObjective final : public Objective {
+ public:
+  GspoObjective(const core::Config& config, const GspoSettings& settings, at::Tensor embed_tokens,
+                at::Tensor lm_head, torch::Device device, torch::Dtype dtype);
+
+  std::string name() const override { return "gspo"; }
+  std::shared_ptr<torch::nn::Module> module() { return draft_.ptr(); }
+  model::DSpineDraft draft() { return draft_; }
+  nlohmann::json hf_config() const;
+  int64_t updates_per_window() const override { return settings_.updates_per_rollout; }
+
+  // Loads init_from (weights and transfer codes) or builds the transfer space of a fresh draft.
+  void on_fresh_start() override;
+  void begin_window(const std::vector<data::DraftBatch>& micro_batches,
+                    StepContext& context) override;
+  MicroStepResult micro_step(const data::DraftBatch& batch, int64_t index,
+                             StepContext& context) override;
+  std::map<std::string, double> end_window(StepContext& context) override;
+  // Rollout metrics plus the greedy (inference-path) accepted length of every anchor block.
+  std::map<std::string, double> evaluate(const data::DraftBatch& batch,
+                                         StepContext& context) override;
+
+ private:
+  DraftPass pass(const data::DraftBatch& batch, StepContext& context, const BlockOverrides* blocks,
+                 bool full_rows);
+
+  core::Config config_;
+  GspoSettings settings_;
+  model::DSpineDraft draft_;
+  DSpineTrainingModel model_;
+  std::vector<GspoRollout> rollouts_;  // the window's, one per micro-batch
+  double divisor_ = 1;                 // D: the window's segments over all ranks
+  double dspine_denominator_ = 1;      // the window's Σ supervision weights over all ranks
+  std::vector<double> rollout_sums_;   // [segments, Σ reward, Σ accepted] of this rank's window
+  std::vector<double> update_sums_;    // this rank's metric shares, summed over the window
+  double seam_seconds_ = 0;
+};
+
+std::unique_ptr<GspoObjective> make_gspo_objective(const core::Config& config,
+                                                   const GspoSettings& settings,
+                                                   at::Tensor embed_tokens, at::Tensor lm_head,
+                                                   torch::Device device, torch::Dtype dtype);
+
+}  // namespace dspine::objectives

@@ -1,0 +1,161 @@
+#include "objectives/gspo_policy_loss.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "ops/gspo_ops.h"
+
+namespace dspine::objectives {
+namespace {
+
+constexpr int64_t kReferenceChunkBytes = int64_t(256) << 20;
+
+bool fused_on(GspoBackend backend, const at::Tensor& logits) {
+  if (backend == GspoBackend::kFused && !logits.is_cuda())
+    fail("gspo policy loss: the fused back end needs CUDA logits, got {}", logits.device().str());
+  return backend == GspoBackend::kFused || (backend == GspoBackend::kAuto && logits.is_cuda());
+}
+
+void check_samples(const at::Tensor& logits, const GspoPolicySamples& s) {
+  if (!logits.defined() || logits.dim() != 2)
+    fail("gspo policy loss: logits must be [R, V], got {}",
+         logits.defined() ? c10::str(logits.sizes()) : "none");
+  const int64_t rows = logits.size(0);
+  for (const auto* t : {&s.targets, &s.old_logprobs, &s.advantages, &s.segments, &s.label_counts}) {
+    if (!t->defined() || t->dim() != 2 || t->size(0) != rows || t->size(1) != s.targets.size(1))
+      fail("gspo policy loss: every per-sample input must be [R = {}, G], got {}", rows,
+           t->defined() ? c10::str(t->sizes()) : "none");
+  }
+  if (!s.seam_order.defined() || s.seam_order.numel() != s.targets.numel())
+    fail("gspo policy loss: seam_order must hold R·G = {} indices", s.targets.numel());
+  if (s.targets.ge(logits.size(1)).any().item<bool>())
+    fail("gspo policy loss: a target id is outside the {} logits columns", logits.size(1));
+}
+
+// lse_r = logsumexp(λ·z_r) in fp32, by the fused vocab forward on CUDA (no fp32 [R, V] tensor)
+// or in row chunks on the CPU.
+at::Tensor row_logsumexp(const at::Tensor& logits, const at::Tensor& first_targets, double scale,
+                         bool fused) {
+  if (fused) {
+    ops::GspoFusedSeam status(logits.size(0), 1, logits.device());
+    at::Tensor logprobs, lse;
+    ops::gspo_vocab_forward(logits, first_targets, scale, status, logprobs, lse);
+    return lse;
+  }
+  const int64_t rows = logits.size(0);
+  const int64_t chunk =
+      std::max<int64_t>(1, kReferenceChunkBytes / (4 * std::max<int64_t>(logits.size(1), 1)));
+  auto lse = at::empty({rows}, logits.options().dtype(at::kFloat));
+  for (int64_t begin = 0; begin < rows; begin += chunk) {
+    const int64_t n = std::min(chunk, rows - begin);
+    lse.narrow(0, begin, n).copy_((logits.narrow(0, begin, n).to(at::kFloat) * scale).logsumexp(1));
+  }
+  return lse;
+}
+
+// grad = Σ_g c_g·(p − δ_{y_g}) per row. The sum-coefficient part C·p − C·δ_{y_0} comes from the
+// fused vocab backward (or chunked ATen); the label columns are then overwritten with their exact
+// value C·p_y − Σ_{g': y_g' = y} c_g', computed in fp32 and rounded once.
+at::Tensor logits_gradient(const at::Tensor& logits, const at::Tensor& targets,
+                           const at::Tensor& lse, const at::Tensor& coefficient,
+                           const at::Tensor& logprobs, double scale, bool fused) {
+  const auto labelled = targets.select(1, 0).ge(0);
+  const auto total = coefficient.sum(1);  // C_r
+  auto grad = at::empty_like(logits);
+  if (fused) {
+    ops::gspo_vocab_backward(logits, targets.select(1, 0).contiguous(), lse, total.contiguous(),
+                             scale, grad, /*accumulate=*/false);
+  } else {
+    const int64_t rows = logits.size(0);
+    const int64_t chunk =
+        std::max<int64_t>(1, kReferenceChunkBytes / (4 * std::max<int64_t>(logits.size(1), 1)));
+    for (int64_t begin = 0; begin < rows; begin += chunk) {
+      const int64_t n = std::min(chunk, rows - begin);
+      auto p = (logits.narrow(0, begin, n).to(at::kFloat) * scale -
+                lse.narrow(0, begin, n).unsqueeze(1))
+                   .exp();
+      auto row_mask = labelled.narrow(0, begin, n).unsqueeze(1);
+      grad.narrow(0, begin, n)
+          .copy_(at::where(row_mask, p * total.narrow(0, begin, n).unsqueeze(1),
+                           at::zeros({}, p.options())));
+    }
+  }
+  const auto same = targets.unsqueeze(2).eq(targets.unsqueeze(1));  // [R, G, G]
+  const auto label_value =
+      total.unsqueeze(1) * logprobs.exp() -
+      (same.to(at::kFloat) * coefficient.unsqueeze(1)).sum(2);  // [R, G]
+  // Masked rows are zero; writing 0 into their column 0 keeps them so. A token drawn twice in a
+  // row is written twice with the same value.
+  const auto value = at::where(labelled.unsqueeze(1), label_value, at::zeros({}, label_value.options()));
+  grad.scatter_(1, targets.clamp_min(0), value.to(grad.scalar_type()));
+  return grad;
+}
+
+struct Computed {
+  GspoSeamResult seam;
+  at::Tensor logprobs;
+  at::Tensor grad;
+};
+
+Computed compute(const at::Tensor& logits, const GspoPolicySamples& s, GspoSeamParams params,
+                 dist::Communicator& comm, GspoBackend backend) {
+  check_samples(logits, s);
+  const bool fused = fused_on(backend, logits);
+  const double scale = params.logits_scale;
+  const auto mask = s.targets.ge(0);
+  const auto columns = s.targets.clamp_min(0);
+  const auto lse = row_logsumexp(logits, s.targets.select(1, 0).contiguous(), scale, fused);
+  auto logprobs = logits.gather(1, columns).to(at::kFloat) * scale - lse.unsqueeze(1);
+  logprobs = at::where(mask, logprobs, at::zeros({}, logprobs.options()));
+
+  auto in_order = [&](const at::Tensor& t) { return t.reshape(-1).index_select(0, s.seam_order); };
+  GspoTokens tokens{in_order(s.targets), in_order(s.old_logprobs), in_order(s.advantages),
+                    in_order(s.segments), in_order(s.label_counts)};
+  params.num_segments = s.num_segments;
+  params.grad_output = 1.0;
+  Computed out;
+  out.seam = gspo_segment_seam(in_order(logprobs), tokens, params, comm, backend);
+  auto coefficient = at::zeros({s.targets.numel()}, logprobs.options())
+                         .index_copy_(0, s.seam_order, out.seam.coefficient)
+                         .view(s.targets.sizes());
+  out.grad = logits_gradient(logits, s.targets, lse, coefficient, logprobs, scale, fused);
+  out.logprobs = logprobs;
+  return out;
+}
+
+// Autograd node: forward runs the seam with g = 1 and keeps the logits gradient; backward scales
+// it by the incoming scalar gradient (c_t is linear in g).
+class PolicyLossFunction : public torch::autograd::Function<PolicyLossFunction> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& logits,
+                            const GspoPolicySamples* samples, const GspoSeamParams* params,
+                            dist::Communicator* comm, GspoBackend backend, Computed* out) {
+    *out = compute(logits, *samples, *params, *comm, backend);
+    ctx->saved_data["grad"] = out->grad;
+    return out->seam.loss.clone();
+  }
+
+  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
+                                               torch::autograd::tensor_list grad_outputs) {
+    auto grad = ctx->saved_data["grad"].toTensor();
+    const auto& upstream = grad_outputs[0];
+    // In place: the node is used once (the saved gradient is the biggest tensor of the update).
+    if (upstream.defined()) grad.mul_(upstream.to(grad.scalar_type()));
+    return {grad, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+GspoPolicyLoss gspo_policy_loss(const at::Tensor& logits, const GspoPolicySamples& samples,
+                                GspoSeamParams params, dist::Communicator& comm,
+                                GspoBackend backend) {
+  Computed computed;
+  auto loss = PolicyLossFunction::apply(logits, &samples, &params, &comm, backend, &computed);
+  computed.grad = at::Tensor();  // the node holds it until backward
+  return {loss, computed.seam, computed.logprobs};
+}
+
+}  // namespace dspine::objectives

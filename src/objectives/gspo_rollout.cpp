@@ -1,0 +1,239 @@
+#include "objectives/gspo_rollout.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <functional>
+
+#include "core/error.h"
+#include "objectives/dspine_terms.h"
+
+namespace dspine::objectives {
+namespace {
+
+// The rows of a draft pass restricted to its kept blocks.
+struct KeptRows {
+  at::Tensor hidden, pre, teacher, predecessors;  // [K, T, ...]
+};
+
+KeptRows kept_rows(const DraftPass& pass, const at::Tensor& kept, bool need_pre,
+                   bool need_teacher) {
+  KeptRows rows;
+  rows.hidden = pass.hidden_rows.index_select(0, kept);
+  rows.predecessors = pass.predecessors.index_select(0, kept);
+  if (need_pre) {
+    if (!pass.pre_rows.defined()) fail("gspo: refinement sampling needs a draft pass with full rows");
+    rows.pre = pass.pre_rows.index_select(0, kept);
+  }
+  if (need_teacher) {
+    if (!pass.teacher.defined()) fail("gspo: expected_acceptance needs a draft pass with full rows");
+    rows.teacher = pass.teacher.index_select(0, kept);
+  }
+  return rows;
+}
+
+// Chooses indices [R, G] from unnormalised row probabilities [R, C]: sampling or argmax. The
+// backbone passes all c·T slot rows of a chunk at once (slot −1), the refinement walk the c·G
+// (block, sample) rows of one slot.
+using Chooser = std::function<at::Tensor(const at::Tensor& probs, int64_t slot)>;
+
+struct Walk {
+  at::Tensor choices;       // [c, G, T]
+  at::Tensor tokens;        // [c, G, T]
+  at::Tensor logprobs;      // [c, G, T] under softmax(λ·z)
+  at::Tensor probs;         // [c, G, T] under the sampling distribution
+  at::Tensor candidates;    // [c, T, k] (refinement)
+};
+
+// Backbone: every slot from softmax(λ·z/τ) of its own logits; rows are the c·T slots.
+Walk backbone_walk(const KeptRows& rows, const at::Tensor& lm_head,
+                   const GspoRolloutSettings& s, int64_t group, const Chooser& choose) {
+  const int64_t c = rows.hidden.size(0), t = rows.hidden.size(1);
+  auto z = project_logits(rows.hidden, lm_head).to(torch::kFloat32).view({c * t, -1});
+  auto policy = torch::log_softmax(z * s.logits_scale, -1);
+  auto sampling = torch::softmax(z * (s.logits_scale / s.temperature), -1);
+  auto choice = choose(sampling, -1);  // [c·T, G]
+  Walk w;
+  w.choices = choice.view({c, t, group}).permute({0, 2, 1}).contiguous();
+  w.tokens = w.choices;
+  w.logprobs = policy.gather(1, choice).view({c, t, group}).permute({0, 2, 1}).contiguous();
+  w.probs = sampling.gather(1, choice).view({c, t, group}).permute({0, 2, 1}).contiguous();
+  return w;
+}
+
+// Refinement: slot by slot, refine(pre_t, previous token) scored against the backbone's top-k
+// candidates of the slot; the previous token of slot 0 is the anchor token.
+Walk refinement_walk(const KeptRows& rows, model::DSpineDraftImpl& draft,
+                     const at::Tensor& lm_head, const GspoRolloutSettings& s, int64_t group,
+                     const Chooser& choose) {
+  const int64_t c = rows.hidden.size(0), t = rows.hidden.size(1), h = rows.hidden.size(2);
+  const int64_t k = std::min<int64_t>(s.top_k, lm_head.size(0));
+  auto z = project_logits(rows.hidden, lm_head).to(torch::kFloat32);
+  Walk w;
+  w.candidates = std::get<1>(z.topk(k, -1));  // [c, T, k]
+  std::vector<at::Tensor> choices, tokens, logprobs, probs;
+  auto previous = rows.predecessors.select(1, 0).unsqueeze(1).expand({c, group});
+  for (int64_t slot = 0; slot < t; ++slot) {
+    auto pre = rows.pre.select(1, slot).unsqueeze(1).expand({c, group, h});
+    auto refined = draft.refine(pre, previous);                                // [c, G, H]
+    auto heads = lm_head.index_select(0, w.candidates.select(1, slot).reshape(-1))
+                     .view({c, k, h});                                         // [c, k, H]
+    auto scores = refined.matmul(heads.transpose(1, 2)).to(torch::kFloat32);  // [c, G, k]
+    auto policy = torch::log_softmax(scores * s.logits_scale, -1);
+    auto sampling = torch::softmax(scores * (s.logits_scale / s.temperature), -1);
+    auto choice = choose(sampling.view({c * group, k}), slot).view({c, group});
+    auto token = w.candidates.select(1, slot).gather(1, choice);
+    choices.push_back(choice);
+    tokens.push_back(token);
+    logprobs.push_back(policy.gather(2, choice.unsqueeze(2)).squeeze(2));
+    probs.push_back(sampling.gather(2, choice.unsqueeze(2)).squeeze(2));
+    previous = token;
+  }
+  w.choices = torch::stack(choices, 2);
+  w.tokens = torch::stack(tokens, 2);
+  w.logprobs = torch::stack(logprobs, 2);
+  w.probs = torch::stack(probs, 2);
+  return w;
+}
+
+// Runs the walk over chunks of kept blocks and concatenates the chunks.
+Walk walk_blocks(const KeptRows& rows, model::DSpineDraftImpl& draft, const at::Tensor& lm_head,
+                 const GspoRolloutSettings& s, int64_t group,
+                 const std::function<Chooser(int64_t first_block)>& chooser_for) {
+  const int64_t blocks = rows.hidden.size(0);
+  const int64_t chunk = s.chunk_blocks > 0 ? s.chunk_blocks : std::max<int64_t>(blocks, 1);
+  std::vector<Walk> parts;
+  for (int64_t begin = 0; begin < blocks; begin += chunk) {
+    const int64_t n = std::min(chunk, blocks - begin);
+    KeptRows part;
+    part.hidden = rows.hidden.narrow(0, begin, n);
+    part.predecessors = rows.predecessors.narrow(0, begin, n);
+    if (rows.pre.defined()) part.pre = rows.pre.narrow(0, begin, n);
+    const Chooser choose = chooser_for(begin);
+    parts.push_back(s.sampling == GspoSampling::kBackbone
+                        ? backbone_walk(part, lm_head, s, group, choose)
+                        : refinement_walk(part, draft, lm_head, s, group, choose));
+  }
+  auto cat = [&](at::Tensor Walk::*field) {
+    std::vector<at::Tensor> items;
+    for (const auto& part : parts) {
+      if ((part.*field).defined()) items.push_back(part.*field);
+    }
+    return items.empty() ? at::Tensor() : torch::cat(items, 0);
+  };
+  Walk w;
+  w.choices = cat(&Walk::choices);
+  w.tokens = cat(&Walk::tokens);
+  w.logprobs = cat(&Walk::logprobs);
+  w.probs = cat(&Walk::probs);
+  w.candidates = cat(&Walk::candidates);
+  return w;
+}
+
+// Teacher probabilities p_T(y) = softmax(lm_head(teacher_h))[y] of tokens [K, G, T].
+at::Tensor teacher_probs(const at::Tensor& teacher, const at::Tensor& lm_head,
+                         const at::Tensor& tokens, int64_t chunk_blocks) {
+  const int64_t blocks = teacher.size(0);
+  const int64_t chunk = chunk_blocks > 0 ? chunk_blocks : std::max<int64_t>(blocks, 1);
+  std::vector<at::Tensor> parts;
+  for (int64_t begin = 0; begin < blocks; begin += chunk) {
+    const int64_t n = std::min(chunk, blocks - begin);
+    auto p = torch::softmax(
+        project_logits(teacher.narrow(0, begin, n), lm_head).to(torch::kFloat32), -1);  // [n,T,V]
+    auto y = tokens.narrow(0, begin, n).permute({0, 2, 1});                            // [n,T,G]
+    parts.push_back(p.gather(2, y).permute({0, 2, 1}));
+  }
+  return torch::cat(parts, 0);
+}
+
+}  // namespace
+
+at::Tensor sample_categorical(const at::Tensor& probs, const at::Tensor& uniforms) {
+  auto cdf = probs.to(torch::kFloat32).cumsum(1);
+  auto total = cdf.select(1, cdf.size(1) - 1).unsqueeze(1);
+  // Scaling the uniforms by the row total instead of normalising keeps the last bin reachable.
+  auto targets = (uniforms.to(cdf.device(), torch::kFloat32) * total).contiguous();
+  auto index = torch::searchsorted(cdf, targets, /*out_int32=*/false, /*right=*/true);
+  return index.clamp_max(probs.size(1) - 1);
+}
+
+at::Tensor accepted_prefix(const at::Tensor& tokens, const at::Tensor& labels,
+                           const at::Tensor& supervised) {
+  auto matches = tokens.eq(labels.unsqueeze(1)) & supervised.unsqueeze(1);
+  return matches.to(torch::kInt64).cumprod(2).sum(2);
+}
+
+at::Tensor expected_acceptance(const at::Tensor& teacher_probs, const at::Tensor& draft_probs,
+                               const at::Tensor& supervised) {
+  auto step = torch::clamp_max(teacher_probs / draft_probs.clamp_min(1e-30), 1.0);
+  step = step * supervised.unsqueeze(1).to(step.scalar_type());
+  return step.cumprod(2).sum(2) / static_cast<double>(supervised.size(1));
+}
+
+at::Tensor group_advantages(const at::Tensor& rewards, GspoAdvantageNorm norm) {
+  auto centred = rewards - rewards.mean(1, /*keepdim=*/true);
+  if (norm == GspoAdvantageNorm::kGroupMean) return centred;
+  return centred / (rewards.std(1, /*unbiased=*/true, /*keepdim=*/true) + 1e-6);
+}
+
+GspoRollout gspo_rollout(const DraftPass& pass, model::DSpineDraftImpl& draft,
+                         const at::Tensor& lm_head, const GspoRolloutSettings& settings,
+                         at::Generator& generator) {
+  if (settings.group_size < 2) fail("gspo: group_size must be >= 2 (got {})", settings.group_size);
+  torch::NoGradGuard no_grad;
+  const int64_t group = settings.group_size;
+  GspoRollout out;
+  out.anchors = pass.blocks.anchors;
+  out.keep = pass.blocks.keep;
+  out.kept = pass.blocks.keep.reshape(-1).nonzero().squeeze(1);
+  const bool refinement = settings.sampling == GspoSampling::kRefinement;
+  const bool expected = settings.reward == GspoReward::kExpectedAcceptance;
+  const auto rows = kept_rows(pass, out.kept, refinement, expected);
+  const int64_t blocks = rows.hidden.size(0), slots = rows.hidden.size(1);
+  // One CPU draw for the whole rollout, laid out [K, T, G] (backbone rows) or [T, K, G] (the
+  // refinement walk's slot-major order); both read it as rows of G.
+  auto uniforms = at::rand({blocks * slots * group}, generator, torch::kFloat64)
+                      .view({-1, group})
+                      .to(rows.hidden.device());
+  auto chooser_for = [&](int64_t first_block) -> Chooser {
+    return [&, first_block](const at::Tensor& probs, int64_t slot) {
+      if (slot >= 0) {  // one uniform per (block, sample) of this slot
+        const int64_t c = probs.size(0) / group;
+        auto u = uniforms.view({slots, blocks, group}).select(0, slot).narrow(0, first_block, c);
+        return sample_categorical(probs, u.reshape({-1, 1}));
+      }
+      const int64_t c = probs.size(0) / slots;
+      return sample_categorical(probs, uniforms.narrow(0, first_block * slots, c * slots));
+    };
+  };
+  auto walk = walk_blocks(rows, draft, lm_head, settings, group, chooser_for);
+  out.tokens = walk.tokens;
+  out.choices = walk.choices;
+  out.candidates = walk.candidates;
+  out.old_logprobs = walk.logprobs;
+  out.labels = pass.labels.index_select(0, out.kept);
+  out.supervised = pass.supervised.index_select(0, out.kept);
+  out.accepted = accepted_prefix(out.tokens, out.labels, out.supervised);
+  if (expected) {
+    auto teacher = teacher_probs(rows.teacher, lm_head, out.tokens, settings.chunk_blocks);
+    out.rewards = expected_acceptance(teacher, walk.probs, out.supervised);
+  } else {
+    out.rewards = out.accepted.to(torch::kFloat32) / static_cast<double>(slots);
+  }
+  out.advantages = group_advantages(out.rewards, settings.advantage_norm);
+  return out;
+}
+
+at::Tensor gspo_greedy_tokens(const DraftPass& pass, const at::Tensor& kept,
+                              model::DSpineDraftImpl& draft, const at::Tensor& lm_head,
+                              const GspoRolloutSettings& settings) {
+  torch::NoGradGuard no_grad;
+  const bool refinement = settings.sampling == GspoSampling::kRefinement;
+  const auto rows = kept_rows(pass, kept, refinement, false);
+  auto argmax = [](int64_t) -> Chooser {
+    return [](const at::Tensor& probs, int64_t) { return probs.argmax(1, /*keepdim=*/true); };
+  };
+  return walk_blocks(rows, draft, lm_head, settings, 1, argmax).tokens.squeeze(1);
+}
+
+}  // namespace dspine::objectives

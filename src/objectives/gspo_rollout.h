@@ -1,0 +1,81 @@
+// The rollout of a GSPO RL step (docs/gspo.md, "RL steps"): the draft is the policy and one
+// sampled draft block is one segment. For every kept anchor block it draws G blocks of T tokens,
+// records their log-probabilities under the policy, scores each against the target's tokens and
+// turns the scores into group advantages. Everything here runs without gradients.
+#pragma once
+
+#include <ATen/core/Generator.h>
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+
+#include "model/dspine_draft.h"
+#include "objectives/dspine_forward.h"
+
+namespace dspine::objectives {
+
+// How a block is drawn: every slot independently from the backbone distribution, or
+// semi-autoregressively through the refinement head over the backbone's top-k candidates, with
+// the previous sampled token as predecessor (the walk used at inference).
+enum class GspoSampling { kBackbone, kRefinement };
+enum class GspoReward { kGreedyMatch, kExpectedAcceptance };
+enum class GspoAdvantageNorm { kGroupStd, kGroupMean };
+
+struct GspoRolloutSettings {
+  int64_t group_size = 4;     // G blocks per kept anchor
+  double temperature = 1.0;   // τ of the sampling distribution softmax(λ·z/τ)
+  double logits_scale = 1.0;  // λ: the policy is softmax(λ·z)
+  GspoSampling sampling = GspoSampling::kBackbone;
+  GspoReward reward = GspoReward::kGreedyMatch;
+  GspoAdvantageNorm advantage_norm = GspoAdvantageNorm::kGroupStd;
+  int64_t top_k = 16;          // refinement candidates (model.dspine.top_k)
+  int64_t chunk_blocks = 128;  // kept blocks per vocabulary chunk; 0 = all at once
+};
+
+// One micro-batch's rollout over its K kept blocks.
+struct GspoRollout {
+  at::Tensor anchors, keep;  // [B, N] the sampled anchor blocks (the update replays them)
+  at::Tensor kept;           // [K] int64 indices of the kept blocks among the M = B·N rows
+  at::Tensor tokens;         // [K, G, T] int64 sampled token ids
+  // Index of each sampled token in its policy row: the token id (backbone) or the position among
+  // the slot's candidates (refinement).
+  at::Tensor choices;        // [K, G, T] int64
+  at::Tensor candidates;     // [K, T, k] int64 candidate token ids (refinement only)
+  at::Tensor old_logprobs;   // [K, G, T] fp32 log-prob of the choice under the policy
+  at::Tensor labels;         // [K, T] int64 the target's tokens
+  at::Tensor supervised;     // [K, T] bool
+  at::Tensor accepted;       // [K, G] int64 accepted prefix length against the labels
+  at::Tensor rewards;        // [K, G] fp32 in [0, 1]
+  at::Tensor advantages;     // [K, G] fp32
+};
+
+// Draws the rollout from a no-grad draft pass (with full rows when sampling through the refinement
+// head or rewarding expected acceptance). Uniforms come from `generator` on the CPU, K·T·G of
+// them in one draw, so a seed gives the same blocks on every device.
+GspoRollout gspo_rollout(const DraftPass& pass, model::DSpineDraftImpl& draft,
+                         const at::Tensor& lm_head, const GspoRolloutSettings& settings,
+                         at::Generator& generator);
+
+// Greedy blocks [K, T] (argmax instead of sampling, the inference path) of the kept blocks.
+at::Tensor gspo_greedy_tokens(const DraftPass& pass, const at::Tensor& kept,
+                              model::DSpineDraftImpl& draft, const at::Tensor& lm_head,
+                              const GspoRolloutSettings& settings);
+
+// Inverse-CDF draws from the rows of `probs` [R, C] (need not be normalised): one index per
+// uniform of `uniforms` [R, G] in [0, 1). Returns [R, G] int64.
+at::Tensor sample_categorical(const at::Tensor& probs, const at::Tensor& uniforms);
+
+// Leading slots where the token equals the label, counting supervised slots only:
+// tokens [K, G, T], labels and supervised [K, T] → [K, G] int64.
+at::Tensor accepted_prefix(const at::Tensor& tokens, const at::Tensor& labels,
+                           const at::Tensor& supervised);
+
+// Σ_j Π_{i≤j} min(1, p_T(y_i)/q(y_i)) over supervised slots, divided by T: teacher and draft
+// probabilities of the sampled tokens [K, G, T] → [K, G] fp32.
+at::Tensor expected_acceptance(const at::Tensor& teacher_probs, const at::Tensor& draft_probs,
+                               const at::Tensor& supervised);
+
+// Per group of G: (r − mean) / (std + 1e-6) with the unbiased std, or r − mean. [K, G] → [K, G].
+at::Tensor group_advantages(const at::Tensor& rewards, GspoAdvantageNorm norm);
+
+}  // namespace dspine::objectives

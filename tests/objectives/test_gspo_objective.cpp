@@ -1,0 +1,302 @@
+// The GSPO RL step on CPU: sampling, rewards and advantages on hand-built blocks, rollout
+// determinism, the shared-row policy loss against the one-row-per-token seam and finite
+// differences, and the objective's updates (ratios, clipping, KL).
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include "common/dspine_tiny.h"
+#include "dist/communicator.h"
+#include "objectives/gspo_objective.h"
+#include "objectives/gspo_policy_loss.h"
+#include "objectives/gspo_rollout.h"
+
+namespace dspine::objectives {
+namespace {
+
+using testing::mask_rows;
+using testing::random_batch;
+using testing::tiny_config;
+
+at::Generator cpu_generator(uint64_t seed) { return at::make_generator<at::CPUGeneratorImpl>(seed); }
+
+TEST(GspoSampling, InverseCdfPicksTheBinHoldingTheUniform) {
+  auto probs = torch::tensor({{0.2, 0.3, 0.5}, {0.0, 0.0, 2.0}}, torch::kFloat32);
+  auto u = torch::tensor({{0.0, 0.19, 0.2, 0.49, 0.51, 0.999}, {0.0, 0.3, 0.5, 0.7, 0.9, 0.999}},
+                         torch::kFloat64);
+  auto index = sample_categorical(probs, u);
+  auto expected = torch::tensor({{0, 0, 1, 1, 2, 2}, {2, 2, 2, 2, 2, 2}}, torch::kInt64);
+  EXPECT_TRUE(torch::equal(index, expected)) << index;
+}
+
+TEST(GspoSampling, FrequenciesFollowTheProbabilities) {
+  auto gen = cpu_generator(3);
+  auto probs = torch::tensor({{0.1, 0.6, 0.3}}, torch::kFloat32);
+  auto u = at::rand({1, 20000}, gen, torch::kFloat64);
+  auto counts = torch::bincount(sample_categorical(probs, u).view(-1), {}, 3).to(torch::kFloat64);
+  EXPECT_TRUE(torch::allclose(counts / 20000.0, probs.to(torch::kFloat64).view(-1), 0, 0.015))
+      << counts;
+}
+
+// One block of T = 4 slots, labels 5 6 7 8; samples chosen by hand.
+struct HandBlock {
+  torch::Tensor labels = torch::tensor({{5, 6, 7, 8}}, torch::kInt64);
+  torch::Tensor all = torch::tensor({{true, true, true, true}});
+};
+
+TEST(GspoReward, GreedyMatchCountsTheAcceptedPrefix) {
+  HandBlock b;
+  auto tokens = torch::tensor({{{5, 6, 7, 8},      // full match
+                                {4, 6, 7, 8},      // first-slot miss
+                                {5, 6, 0, 8},      // miss in the middle
+                                {5, 6, 7, 1}}},    // last-slot miss
+                              torch::kInt64);
+  auto accepted = accepted_prefix(tokens, b.labels, b.all);
+  EXPECT_TRUE(torch::equal(accepted, torch::tensor({{4, 0, 2, 3}}, torch::kInt64))) << accepted;
+}
+
+TEST(GspoReward, MaskedTailAndSequenceEndStopTheCount) {
+  HandBlock b;
+  auto tokens = torch::tensor({{{5, 6, 7, 8}}}, torch::kInt64);
+  // A loss-masked slot stops the chain (the supervision mask is cumulative).
+  auto masked_tail = torch::tensor({{true, true, false, false}});
+  EXPECT_EQ(accepted_prefix(tokens, b.labels, masked_tail).item<int64_t>(), 2);
+  // A block at the end of the sequence: layout_blocks supervises only the slots inside it.
+  auto ids = torch::tensor({{1, 2, 3, 4, 5, 6}}, torch::kInt64);
+  auto mask = torch::ones({1, 6}, torch::kFloat32);
+  auto anchors = torch::tensor({{3}}, torch::kInt64);
+  auto layout = layout_blocks(ids, mask, anchors, torch::tensor({{true}}), 5, 0.0);
+  auto labels = layout.labels.slice(2, 1).reshape({1, 4});
+  auto supervised = layout.supervised.reshape({1, 4});
+  EXPECT_TRUE(torch::equal(supervised, torch::tensor({{true, true, false, false}})));
+  auto sampled = labels.unsqueeze(1).clone();  // the true tokens, and what the clamp repeats
+  EXPECT_EQ(accepted_prefix(sampled, labels, supervised).item<int64_t>(), 2);
+}
+
+TEST(GspoReward, ExpectedAcceptanceMultipliesClampedRatios) {
+  auto supervised = torch::tensor({{true, true, true, false}});
+  auto teacher = torch::tensor({{{0.5, 0.2, 0.9, 0.9}}}, torch::kFloat32);
+  auto draft = torch::tensor({{{0.25, 0.4, 0.3, 0.1}}}, torch::kFloat32);
+  // ratios min(1, p/q): 1, 0.5, 1, (masked) → prefix products 1, 0.5, 0.5, 0 → 2 / T = 0.5.
+  auto reward = expected_acceptance(teacher, draft, supervised);
+  EXPECT_NEAR(reward.item<float>(), 0.5f, 1e-6);
+}
+
+TEST(GspoAdvantage, GroupStdAndGroupMean) {
+  auto rewards = torch::tensor({{0.0, 0.5, 1.0}, {0.25, 0.25, 0.25}}, torch::kFloat32);
+  auto std_adv = group_advantages(rewards, GspoAdvantageNorm::kGroupStd);
+  EXPECT_TRUE(torch::allclose(std_adv[0], torch::tensor({-1.0f, 0.0f, 1.0f}), 1e-5, 1e-5))
+      << std_adv;
+  // All-equal rewards: advantage 0, no NaN.
+  EXPECT_TRUE(torch::equal(std_adv[1], torch::zeros({3})));
+  auto mean_adv = group_advantages(rewards, GspoAdvantageNorm::kGroupMean);
+  EXPECT_TRUE(torch::allclose(mean_adv[0], torch::tensor({-0.5f, 0.0f, 0.5f})));
+  EXPECT_TRUE(torch::equal(mean_adv[1], torch::zeros({3})));
+}
+
+// Shared rows: R rows, G samples each, segments (row block, sample) as the backbone update lays
+// them out; some rows masked.
+GspoPolicySamples shared_samples(int64_t blocks, int64_t slots, int64_t group, int64_t vocab,
+                                 uint64_t seed) {
+  torch::manual_seed(seed);
+  const int64_t rows = blocks * slots;
+  GspoPolicySamples s;
+  s.targets = torch::randint(0, vocab, {rows, group}, torch::kInt64);
+  s.targets.select(1, 1).copy_(s.targets.select(1, 0));  // a token drawn twice in one row
+  auto masked = torch::zeros({rows}, torch::kBool);
+  masked[slots - 1] = true;  // the last slot of block 0
+  s.targets.masked_fill_(masked.unsqueeze(1), -100);
+  s.old_logprobs = -torch::rand({rows, group}) * 3 - 0.5;
+  s.advantages = torch::randn({blocks, 1, group}).expand({blocks, slots, group}).reshape({rows, group});
+  s.segments = torch::arange(blocks * group).view({blocks, 1, group}).expand({blocks, slots, group})
+                   .reshape({rows, group});
+  auto labelled = (~masked).view({blocks, slots}).sum(1).view({blocks, 1, 1});
+  s.label_counts = labelled.expand({blocks, slots, group}).reshape({rows, group});
+  s.seam_order = torch::arange(rows * group).view({blocks, slots, group}).permute({0, 2, 1}).reshape(-1);
+  s.num_segments = blocks * group;
+  return s;
+}
+
+GspoSeamParams wide_clip(double divisor) {
+  GspoSeamParams p;
+  p.logits_scale = 1.3;
+  p.eps_low = 0.2;
+  p.eps_high = 0.28;
+  p.divisor = divisor;
+  return p;
+}
+
+TEST(GspoPolicyLoss, SharedRowsMatchOneRowPerToken) {
+  auto comm = dist::make_single_process_communicator();
+  const int64_t blocks = 3, slots = 4, group = 3, vocab = 11;
+  auto s = shared_samples(blocks, slots, group, vocab, 5);
+  auto logits = torch::randn({blocks * slots, vocab}, torch::requires_grad());
+  auto params = wide_clip(7.0);
+  auto shared = gspo_policy_loss(logits, s, params, *comm, GspoBackend::kReference);
+  shared.loss.backward();
+
+  // Reference: every token gets its own copy of its row, in seam order, through the plain seam.
+  auto flat_rows = torch::arange(blocks * slots).unsqueeze(1).expand({blocks * slots, group}).reshape(-1);
+  auto order = s.seam_order;
+  auto copies = logits.detach().index_select(0, flat_rows.index_select(0, order)).requires_grad_();
+  auto pick = [&](const torch::Tensor& t) { return t.reshape(-1).index_select(0, order); };
+  GspoTokens tokens{pick(s.targets), pick(s.old_logprobs), pick(s.advantages), pick(s.segments),
+                    pick(s.label_counts)};
+  params.num_segments = s.num_segments;
+  params.grad_output = 1.0;
+  auto grad_copies = torch::zeros_like(copies);
+  auto plain = gspo_vocab_seam(copies.detach(), tokens, params, *comm, &grad_copies, false,
+                               GspoBackend::kReference);
+  EXPECT_NEAR(shared.loss.item<double>(), plain.seam.loss.item<double>(), 1e-6);
+  EXPECT_NEAR(shared.seam.clipped_fraction.item<double>(), plain.seam.clipped_fraction.item<double>(), 1e-7);
+  auto expected = torch::zeros_like(logits).index_add_(0, flat_rows.index_select(0, order), grad_copies);
+  EXPECT_TRUE(torch::allclose(logits.grad(), expected, 1e-5, 1e-7))
+      << (logits.grad() - expected).abs().max();
+}
+
+TEST(GspoPolicyLoss, GradientMatchesFiniteDifferences) {
+  auto comm = dist::make_single_process_communicator();
+  const int64_t blocks = 2, slots = 3, group = 2, vocab = 7;
+  auto s = shared_samples(blocks, slots, group, vocab, 9);
+  torch::manual_seed(2);
+  auto base = torch::randn({blocks * slots, vocab}, torch::kFloat64).to(torch::kFloat32);
+  auto params = wide_clip(4.0);
+  // Old log-probs near the current ones keep every ratio inside the clip range (no kink).
+  {
+    auto lp = torch::log_softmax(base * params.logits_scale, 1).gather(1, s.targets.clamp_min(0));
+    s.old_logprobs = (lp + 0.05 * torch::randn(lp.sizes())).to(torch::kFloat32);
+  }
+  auto logits = base.clone().requires_grad_();
+  gspo_policy_loss(logits, s, params, *comm, GspoBackend::kReference).loss.backward();
+  auto loss_at = [&](const torch::Tensor& z) {
+    return gspo_policy_loss(z, s, params, *comm, GspoBackend::kReference).loss.item<double>();
+  };
+  const double eps = 1e-2;
+  double worst = 0;
+  for (int64_t r = 0; r < logits.size(0); ++r) {
+    for (int64_t v = 0; v < vocab; ++v) {
+      auto up = base.clone(), down = base.clone();
+      up[r][v] += eps;
+      down[r][v] -= eps;
+      const double numeric = (loss_at(up) - loss_at(down)) / (2 * eps);
+      worst = std::max(worst, std::abs(numeric - logits.grad()[r][v].item<double>()));
+    }
+  }
+  EXPECT_LT(worst, 2e-4);
+}
+
+// The tiny DSpine draft as the policy.
+struct TinyPolicy {
+  core::Config config = tiny_config();
+  GspoSettings settings;
+  std::unique_ptr<GspoObjective> objective;
+  data::DraftBatch batch;
+
+  explicit TinyPolicy(GspoSampling sampling, GspoReward reward = GspoReward::kGreedyMatch) {
+    config.objective.name = "gspo";
+    settings.rollout.sampling = sampling;
+    settings.rollout.reward = reward;
+    settings.rollout.group_size = 3;
+    settings.rollout.top_k = config.model.dspine.top_k;
+    settings.rollout.chunk_blocks = 2;
+    settings.eps_low = 1e-3;
+    settings.eps_high = 1e-3;
+    torch::manual_seed(17);
+    auto head = torch::randn({32, 16});
+    auto embed = torch::randn({32, 16});
+    objective = make_gspo_objective(config, settings, embed, head, torch::kCPU, torch::kFloat32);
+    objective->on_fresh_start();
+    batch = random_batch(mask_rows({{0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1},
+                                    {0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0}}),
+                         23);
+  }
+
+  DraftPass pass(at::Generator& gen) {
+    DSpineTrainingModel model(config, objective->draft(), torch::randn({32, 16}),
+                              torch::randn({32, 16}));
+    DSpineForwardOptions options;
+    options.training = false;
+    return model.draft_pass(batch, gen, options, true);
+  }
+};
+
+TEST(GspoRollout, SameSeedSameBlocksOtherSeedOtherBlocks) {
+  for (auto sampling : {GspoSampling::kBackbone, GspoSampling::kRefinement}) {
+    TinyPolicy policy(sampling, GspoReward::kExpectedAcceptance);
+    auto run = [&](uint64_t seed) {
+      torch::manual_seed(1);
+      auto gen = cpu_generator(seed);
+      auto pass = policy.pass(gen);
+      return gspo_rollout(pass, *policy.objective->draft(), torch::randn({32, 16}),
+                          policy.settings.rollout, gen);
+    };
+    auto a = run(11), b = run(11), c = run(12);
+    EXPECT_TRUE(torch::equal(a.tokens, b.tokens));
+    EXPECT_TRUE(torch::equal(a.old_logprobs, b.old_logprobs));
+    EXPECT_TRUE(torch::equal(a.rewards, b.rewards));
+    EXPECT_FALSE(torch::equal(a.tokens, c.tokens));
+    const int64_t kept = a.keep.sum().item<int64_t>();
+    EXPECT_EQ(a.tokens.sizes(), (std::vector<int64_t>{kept, 3, 3}));
+    EXPECT_TRUE(a.rewards.ge(0).all().item<bool>() && a.rewards.le(1).all().item<bool>());
+    EXPECT_TRUE(torch::isfinite(a.advantages).all().item<bool>());
+    EXPECT_TRUE(a.old_logprobs.le(0).all().item<bool>());
+  }
+}
+
+TEST(GspoObjective, FirstUpdateIsOnPolicyAndLaterUpdatesClip) {
+  for (auto sampling : {GspoSampling::kBackbone, GspoSampling::kRefinement}) {
+    // A random draft matches almost no label: expected acceptance still ranks the samples.
+    TinyPolicy policy(sampling, GspoReward::kExpectedAcceptance);
+    policy.settings.updates_per_rollout = 2;
+    policy.objective = make_gspo_objective(policy.config, policy.settings, torch::randn({32, 16}),
+                                           torch::randn({32, 16}), torch::kCPU, torch::kFloat32);
+    policy.objective->on_fresh_start();
+    auto comm = dist::make_single_process_communicator();
+    StepContext context;
+    context.comm = comm.get();
+    context.generator = cpu_generator(99);
+    torch::optim::SGD sgd(policy.objective->module()->parameters(), 0.5);
+    policy.objective->begin_window({policy.batch}, context);
+    std::vector<double> ratio, clipped, kl;
+    for (int64_t update = 0; update < 2; ++update) {
+      context.update = update;
+      auto out = policy.objective->micro_step(policy.batch, 0, context);
+      out.loss.backward();
+      sgd.step();
+      sgd.zero_grad();
+    }
+    auto metrics = policy.objective->end_window(context);
+    // The first update is on-policy (ratio 1, nothing clipped, KL 0); the second sees the moved
+    // policy: the mean over the two updates shows ratios away from 1 and clipped segments.
+    EXPECT_GT(metrics["gspo/clipped_fraction"], 0.0) << int(sampling);
+    EXPECT_GT(std::abs(metrics["gspo/ratio_mean"] - 1.0), 1e-4) << int(sampling);
+    EXPECT_GT(metrics["gspo/kl"], 0.0) << int(sampling);
+    EXPECT_GE(metrics["gspo/accepted_length"], 1.0);
+    EXPECT_TRUE(std::isfinite(metrics["loss"]));
+  }
+}
+
+TEST(GspoObjective, OneUpdateIsOnPolicy) {
+  TinyPolicy policy(GspoSampling::kBackbone, GspoReward::kExpectedAcceptance);
+  auto comm = dist::make_single_process_communicator();
+  StepContext context;
+  context.comm = comm.get();
+  context.generator = cpu_generator(99);
+  policy.objective->begin_window({policy.batch}, context);
+  auto out = policy.objective->micro_step(policy.batch, 0, context);
+  out.loss.backward();
+  auto metrics = policy.objective->end_window(context);
+  EXPECT_NEAR(metrics["gspo/ratio_mean"], 1.0, 1e-6);
+  EXPECT_EQ(metrics["gspo/clipped_fraction"], 0.0);
+  EXPECT_NEAR(metrics["gspo/kl"], 0.0, 1e-7);
+  // Some parameter gets a gradient through the seam.
+  double norm = 0;
+  for (const auto& p : policy.objective->module()->parameters()) {
+    if (p.grad().defined()) norm += p.grad().norm().item<double>();
+  }
+  EXPECT_GT(norm, 0.0);
+}
+
+}  // namespace
+}  // namespace dspine::objectives
