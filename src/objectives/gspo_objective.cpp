@@ -206,19 +206,25 @@ void GspoObjective::begin_window(const std::vector<data::DraftBatch>& micro_batc
   const auto& r = settings_.rollout;
   const bool full = r.sampling == GspoSampling::kRefinement ||
                     r.reward == GspoReward::kExpectedAcceptance;
-  rollouts_.clear();
+  std::vector<GspoRollout> rollouts;
+  for (const auto& batch : micro_batches) {
+    auto p = pass(batch, context, nullptr, full);
+    rollouts.push_back(gspo_rollout(p, *draft_, model_.lm_head(), r, context.generator));
+  }
+  adopt_rollouts(std::move(rollouts), context);
+}
+
+void GspoObjective::adopt_rollouts(std::vector<GspoRollout> rollouts, StepContext& context) {
+  rollouts_ = std::move(rollouts);
   rollout_sums_.assign(kRolloutSums, 0.0);
   update_sums_.assign(kUpdateSums, 0.0);
   seam_seconds_ = 0;
   double weights = 0;
-  for (const auto& batch : micro_batches) {
-    auto p = pass(batch, context, nullptr, full);
-    rollouts_.push_back(gspo_rollout(p, *draft_, model_.lm_head(), r, context.generator));
-    const auto& rollout = rollouts_.back();
+  for (const auto& rollout : rollouts_) {
     rollout_sums_[kRolloutSegments] += static_cast<double>(rollout.rewards.numel());
     rollout_sums_[kRolloutReward] += rollout.rewards.sum().item<double>();
     rollout_sums_[kRolloutAccepted] += rollout.accepted.sum().item<double>();
-    weights += p.weights.sum().item<double>();
+    weights += rollout.supervision_weight;
   }
   auto totals = reduced({rollout_sums_[kRolloutSegments], weights}, *context.comm);
   divisor_ = totals[0].item<double>();

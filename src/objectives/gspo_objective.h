@@ -53,6 +53,10 @@ class GspoObjective final : public Objective {
   void on_fresh_start() override;
   void begin_window(const std::vector<data::DraftBatch>& micro_batches,
                     StepContext& context) override;
+  // The window from rollouts made elsewhere (another split of the batch over ranks, another
+  // process): one per micro-batch, in order; reduces D like begin_window.
+  void adopt_rollouts(std::vector<GspoRollout> rollouts, StepContext& context);
+  const std::vector<GspoRollout>& window_rollouts() const { return rollouts_; }
   MicroStepResult micro_step(const data::DraftBatch& batch, int64_t index,
                              StepContext& context) override;
   std::map<std::string, double> end_window(StepContext& context) override;

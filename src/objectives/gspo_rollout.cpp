@@ -221,6 +221,7 @@ GspoRollout gspo_rollout(const DraftPass& pass, model::DSpineDraftImpl& draft,
     out.rewards = out.accepted.to(torch::kFloat32) / static_cast<double>(slots);
   }
   out.advantages = group_advantages(out.rewards, settings.advantage_norm);
+  out.supervision_weight = pass.weights.sum().item<double>();
   return out;
 }
 

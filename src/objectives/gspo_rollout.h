@@ -47,6 +47,7 @@ struct GspoRollout {
   at::Tensor accepted;       // [K, G] int64 accepted prefix length against the labels
   at::Tensor rewards;        // [K, G] fp32 in [0, 1]
   at::Tensor advantages;     // [K, G] fp32
+  double supervision_weight = 0;  // Σ decayed supervision weights (the optional DSpine term)
 };
 
 // Draws the rollout from a no-grad draft pass (with full rows when sampling through the refinement
