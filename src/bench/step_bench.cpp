@@ -179,12 +179,28 @@ void run_step_bench(const StepOptions& options) {
   std::printf("seq_len: %lld\n", static_cast<long long>(config.data.seq_len));
   std::printf("accumulation_steps: %lld\n", static_cast<long long>(t.accumulation_steps));
   std::printf("steps: %lld (medians over steps 2..)\n", static_cast<long long>(options.steps));
+  // An RL window is a rollout followed by its updates, in the trainer's prepass/replay phases.
+  const bool rl = config.objective.name == "gspo";
   std::printf("%-10s %12s %16s\n", "phase", "time_ms", "peak_extra_MiB");
   for (const char* phase : kPhases) {
-    std::printf("%-10s %12.2f %16.2f\n", phase, 1e3 * median_after_first(meter.seconds[phase]),
+    const std::string name = !rl                           ? phase
+                             : std::string(phase) == "prepass" ? "rollout"
+                             : std::string(phase) == "replay"  ? "update"
+                                                               : phase;
+    std::printf("%-10s %12.2f %16.2f\n", name.c_str(),
+                1e3 * median_after_first(meter.seconds[phase]),
                 median_after_first(meter.peak_mib[phase]));
   }
   std::printf("%-10s %12.2f\n", "window", 1e3 * window_s);
+  std::vector<double> seam_seconds;
+  for (const auto& terms : result.terms) {
+    if (terms.count("time/seam_s")) seam_seconds.push_back(terms.at("time/seam_s"));
+  }
+  if (!seam_seconds.empty()) {
+    const double seam_s = median_after_first(seam_seconds);
+    std::printf("%-10s %12.2f   (share of the window: %.3f)\n", "seam", 1e3 * seam_s,
+                window_s > 0 ? seam_s / window_s : 0.0);
+  }
   std::printf("tokens_per_window: %.0f\n", tokens);
   std::printf("tokens_per_s: %.1f\n", window_s > 0 ? tokens / window_s : 0.0);
   std::printf("tokens_per_s_per_gpu: %.1f\n", window_s > 0 ? tokens / window_s / world : 0.0);

@@ -140,6 +140,7 @@ class PolicyLossFunction : public torch::autograd::Function<PolicyLossFunction> 
   static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
                                                torch::autograd::tensor_list grad_outputs) {
     auto grad = ctx->saved_data["grad"].toTensor();
+    ctx->saved_data.erase("grad");  // the only reference left: the caller may take it over
     const auto& upstream = grad_outputs[0];
     // In place: the node is used once (the saved gradient is the biggest tensor of the update).
     if (upstream.defined()) grad.mul_(upstream.to(grad.scalar_type()));

@@ -238,6 +238,7 @@ TrainResult Trainer::run(int64_t stop_after) {
     tokens_since_log += totals[1].item<double>();
     ++s.step;
     result.losses.push_back(loss);
+    result.terms.push_back(terms);
 
     const bool log_now = s.step % cfg.logging.every == 0 || s.step == last;
     if (log_now) {

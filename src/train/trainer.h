@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -25,6 +26,7 @@ struct TrainResult {
   int64_t final_step = 0;      // optimizer steps completed in total
   std::string last_checkpoint; // "" when nothing was saved
   double seconds = 0;
+  std::vector<std::map<std::string, double>> terms;  // the objective's metrics of every step
 };
 
 class Trainer {

@@ -1,0 +1,114 @@
+// The GSPO update's policy loss on CUDA: the fused shared-row path against the chunked reference
+// (vocabulary rows shared by G samples, and the refinement head's k-column rows), and the memory
+// claim: no fp32 [rows, V] tensor, only the bf16 gradient beside the logits.
+#include <gtest/gtest.h>
+
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <torch/torch.h>
+
+#include "dist/communicator.h"
+#include "objectives/gspo_policy_loss.h"
+
+namespace dspine::objectives {
+namespace {
+
+#define SKIP_WITHOUT_CUDA() \
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device"
+
+// Blocks of `slots` rows, G samples per row, segment (block, sample); block 0's last slot masked.
+GspoPolicySamples samples(int64_t blocks, int64_t slots, int64_t group, int64_t vocab,
+                          const torch::Device& device) {
+  torch::manual_seed(4);
+  const int64_t rows = blocks * slots;
+  GspoPolicySamples s;
+  s.targets = torch::randint(0, vocab, {rows, group}, torch::kInt64);
+  if (group > 1) s.targets.select(1, 1).copy_(s.targets.select(1, 0));  // a repeated token
+  s.targets[slots - 1].fill_(-100);
+  s.old_logprobs = -torch::rand({rows, group}) * 4 - 6;
+  s.advantages = torch::randn({blocks, 1, group}).expand({blocks, slots, group}).reshape({rows, group});
+  s.segments = torch::arange(blocks * group).view({blocks, 1, group}).expand({blocks, slots, group})
+                   .reshape({rows, group});
+  auto counts = torch::full({blocks}, slots, torch::kInt64);
+  counts[0] = slots - 1;
+  s.label_counts = counts.view({blocks, 1, 1}).expand({blocks, slots, group}).reshape({rows, group});
+  s.seam_order = torch::arange(rows * group).view({blocks, slots, group}).permute({0, 2, 1}).reshape(-1);
+  s.num_segments = blocks * group;
+  for (auto* t : {&s.targets, &s.old_logprobs, &s.advantages, &s.segments, &s.label_counts,
+                  &s.seam_order}) {
+    *t = t->to(device).contiguous();
+  }
+  return s;
+}
+
+GspoSeamParams params() {
+  GspoSeamParams p;
+  p.logits_scale = 0.9;
+  p.eps_low = 0.2;
+  p.eps_high = 0.25;
+  p.divisor = 37;
+  return p;
+}
+
+void expect_fused_matches_reference(int64_t vocab, int64_t group, torch::Dtype dtype) {
+  auto comm = dist::make_single_process_communicator();
+  const torch::Device cuda(torch::kCUDA);
+  auto s = samples(6, 15, group, vocab, cuda);
+  torch::manual_seed(9);
+  auto base = (torch::randn({6 * 15, vocab}) * 3).to(cuda, dtype);
+  auto run = [&](GspoBackend backend) {
+    auto logits = base.clone().requires_grad_();
+    auto out = gspo_policy_loss(logits, s, params(), *comm, backend);
+    out.loss.backward();
+    return std::make_pair(out, logits.grad().to(torch::kFloat32));
+  };
+  auto [fused, fused_grad] = run(GspoBackend::kFused);
+  auto [reference, reference_grad] = run(GspoBackend::kReference);
+  const double tol = dtype == torch::kFloat32 ? 1e-5 : 5e-3;
+  const std::string what = "V " + std::to_string(vocab) + " G " + std::to_string(group);
+  EXPECT_NEAR(fused.loss.item<double>(), reference.loss.item<double>(), tol) << what;
+  EXPECT_NEAR(fused.seam.ratio_mean.item<double>(), reference.seam.ratio_mean.item<double>(), tol)
+      << what;
+  EXPECT_EQ(fused.seam.clipped_fraction.item<double>(), reference.seam.clipped_fraction.item<double>())
+      << what;
+  EXPECT_TRUE(torch::allclose(fused.logprobs, reference.logprobs, tol, tol)) << what;
+  const double scale = reference_grad.abs().max().item<double>();
+  EXPECT_LT((fused_grad - reference_grad).abs().max().item<double>(), tol * std::max(scale, 1e-3))
+      << what;
+}
+
+TEST(GspoPolicyGpu, SharedVocabularyRowsMatchReference) {
+  SKIP_WITHOUT_CUDA();
+  for (auto dtype : {torch::kFloat32, torch::kBFloat16}) {
+    expect_fused_matches_reference(32000, 4, dtype);
+    expect_fused_matches_reference(151936, 2, dtype);
+  }
+}
+
+TEST(GspoPolicyGpu, RefinementCandidateRowsMatchReference) {
+  SKIP_WITHOUT_CUDA();
+  for (auto dtype : {torch::kFloat32, torch::kBFloat16}) expect_fused_matches_reference(16, 1, dtype);
+}
+
+TEST(GspoPolicyGpu, UpdateHoldsNoFp32RowsByVocabulary) {
+  SKIP_WITHOUT_CUDA();
+  auto comm = dist::make_single_process_communicator();
+  const torch::Device cuda(torch::kCUDA);
+  const int64_t blocks = 256, slots = 15, vocab = 151936;
+  auto s = samples(blocks, slots, 4, vocab, cuda);
+  auto logits = torch::randn({blocks * slots, vocab}, torch::dtype(torch::kBFloat16).device(cuda))
+                    .requires_grad_();
+  torch::cuda::synchronize();
+  c10::cuda::CUDACachingAllocator::resetPeakStats(0);
+  const auto before = c10::cuda::CUDACachingAllocator::getDeviceStats(0).allocated_bytes[0].current;
+  auto out = gspo_policy_loss(logits, s, params(), *comm, GspoBackend::kFused);
+  out.loss.backward();
+  torch::cuda::synchronize();
+  const auto peak = c10::cuda::CUDACachingAllocator::getDeviceStats(0).allocated_bytes[0].peak;
+  const double rows_by_vocab = static_cast<double>(blocks * slots * vocab);
+  const double extra = static_cast<double>(peak - before);
+  // The bf16 gradient (2 bytes per logit) plus per-row vectors; one fp32 copy would add 4.
+  EXPECT_LT(extra, rows_by_vocab * 2 + (64 << 20)) << "extra " << extra / (1 << 20) << " MiB";
+}
+
+}  // namespace
+}  // namespace dspine::objectives
