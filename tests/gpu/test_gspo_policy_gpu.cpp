@@ -68,7 +68,9 @@ void expect_fused_matches_reference(int64_t vocab, int64_t group, torch::Dtype d
   EXPECT_NEAR(fused.loss.item<double>(), reference.loss.item<double>(), tol) << what;
   EXPECT_NEAR(fused.seam.ratio_mean.item<double>(), reference.seam.ratio_mean.item<double>(), tol)
       << what;
-  EXPECT_EQ(fused.seam.clipped_fraction.item<double>(), reference.seam.clipped_fraction.item<double>())
+  // Same segments clipped; the fraction's sum differs only in fp32 summation order.
+  EXPECT_NEAR(fused.seam.clipped_fraction.item<double>(),
+              reference.seam.clipped_fraction.item<double>(), 1e-6)
       << what;
   EXPECT_TRUE(torch::allclose(fused.logprobs, reference.logprobs, tol, tol)) << what;
   const double scale = reference_grad.abs().max().item<double>();
