@@ -39,6 +39,7 @@ int main(int argc, char** argv) {
     const auto device = dspine::dist::training_device(config.training.device, layout.local_rank);
     auto comm = dspine::dist::make_communicator(config.distributed, device);
     dspine::train::Trainer trainer(config, comm);
+    dspine::train::stop_on_signals();  // Ctrl-C or preemption: save at the next step, then exit
     const auto result = trainer.run();
     if (mpi.rank() == 0 && result.losses.empty()) {
       dspine::log::info("nothing to train: the run is already at step {} of {} (checkpoint.dir {})",

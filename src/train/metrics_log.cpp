@@ -5,6 +5,8 @@
 
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
+#include <string>
 
 #include <nlohmann/json.hpp>
 
@@ -12,9 +14,37 @@
 
 namespace dspine::train {
 
-MetricsLog::MetricsLog(const std::string& path, bool append) {
+namespace {
+
+// Rewrites `path` with only the records whose step is at most `last_step` (via a temporary file
+// and a rename, so a crash here keeps the old file). Unparseable lines, such as a line cut short
+// by a kill, are dropped.
+void keep_records_up_to(const std::string& path, int64_t last_step) {
+  std::ifstream in(path);
+  if (!in) return;  // no file yet
+  std::string kept, line;
+  while (std::getline(in, line)) {
+    const auto record = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    const auto step = record.is_object() ? record.find("step") : record.end();
+    if (step != record.end() && step->is_number_integer() && step->get<int64_t>() <= last_step) {
+      kept += line + "\n";
+    }
+  }
+  const std::string temp = path + ".tmp";
+  {
+    std::ofstream out(temp, std::ios::trunc);
+    out << kept;
+    if (!out) fail("cannot rewrite metrics file {} (logging.metrics_file)", path);
+  }
+  std::filesystem::rename(temp, path);
+}
+
+}  // namespace
+
+MetricsLog::MetricsLog(const std::string& path, int64_t resume_step) {
   if (path.empty()) return;
-  out_.open(path, append ? std::ios::app : std::ios::trunc);
+  if (resume_step >= 0) keep_records_up_to(path, resume_step);
+  out_.open(path, resume_step >= 0 ? std::ios::app : std::ios::trunc);
   if (!out_) fail("cannot open metrics file {} (logging.metrics_file)", path);
 }
 

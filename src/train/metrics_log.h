@@ -12,8 +12,10 @@ namespace dspine::train {
 
 class MetricsLog {
  public:
-  // path "" = no file. Appends when resuming (`append`), else truncates.
-  MetricsLog(const std::string& path, bool append);
+  // path "" = no file. A fresh run (resume_step < 0) truncates the file; a run resumed at
+  // resume_step keeps the records up to that step and appends after them, so records a killed
+  // run wrote past its last checkpoint are not repeated.
+  MetricsLog(const std::string& path, int64_t resume_step);
   void write(const std::map<std::string, double>& record);
 
  private:

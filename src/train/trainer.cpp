@@ -1,6 +1,8 @@
 #include "train/trainer.h"
 
+#include <atomic>
 #include <chrono>
+#include <csignal>
 #include <filesystem>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -30,12 +32,21 @@ int64_t peak_memory_bytes(const torch::Device& device) {
   return stats.allocated_bytes[0].peak;  // StatType::AGGREGATE
 }
 
+std::atomic<int> stop_signal{0};  // the signal that asked for a stop, 0 = none
+
 // Distinct, reproducible sampling stream per rank.
 uint64_t objective_seed(int64_t seed, int rank) {
   return static_cast<uint64_t>(seed) * 0x9E3779B97F4A7C15ULL + static_cast<uint64_t>(rank) + 1;
 }
 
 }  // namespace
+
+void request_stop(int signal_number) { stop_signal.store(signal_number); }
+
+void stop_on_signals() {
+  std::signal(SIGINT, request_stop);
+  std::signal(SIGTERM, request_stop);
+}
 
 struct Trainer::State {
   core::Config config;
@@ -48,6 +59,7 @@ struct Trainer::State {
   at::Generator generator;
   int64_t step = 0;
   int64_t cursor = 0;  // global sample index of the next window
+  int64_t parameters = 0, trainable_parameters = 0;  // counted before sharding splits them
   PhaseHook phase_hook;
 };
 
@@ -63,6 +75,10 @@ Trainer::Trainer(core::Config config, std::shared_ptr<dist::Communicator> comm)
   s.source = data::make_batch_source(s.config, s.device);
   const auto dtype = training.dtype == "bf16" ? torch::kBFloat16 : torch::kFloat;
   s.built = build_model(s.config, *s.source, s.device, dtype);
+  for (const auto& p : s.built.module->parameters()) {
+    s.parameters += p.numel();
+    if (p.requires_grad()) s.trainable_parameters += p.numel();
+  }
   const auto& distributed = s.config.distributed;
   s.sharded = std::make_unique<dist::ShardedParameters>(
       *s.built.module, s.comm, dist::parse_sharding_mode(distributed.sharding),
@@ -130,6 +146,18 @@ TrainResult Trainer::run(int64_t stop_after) {
     s.sharded->release_all();
   }
 
+  if (leader) {
+    const std::string data = cfg.data.source == "shards"
+                                 ? fmt::format("shards from {}", cfg.data.shards_dir)
+                                 : cfg.data.source;
+    log::info("dspine-train: {} draft, {:.3f} M parameters ({:.3f} M trainable), objective {}; "
+              "{} rank{} on {} ({}, sharding {}); data {}; {}",
+              cfg.model.architecture, s.parameters / 1e6, s.trainable_parameters / 1e6,
+              cfg.objective.name, world, world > 1 ? "s" : "", s.device.str(), s.comm->backend(),
+              cfg.distributed.sharding, data,
+              resume_from.empty() ? std::string("fresh start")
+                                  : fmt::format("resuming at step {}", s.step));
+  }
   const int64_t rows = cfg.training.batch_size;
   const int64_t accumulation = cfg.training.accumulation_steps;
   const int64_t total = cfg.training.total_steps;
@@ -139,7 +167,8 @@ TrainResult Trainer::run(int64_t stop_after) {
   if (leader && !cfg.logging.metrics_file.empty()) {
     fs::create_directories(fs::absolute(cfg.logging.metrics_file).parent_path());
   }
-  MetricsLog metrics(leader ? cfg.logging.metrics_file : "", !resume_from.empty());
+  // A resumed run drops the records its predecessor wrote after the checkpoint it resumes from.
+  MetricsLog metrics(leader ? cfg.logging.metrics_file : "", resume_from.empty() ? -1 : s.step);
   ProgressLine progress(leader ? cfg.logging.progress : "false", s.step, total);
 
   auto save = [&](int64_t step) {
@@ -232,10 +261,13 @@ TrainResult Trainer::run(int64_t stop_after) {
     terms["time/step_s"] = seconds_between(data_start, window_end);
     // An objective that times a part of its step (GSPO: the seam) also gets that part's share.
     if (terms.count("time/seam_s")) terms["time/seam_share"] = terms["time/seam_s"] / terms["time/step_s"];
-    auto totals = torch::tensor({local_loss, static_cast<double>(local_tokens)}, torch::kDouble);
+    auto totals = torch::tensor(
+        {local_loss, static_cast<double>(local_tokens), static_cast<double>(stop_signal.load())},
+        torch::kDouble);
     s.comm->all_reduce(totals);
     const double loss = totals[0].item<double>();
     tokens_since_log += totals[1].item<double>();
+    const bool stop_requested = totals[2].item<double>() > 0;
     ++s.step;
     result.losses.push_back(loss);
     result.terms.push_back(terms);
@@ -260,14 +292,28 @@ TrainResult Trainer::run(int64_t stop_after) {
                      total, loss, lr, grad_norm, tokens_per_second);
       }
     }
-    progress.update(s.step, loss, tokens_per_second);
+    const double interval_s = std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                                            window_started).count();
+    // Until the first logging interval ends, the rate so far (not 0).
+    progress.update(s.step, loss,
+                    tokens_per_second > 0 ? tokens_per_second
+                                          : tokens_since_log / std::max(interval_s, 1e-9));
     if (cfg.checkpoint.save_every > 0 && s.step % cfg.checkpoint.save_every == 0) {
       result.last_checkpoint = save(s.step);
       saved_at = s.step;
     }
+    if (stop_requested) {
+      result.interrupted = true;
+      break;
+    }
   }
   progress.finish();
   if (saved_at != s.step && s.step > result.first_step) result.last_checkpoint = save(s.step);
+  if (result.interrupted && leader) {
+    log::warn("stopped by a signal after step {}: saved {}; run again with checkpoint.resume: auto "
+              "to continue",
+              s.step, result.last_checkpoint);
+  }
   s.sharded->gather_all();  // callers (tests, exports) read whole weights after a run
   result.final_step = s.step;
   result.seconds =

@@ -27,7 +27,14 @@ struct TrainResult {
   std::string last_checkpoint; // "" when nothing was saved
   double seconds = 0;
   std::vector<std::map<std::string, double>> terms;  // the objective's metrics of every step
+  bool interrupted = false;  // a stop request (SIGINT/SIGTERM) ended the run early, after a save
 };
+
+// Asks every running trainer to save a checkpoint at its next step boundary and return. Safe to
+// call from a signal handler; all ranks agree on the step through the step's all-reduce.
+void request_stop(int signal_number);
+// Installs request_stop for SIGINT and SIGTERM (preemption).
+void stop_on_signals();
 
 class Trainer {
  public:
