@@ -17,6 +17,8 @@
 #include "data/batch_source.h"
 #include "dist/communicator.h"
 #include "objectives/dspine_objective.h"
+#include "objectives/dspine_settings.h"
+#include "train/objective_registry.h"
 
 namespace {
 
@@ -102,9 +104,9 @@ int main(int argc, char** argv) {
 
   try {
     const auto config = core::load_config(config_path);
-    if (config.model.architecture != "dspine") {
-      fail("dspine-eval: {} has model.architecture '{}', expected dspine", config_path,
-           config.model.architecture);
+    if (dspine::train::find_objective(config).name != "dspine") {
+      fail("dspine-eval: {} has objective.name '{}', expected dspine", config_path,
+           config.objective.name);
     }
     const bool cuda = config.training.device == "cuda" ||
                       (config.training.device == "auto" && torch::cuda::is_available());
@@ -121,7 +123,8 @@ int main(int argc, char** argv) {
       embed = source->embed_tokens();
       head = source->lm_head();
     }
-    auto objective = objectives::make_dspine_objective(config, embed, head, device, dtype);
+    auto objective = objectives::make_dspine_objective(
+        config, objectives::read_dspine_settings(config), embed, head, device, dtype);
     load_weights(*objective->module(), core::load_safetensors(weights_file(weights_path)));
 
     auto file = core::load_safetensors(batch_path);

@@ -12,6 +12,7 @@
 #include "data/batch_source.h"
 #include "dist/communicator.h"
 #include "objectives/dspine_objective.h"
+#include "objectives/dspine_settings.h"
 #include "train/checkpoint.h"
 #include "train/lr_schedule.h"
 #include "common/small_run.h"
@@ -263,7 +264,8 @@ TEST(Trainer, FreshStartInitialisationReachesTheMasters) {
   torch::manual_seed(static_cast<uint64_t>(config.training.seed));  // as the trainer builds it
   auto source = dspine::data::make_batch_source(config, torch::kCPU);
   auto initialised = dspine::objectives::make_dspine_objective(
-      config, source->embed_tokens(), source->lm_head(), torch::kCPU, torch::kFloat);
+      config, dspine::objectives::read_dspine_settings(config), source->embed_tokens(),
+      source->lm_head(), torch::kCPU, torch::kFloat);
   const std::string readout = "injection.readouts.0.weight";
   const auto random_init = initialised->module()->named_parameters()[readout].clone();
   initialised->on_fresh_start();
