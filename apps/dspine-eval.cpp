@@ -1,7 +1,8 @@
 // dspine-eval: evaluates a DSpine draft on one batch file and prints every loss term and metric
 // (dspine.md §7); --dump-grads writes d(loss)/d(parameter) of every trainable parameter. Used for
 // parity checks against the reference implementation: explicit anchors / keep / replace_mask in
-// the batch file override sampling.
+// the batch file override sampling. --acceptance instead measures the mean accepted length of the
+// draft on held-out samples of the config's data source (DSpine and GSPO checkpoints alike).
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
@@ -16,49 +17,17 @@
 #include "core/safetensors.h"
 #include "data/batch_source.h"
 #include "dist/communicator.h"
+#include "model/module_state.h"
+#include "objectives/acceptance.h"
 #include "objectives/dspine_objective.h"
+#include "objectives/dspine_settings.h"
+#include "train/objective_registry.h"
 
 namespace {
 
 using dspine::fail;
 namespace core = dspine::core;
 namespace objectives = dspine::objectives;
-
-// A checkpoint directory holds model.safetensors; a file is used as is.
-std::string weights_file(const std::string& path) {
-  namespace fs = std::filesystem;
-  if (fs::is_directory(path)) {
-    const auto file = fs::path(path) / "model.safetensors";
-    if (!fs::exists(file))
-      fail("dspine-eval: checkpoint directory {} has no model.safetensors", path);
-    return file.string();
-  }
-  return path;
-}
-
-// Every parameter and buffer of the draft must be in the file with its shape; nothing else may be.
-void load_weights(torch::nn::Module& module, const core::SafetensorsFile& file) {
-  torch::NoGradGuard no_grad;
-  size_t used = 0;
-  auto load = [&](const std::string& name, torch::Tensor& target) {
-    const auto& source = file.at(name);
-    if (source.sizes() != target.sizes()) {
-      fail("dspine-eval: {} in {} has shape {}, the draft expects {}", name, file.path,
-           c10::str(source.sizes()), c10::str(target.sizes()));
-    }
-    target.copy_(source);
-    ++used;
-  };
-  for (auto& p : module.named_parameters()) load(p.key(), p.value());
-  for (auto& b : module.named_buffers()) load(b.key(), b.value());
-  if (used != file.tensors.size()) {
-    for (const auto& [name, tensor] : file.tensors) {
-      if (!module.named_parameters().contains(name) && !module.named_buffers().contains(name)) {
-        fail("dspine-eval: {} holds '{}', which is not a DSpine draft tensor", file.path, name);
-      }
-    }
-  }
-}
 
 // A [B, N] integer or boolean tensor as nested JSON lists of integers.
 nlohmann::json rows_json(const torch::Tensor& t) {
@@ -75,6 +44,33 @@ torch::Tensor optional_tensor(const core::SafetensorsFile& file, const std::stri
   return file.contains(name) ? file.at(name) : torch::Tensor();
 }
 
+// --acceptance: mean accepted length of the draft from every anchor of `samples` held-out samples
+// of the config's data source, starting at global sample index `offset`.
+nlohmann::json acceptance_report(const core::Config& config,
+                                 objectives::DSpineObjective& objective,
+                                 dspine::data::BatchSource& source, int64_t samples,
+                                 int64_t offset, const torch::Device& device) {
+  std::vector<dspine::data::DraftBatch> batches;
+  const int64_t rows = config.training.batch_size;
+  for (int64_t begin = 0; begin < samples; begin += rows) {
+    source.seek(offset + begin);
+    batches.push_back(source.next(std::min(rows, samples - begin)).to(device));
+  }
+  auto comm = dspine::dist::make_single_process_communicator();
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(config.training.seed));
+  const auto stats = objectives::measure_acceptance(
+      objective.training_model(), batches, config.model.dspine.top_k,
+      objectives::read_dspine_settings(config).objective_chunk_blocks, generator, *comm);
+  return {{"samples", samples},
+          {"offset", offset},
+          {"blocks", stats.blocks},
+          {"block_size", config.model.block_size},
+          {"accepted_length_backbone", stats.backbone_length},
+          {"accepted_length_refinement", stats.refinement_length},
+          {"accepted_histogram_backbone", stats.backbone_histogram},
+          {"accepted_histogram_refinement", stats.refinement_histogram}};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -88,8 +84,17 @@ int main(int argc, char** argv) {
       ->required();
   app.add_option("-b,--batch", batch_path,
                  "safetensors with input_ids, loss_mask, hidden_states, "
-                 "target_last_hidden_states [, anchors, keep, replace_mask]")
-      ->required();
+                 "target_last_hidden_states [, anchors, keep, replace_mask]");
+  bool acceptance = false;
+  int64_t samples = 64, offset = 1000000;
+  app.add_flag("--acceptance", acceptance,
+               "instead of one batch's loss terms: the mean accepted length (backbone argmax and "
+               "refinement walk) from every anchor of held-out samples of the data source");
+  app.add_option("--samples", samples, "--acceptance: samples to measure")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 40));
+  app.add_option("--offset", offset,
+                 "--acceptance: global index of the first sample (past the training data)")
+      ->check(CLI::Range(int64_t(0), int64_t(1) << 50));
   app.add_option("--target", target_path,
                  "safetensors with model.embed_tokens.weight and lm_head.weight "
                  "(default: the config's data source)");
@@ -101,10 +106,16 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   try {
-    const auto config = core::load_config(config_path);
-    if (config.model.architecture != "dspine") {
-      fail("dspine-eval: {} has model.architecture '{}', expected dspine", config_path,
-           config.model.architecture);
+    auto config = core::load_config(config_path);
+    // GSPO trains the same DSpine draft: its checkpoints are measured alike.
+    if (dspine::train::find_objective(config).architecture != "dspine") {
+      fail("dspine-eval: {} has objective.name '{}', expected dspine or gspo", config_path,
+           config.objective.name);
+    }
+    if (!acceptance && batch_path.empty()) fail("dspine-eval: --batch is required (or --acceptance)");
+    if (acceptance) {  // every valid anchor of a row is measured
+      config = core::parse_config(core::to_yaml(config), config_path,
+                                  {fmt::format("objective.dspine.num_anchors={}", config.data.seq_len)});
     }
     const bool cuda = config.training.device == "cuda" ||
                       (config.training.device == "auto" && torch::cuda::is_available());
@@ -112,18 +123,28 @@ int main(int argc, char** argv) {
     const auto dtype = config.training.dtype == "bf16" ? torch::kBFloat16 : torch::kFloat32;
 
     torch::Tensor embed, head;
+    std::unique_ptr<dspine::data::BatchSource> source;
     if (!target_path.empty()) {
       auto target = core::load_safetensors(target_path);
       embed = target.at("model.embed_tokens.weight");
       head = target.at("lm_head.weight");
     } else {
-      auto source = dspine::data::make_batch_source(config, device);
+      source = dspine::data::make_batch_source(config, device);
       embed = source->embed_tokens();
       head = source->lm_head();
     }
-    auto objective = objectives::make_dspine_objective(config, embed, head, device, dtype);
-    load_weights(*objective->module(), core::load_safetensors(weights_file(weights_path)));
+    auto objective = objectives::make_dspine_objective(
+        config, objectives::read_dspine_settings(config), embed, head, device, dtype);
+    dspine::model::load_module_state(*objective->module(),
+                                     core::load_safetensors(dspine::model::weights_file(weights_path)));
 
+    if (acceptance) {
+      if (!source) fail("dspine-eval: --acceptance reads the config's data source, not --target");
+      std::printf("%s\n", acceptance_report(config, *objective, *source, samples, offset, device)
+                              .dump(2)
+                              .c_str());
+      return 0;
+    }
     auto file = core::load_safetensors(batch_path);
     dspine::data::DraftBatch batch{file.at("input_ids"), file.at("loss_mask"),
                                    file.at("hidden_states"), file.at("target_last_hidden_states")};

@@ -10,6 +10,7 @@
 #include "core/config.h"
 #include "dist/launch.h"
 #include "dist/mpi_context.h"
+#include "train/objective_registry.h"
 #include "train/trainer.h"
 
 int main(int argc, char** argv) {
@@ -29,6 +30,7 @@ int main(int argc, char** argv) {
   try {
     if (!resume.empty()) overrides.push_back("checkpoint.resume=" + resume);
     const auto config = dspine::core::load_config(config_path, overrides);
+    dspine::train::find_objective(config);  // a bad objective fails here, before any set-up
     if (print_config) {
       if (mpi.rank() == 0) std::fputs(dspine::core::to_yaml(config).c_str(), stdout);
       return 0;

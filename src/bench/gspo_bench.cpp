@@ -18,14 +18,14 @@
 #include "bench/bench.h"
 #include "core/error.h"
 #include "core/safetensors.h"
-#include "objectives/gspo_seam.h"
+#include "ops/gspo_seam.h"
 
 namespace dspine::bench {
 namespace {
 
-using objectives::GspoBackend;
-using objectives::GspoSeamParams;
-using objectives::GspoTokens;
+using ops::GspoBackend;
+using ops::GspoSeamParams;
+using ops::GspoTokens;
 
 struct Options {
   std::vector<int64_t> tokens{4096, 65536, 1 << 20};
@@ -143,10 +143,10 @@ void run_seam_table(const Options& o, double copy_gbs) {
       const auto p = bench_params(s);
       auto span_params = p;
       span_params.segments_span_ranks = true;
-      auto ref = [&] { objectives::gspo_segment_seam(in.logprobs, in.tokens, p, *comm, GspoBackend::kReference); };
-      auto fused = [&] { objectives::gspo_segment_seam(in.logprobs, in.tokens, p, *comm, GspoBackend::kFused); };
+      auto ref = [&] { ops::gspo_segment_seam(in.logprobs, in.tokens, p, *comm, GspoBackend::kReference); };
+      auto fused = [&] { ops::gspo_segment_seam(in.logprobs, in.tokens, p, *comm, GspoBackend::kFused); };
       auto span = [&] {
-        objectives::gspo_segment_seam(in.logprobs, in.tokens, span_params, *comm, GspoBackend::kFused);
+        ops::gspo_segment_seam(in.logprobs, in.tokens, span_params, *comm, GspoBackend::kFused);
       };
       const double ref_ms = time_ms(ref, o.iterations), fused_ms = time_ms(fused, o.iterations);
       const Captured ref_graph = capture(ref, o.iterations, 20);
@@ -202,18 +202,18 @@ void run_monolithic_table(const Options& o, double copy_gbs) {
                     .log_softmax(1)
                     .gather(1, in.tokens.target.clamp_min(0).unsqueeze(1))
                     .squeeze(1);
-      auto seam = objectives::gspo_segment_seam(lp.detach(), in.tokens, p, *comm, GspoBackend::kReference);
+      auto seam = ops::gspo_segment_seam(lp.detach(), in.tokens, p, *comm, GspoBackend::kReference);
       torch::autograd::backward({lp}, {seam.coefficient / -p.logits_scale});
     };
     auto reference = [&] {
-      objectives::gspo_vocab_seam(logits, in.tokens, p, *comm, &grad, false, GspoBackend::kReference);
+      ops::gspo_vocab_seam(logits, in.tokens, p, *comm, &grad, false, GspoBackend::kReference);
     };
     auto fused = [&] {
-      objectives::gspo_vocab_seam(logits, in.tokens, p, *comm, &grad, false, GspoBackend::kFused);
+      ops::gspo_vocab_seam(logits, in.tokens, p, *comm, &grad, false, GspoBackend::kFused);
     };
     // The forward half alone (vocab forward + seam, no gradient): the backward is the rest.
     auto fused_forward = [&] {
-      objectives::gspo_vocab_seam(logits, in.tokens, p, *comm, nullptr, false, GspoBackend::kFused);
+      ops::gspo_vocab_seam(logits, in.tokens, p, *comm, nullptr, false, GspoBackend::kFused);
     };
     const int iterations = std::max(3, o.iterations / 4);
     // Compulsory traffic of the monolithic path: logits read twice, gradient written once
@@ -274,17 +274,17 @@ void run_file(const Options& o) {
   auto comm = dist::make_single_process_communicator();
   const GspoBackend backend = parse_backend(o.backend);
   core::NamedTensors out;
-  objectives::GspoSeamResult seam;
+  ops::GspoSeamResult seam;
   if (file.contains("logits")) {
     const auto logits = get("logits");
     at::Tensor grad = file.contains("grad_logits") ? get("grad_logits") : torch::zeros_like(logits);
-    const auto r = objectives::gspo_vocab_seam(logits, tokens, p, *comm, &grad, accumulate, backend);
+    const auto r = ops::gspo_vocab_seam(logits, tokens, p, *comm, &grad, accumulate, backend);
     seam = r.seam;
     out.emplace_back("logprobs", r.logprobs);
     if (p.grad_output) out.emplace_back("grad_logits", grad);
   } else {
     const auto lp = get("logprobs");
-    seam = objectives::gspo_segment_seam(lp, tokens, p, *comm, backend);
+    seam = ops::gspo_segment_seam(lp, tokens, p, *comm, backend);
   }
   out.emplace_back("loss", seam.loss);
   out.emplace_back("new_logprobs", seam.new_logprobs);

@@ -1,6 +1,8 @@
-// Parsing and validation of the run configuration (config.h). The key table in keys_of() is the
-// one list of settable keys: reading, unknown-key suggestions and to_yaml all walk it, so a new
-// struct field needs one line there (plus its range check in validate()).
+// Parsing and validation of the run configuration (config.h) and of the objective sections
+// (config_section.h). The key table in keys_of() is the one list of settable keys: reading,
+// unknown-key suggestions and to_yaml all walk it, so a new struct field needs one line there
+// (plus its range check in validate()). Objective sections are kept raw and read later by their
+// objective with the same Reader.
 #include "core/config.h"
 
 #include <algorithm>
@@ -17,12 +19,14 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include "core/config_section.h"
 #include "core/error.h"
+#include "core/log.h"
 
 namespace dspine::core {
 namespace {
 
-using Target = std::variant<int64_t*, double*, std::string*, bool*, std::vector<int64_t>*>;
+using Target = SettingTarget;
 
 struct Key {
   std::string name;  // full dotted key, e.g. "model.dspine.top_k"
@@ -37,6 +41,22 @@ const std::vector<std::string> kMaps = {"model",    "model.dspine", "data",
                                         "checkpoint", "logging", "distributed"};
 const char* const kLrAlias = "training.lr";
 const char* const kLearningRate = "training.learning_rate";
+const char* const kObjectiveName = "objective.name";
+
+// Keys that moved into an objective's section and are still read under the old name, with a
+// warning, for one release (remove them in the release after).
+const std::vector<std::pair<std::string, std::string>> kMovedKeys = {
+    {"training.num_anchors", "objective.dspine.num_anchors"},
+    {"training.loss_decay_gamma", "objective.dspine.loss_decay_gamma"},
+    {"training.objective_chunk_blocks", "objective.dspine.objective_chunk_blocks"},
+    {"model.dspine.ce_weight", "objective.dspine.ce_weight"},
+    {"model.dspine.alignment_weight", "objective.dspine.alignment_weight"},
+    {"model.dspine.alignment_warmup_steps", "objective.dspine.alignment_warmup_steps"},
+    {"model.dspine.replacement_probability", "objective.dspine.replacement_probability"},
+    {"model.dspine.replacement_hold_ratio", "objective.dspine.replacement_hold_ratio"},
+    {"model.dspine.replacement_end_ratio", "objective.dspine.replacement_end_ratio"},
+    {"model.dspine.candidate_mass_threshold", "objective.dspine.candidate_mass_threshold"},
+};
 
 // Every settable key, in struct order (which is also the order to_yaml writes them).
 std::vector<Key> keys_of(Config& c) {
@@ -64,14 +84,7 @@ std::vector<Key> keys_of(Config& c) {
       {"model.dspine.transfer_rank", &d.transfer_rank},
       {"model.dspine.message_size", &d.message_size},
       {"model.dspine.top_k", &d.top_k},
-      {"model.dspine.ce_weight", &d.ce_weight},
-      {"model.dspine.alignment_weight", &d.alignment_weight},
-      {"model.dspine.alignment_warmup_steps", &d.alignment_warmup_steps},
       {"model.dspine.replacement_layers", &d.replacement_layers},
-      {"model.dspine.replacement_probability", &d.replacement_probability},
-      {"model.dspine.replacement_hold_ratio", &d.replacement_hold_ratio},
-      {"model.dspine.replacement_end_ratio", &d.replacement_end_ratio},
-      {"model.dspine.candidate_mass_threshold", &d.candidate_mass_threshold},
       {"data.source", &data.source, {"synthetic", "shards", "random"}},
       {"data.shards_dir", &data.shards_dir},
       {"data.seq_len", &data.seq_len},
@@ -98,11 +111,8 @@ std::vector<Key> keys_of(Config& c) {
       {"training.seed", &t.seed},
       {"training.dtype", &t.dtype, {"fp32", "bf16"}},
       {"training.device", &t.device, {"auto", "cpu", "cuda"}},
-      {"training.num_anchors", &t.num_anchors},
-      {"training.loss_decay_gamma", &t.loss_decay_gamma},
-      {"training.objective_chunk_blocks", &t.objective_chunk_blocks},
       {"training.cpu_threads", &t.cpu_threads},
-      {"objective.name", &c.objective.name, {"ce", "dspine", "gspo"}},
+      {"objective.name", &c.objective.name},
       {"checkpoint.dir", &c.checkpoint.dir},
       {"checkpoint.save_every", &c.checkpoint.save_every},
       {"checkpoint.keep_last", &c.checkpoint.keep_last},
@@ -216,12 +226,21 @@ std::string show(double value) {
 }
 std::string show(int64_t value) { return fmt::format("{}", value); }
 
-bool is_dspine_key(const std::string& key) { return key.rfind("model.dspine.", 0) == 0; }
+bool is_dspine_key(const std::string& key) {
+  return key.rfind("model.dspine.", 0) == 0 || key.rfind("objective.dspine.", 0) == 0;
+}
+
+// `objective.<section>`: one objective's settings, kept raw for that objective to read.
+bool is_objective_section(const std::string& key) {
+  return parent_of(key) == "objective" && key != kObjectiveName;
+}
 
 // Where errors are reported: the text's source, and which keys came from which override.
 class Context {
  public:
   explicit Context(const std::string& source) : source_(source) {}
+
+  const std::string& source() const { return source_; }
 
   void note_override(const std::string& key, const std::string& text) { overrides_[key] = text; }
 
@@ -254,51 +273,70 @@ class Context {
   std::map<std::string, std::string> overrides_;
 };
 
-// "<key>: unknown key; did you mean ...": the closest key of the same map by edit distance, and
-// the full key when the name exists in another section.
-std::string unknown_key_message(const std::string& key, const std::vector<Key>& keys) {
+// The closest of `candidates` to `name` by edit distance; "" when none is close enough.
+std::string closest_candidate(const std::string& name, const std::vector<std::string>& candidates) {
+  std::string closest;
+  size_t best = std::string::npos;
+  for (const std::string& candidate : candidates) {
+    size_t distance = edit_distance(name, candidate);
+    if (distance < best) best = distance, closest = candidate;
+  }
+  const size_t close_enough = std::max<size_t>(2, name.size() / 3);
+  return best <= close_enough ? closest : "";
+}
+
+// "<key>: unknown key in <map>; did you mean <map>.<closest sibling>?" (else the allowed names),
+// plus the full keys `elsewhere` that have the same name in another section.
+std::string unknown_name_message(const std::string& key, const std::vector<std::string>& siblings,
+                                 const std::vector<std::string>& elsewhere) {
+  const std::string map = parent_of(key);
+  const std::string closest = closest_candidate(leaf_of(key), siblings);
+  std::string message =
+      fmt::format("{}: unknown {}", key, map.empty() ? "section" : "key in " + map);
+  if (!closest.empty()) {
+    message += fmt::format("; did you mean {}?", map.empty() ? closest : map + "." + closest);
+  }
+  if (!elsewhere.empty()) {
+    message += fmt::format(" ({} belongs to another section: {})", leaf_of(key), join(elsewhere));
+  } else if (closest.empty()) {
+    message += "; allowed: " + join(siblings);
+  }
+  return message;
+}
+
+// unknown_name_message over a key table: siblings are the keys and maps (`maps` hold keys) of the
+// same map.
+std::string unknown_key_message(const std::string& key, const std::vector<Key>& keys,
+                                const std::vector<std::string>& maps) {
   const std::string map = parent_of(key);
   const std::string name = leaf_of(key);
   std::vector<std::string> siblings;  // names allowed in `map`
   for (const Key& k : keys) {
     if (parent_of(k.name) == map) siblings.push_back(leaf_of(k.name));
   }
-  for (const std::string& m : kMaps) {
+  for (const std::string& m : maps) {
     if (parent_of(m) == map) siblings.push_back(leaf_of(m));
   }
   if (map == "training") siblings.push_back("lr");
 
-  std::string closest;
-  size_t best = std::string::npos;
-  for (const std::string& sibling : siblings) {
-    size_t distance = edit_distance(name, sibling);
-    if (distance < best) best = distance, closest = sibling;
-  }
-  std::string message =
-      fmt::format("{}: unknown {}", key, map.empty() ? "section" : "key in " + map);
-  const size_t close_enough = std::max<size_t>(2, name.size() / 3);
-  if (!closest.empty() && best <= close_enough) {
-    message += fmt::format("; did you mean {}?", map.empty() ? closest : map + "." + closest);
-  }
   std::vector<std::string> elsewhere;
   for (const Key& k : keys) {
     if (leaf_of(k.name) == name && parent_of(k.name) != map) elsewhere.push_back(k.name);
   }
-  for (const std::string& m : kMaps) {
+  for (const std::string& m : maps) {
     if (leaf_of(m) == name && parent_of(m) != map) elsewhere.push_back(m);
   }
-  if (!elsewhere.empty()) {
-    message += fmt::format(" ({} belongs to another section: {})", name, join(elsewhere));
-  } else if (closest.empty() || best > close_enough) {
-    message += "; allowed: " + join(siblings);
-  }
-  return message;
+  return unknown_name_message(key, siblings, elsewhere);
 }
 
 // Reads a YAML tree into a Config, checking each value's type (ranges come later, in validate).
 class Reader {
  public:
-  Reader(const Context& context, Config& config) : context_(context), keys_(keys_of(config)) {}
+  // `maps`: the maps that hold `keys`; `sections`: where the objective.<x> maps are kept (null
+  // when reading one such section).
+  Reader(const Context& context, std::vector<Key> keys, std::vector<std::string> maps,
+         std::map<std::string, std::string>* sections = nullptr)
+      : context_(context), keys_(std::move(keys)), maps_(std::move(maps)), sections_(sections) {}
 
   void read_root(const YAML::Node& root) {
     if (!root.IsDefined() || root.IsNull()) return;  // empty text: all defaults
@@ -307,6 +345,16 @@ class Reader {
                                      join(top_level_maps()), describe_kind(root)));
     }
     read_map(root, "");
+  }
+
+  // One map of keys at `path`; null keeps the defaults.
+  void read_section(const YAML::Node& node, const std::string& path) {
+    if (node.IsNull()) return;
+    if (!node.IsMap()) {
+      context_.fail_value(path, show(node),
+                          fmt::format("expected a map of keys, got {}", describe_kind(node)));
+    }
+    read_map(node, path);
   }
 
   const Key* find(const std::string& name) const {
@@ -319,9 +367,9 @@ class Reader {
   const std::vector<Key>& keys() const { return keys_; }
 
  private:
-  static std::vector<std::string> top_level_maps() {
+  std::vector<std::string> top_level_maps() const {
     std::vector<std::string> maps;
-    for (const std::string& m : kMaps) {
+    for (const std::string& m : maps_) {
       if (parent_of(m).empty()) maps.push_back(m);
     }
     return maps;
@@ -348,17 +396,30 @@ class Reader {
       const YAML::Node& value = it->second;
       if (const Key* target = find(canonical)) {
         read_value(*target, value);
-      } else if (std::find(kMaps.begin(), kMaps.end(), key) != kMaps.end()) {
-        if (value.IsNull()) continue;  // "section:" with nothing under it keeps the defaults
-        if (!value.IsMap()) {
-          context_.fail_value(key, show(value),
-                              fmt::format("expected a map of keys, got {}", describe_kind(value)));
-        }
-        read_map(value, key);
+      } else if (std::find(maps_.begin(), maps_.end(), key) != maps_.end()) {
+        read_section(value, key);  // "section:" with nothing under it keeps the defaults
+      } else if (sections_ != nullptr && is_objective_section(key)) {
+        keep_section(key, value);
       } else {
-        context_.fail_text(unknown_key_message(key, keys_));
+        context_.fail_text(unknown_key_message(key, keys_, maps_));
       }
     }
+  }
+
+  // objective.<x> is kept as YAML text for the objective named x to read (config_section.h);
+  // whether x names an objective is the registry's check.
+  void keep_section(const std::string& key, const YAML::Node& value) {
+    if (!value.IsNull() && !value.IsMap()) {
+      std::string problem =
+          fmt::format("an objective's settings must be a map, got {}", describe_kind(value));
+      if (!closest_candidate(leaf_of(key), {leaf_of(kObjectiveName)}).empty()) {
+        problem += fmt::format("; did you mean {}?", kObjectiveName);
+      }
+      context_.fail_value(key, show(value), problem);
+    }
+    YAML::Emitter text;
+    text << (value.IsNull() ? YAML::Node(YAML::NodeType::Map) : value);
+    (*sections_)[leaf_of(key)] = text.c_str();
   }
 
   void read_value(const Key& key, const YAML::Node& node) const {
@@ -444,6 +505,8 @@ class Reader {
 
   const Context& context_;
   std::vector<Key> keys_;
+  std::vector<std::string> maps_;
+  std::map<std::string, std::string>* sections_;
   std::map<std::string, std::string> seen_;  // canonical key -> spelling used
 };
 
@@ -461,11 +524,68 @@ void set_path(YAML::Node map, const std::vector<std::string>& parts, size_t i,
   set_path(map[parts[i]], parts, i + 1, value);
 }
 
+// The node at `parts` of the tree, undefined when absent. Walks const nodes: a non-const
+// operator[] would add the missing keys.
+YAML::Node node_at(const YAML::Node& node, const std::vector<std::string>& parts, size_t i = 0) {
+  if (i == parts.size()) return node;
+  if (!node.IsMap()) return YAML::Node(YAML::NodeType::Undefined);
+  const YAML::Node child = node[parts[i]];
+  // A missing key gives an invalid node, whose type queries throw: hand back an undefined one.
+  if (!child.IsDefined()) return YAML::Node(YAML::NodeType::Undefined);
+  return node_at(child, parts, i + 1);
+}
+
+void remove_key(const YAML::Node& root, const std::string& key) {
+  YAML::Node parent = node_at(root, split(parent_of(key), '.'));
+  if (parent.IsMap()) parent.remove(leaf_of(key));
+}
+
+// The new name of a key listed in kMovedKeys, else "".
+std::string moved_to(const std::string& key) {
+  for (const auto& [old_key, new_key] : kMovedKeys) {
+    if (key == old_key) return new_key;
+  }
+  return "";
+}
+
+// The old name of a key listed in kMovedKeys, else "".
+std::string moved_from(const std::string& key) {
+  for (const auto& [old_key, new_key] : kMovedKeys) {
+    if (key == new_key) return old_key;
+  }
+  return "";
+}
+
+void warn_moved(const Context& context, const std::string& old_key, const std::string& new_key) {
+  log::warn("{}: {} is deprecated; use {}", context.source(), old_key, new_key);
+}
+
+// Moves every deprecated key of the tree to its new place (kMovedKeys); both given is an error.
+void move_legacy_keys(YAML::Node& root, const Context& context) {
+  for (const auto& [old_key, new_key] : kMovedKeys) {
+    const YAML::Node value = node_at(root, split(old_key, '.'));
+    if (!value.IsDefined()) continue;
+    if (node_at(root, split(new_key, '.')).IsDefined()) {
+      context.fail_text(fmt::format("{} and {} are both given ({} is the deprecated name of {}); "
+                                    "give {}",
+                                    old_key, new_key, old_key, new_key, new_key));
+    }
+    warn_moved(context, old_key, new_key);
+    set_path(root, split(new_key, '.'), 0, YAML::Clone(value));
+    remove_key(root, old_key);
+  }
+}
+
+// objective.<section>.<key...>: an objective's setting, checked when that objective reads it.
+bool is_objective_setting(const std::vector<std::string>& parts) {
+  return parts.size() >= 3 && parts[0] == "objective" && parts[1] != leaf_of(kObjectiveName);
+}
+
 void apply_override(YAML::Node& root, const std::string& text, Context& context,
                     const Reader& reader) {
   const size_t equals = text.find('=');
-  const std::string key = trim(text.substr(0, equals));
-  const std::vector<std::string> parts = split(key, '.');
+  std::string key = trim(text.substr(0, equals));
+  std::vector<std::string> parts = split(key, '.');
   if (equals == std::string::npos || key.empty() ||
       std::any_of(parts.begin(), parts.end(), [](const std::string& p) { return p.empty(); })) {
     context.fail_text(
@@ -473,14 +593,19 @@ void apply_override(YAML::Node& root, const std::string& text, Context& context,
                     "training.learning_rate=3e-4",
                     text));
   }
-  if (std::find(kMaps.begin(), kMaps.end(), key) != kMaps.end()) {
+  if (std::find(kMaps.begin(), kMaps.end(), key) != kMaps.end() || is_objective_section(key)) {
     context.fail_text(fmt::format("override '{}' names the map {}, not a key; set its keys one "
                                   "at a time",
                                   text, key));
   }
-  if (key != kLrAlias && reader.find(key) == nullptr) {
-    context.fail_text(
-        fmt::format("override '{}': {}", text, unknown_key_message(key, reader.keys())));
+  if (const std::string new_key = moved_to(key); !new_key.empty()) {
+    warn_moved(context, key, new_key);
+    key = new_key;
+    parts = split(key, '.');
+  }
+  if (key != kLrAlias && reader.find(key) == nullptr && !is_objective_setting(parts)) {
+    context.fail_text(fmt::format("override '{}': {}", text,
+                                  unknown_key_message(key, reader.keys(), kMaps)));
   }
   const std::string value_text = trim(text.substr(equals + 1));
   YAML::Node value;
@@ -502,6 +627,8 @@ void apply_override(YAML::Node& root, const std::string& text, Context& context,
       training.remove("learning_rate");
     }
   }
+  // Likewise for a moved key: the override replaces the file's value under its old name.
+  if (const std::string old_key = moved_from(key); !old_key.empty()) remove_key(root, old_key);
   set_path(root, parts, 0, value);
   context.note_override(key == kLrAlias ? kLearningRate : key, text);
 }
@@ -562,9 +689,10 @@ void validate(const Context& ctx, const Config& c) {
     }
   }
 
-  // dspine.md §2.2, in its order (integer and finiteness checks happened while reading). The
-  // bounds that involve hidden_size / vocab_size apply when the model is a DSpine model: the
-  // simple architecture ignores these fields, and their reference defaults exceed tiny models.
+  // dspine.md §2.2, in its order (integer and finiteness checks happened while reading); the
+  // training settings are objective.dspine's (objectives/dspine_settings.cpp). The bounds that
+  // involve hidden_size / vocab_size apply when the model is a DSpine model: the simple
+  // architecture ignores these fields, and their reference defaults exceed tiny models.
   const DSpineConfig& d = m.dspine;
   const bool dspine = m.architecture == "dspine";
   const int64_t max_rank = std::min(m.hidden_size, m.vocab_size - 1);
@@ -584,40 +712,9 @@ void validate(const Context& ctx, const Config& c) {
                                 "(vocab_size = {})",
                                 m.vocab_size));
   }
-  if (!(d.ce_weight >= 0 && d.ce_weight <= 1)) {
-    ctx.fail_dspine("model.dspine.ce_weight", show(d.ce_weight),
-                    "requires ce_weight in [0, 1] and alignment_weight >= 0");
-  }
-  if (!(d.alignment_weight >= 0)) {
-    ctx.fail_dspine("model.dspine.alignment_weight", show(d.alignment_weight),
-                    "requires ce_weight in [0, 1] and alignment_weight >= 0");
-  }
-  if (d.alignment_warmup_steps < 0) {
-    ctx.fail_dspine("model.dspine.alignment_warmup_steps", show(d.alignment_warmup_steps),
-                    "warmup steps and replacement layers must be nonnegative");
-  }
   if (d.replacement_layers < 0) {
     ctx.fail_dspine("model.dspine.replacement_layers", show(d.replacement_layers),
                     "warmup steps and replacement layers must be nonnegative");
-  }
-  if (!(d.replacement_probability >= 0 && d.replacement_probability <= 1)) {
-    ctx.fail_dspine("model.dspine.replacement_probability", show(d.replacement_probability),
-                    "replacement_probability must be in [0, 1]");
-  }
-  const std::string ratio_rule = fmt::format(
-      "requires 0 <= replacement_hold_ratio < replacement_end_ratio <= 1 (hold = {}, end = {})",
-      d.replacement_hold_ratio, d.replacement_end_ratio);
-  if (!(d.replacement_hold_ratio >= 0 && d.replacement_hold_ratio < d.replacement_end_ratio)) {
-    ctx.fail_dspine("model.dspine.replacement_hold_ratio", show(d.replacement_hold_ratio),
-                    ratio_rule);
-  }
-  if (!(d.replacement_end_ratio <= 1)) {
-    ctx.fail_dspine("model.dspine.replacement_end_ratio", show(d.replacement_end_ratio),
-                    ratio_rule);
-  }
-  if (!(d.candidate_mass_threshold >= 0 && d.candidate_mass_threshold < 1)) {
-    ctx.fail_dspine("model.dspine.candidate_mass_threshold", show(d.candidate_mass_threshold),
-                    "candidate_mass_threshold must be in [0, 1)");
   }
 
   const DataConfig& data = c.data;
@@ -658,8 +755,6 @@ void validate(const Context& ctx, const Config& c) {
   fraction("training.adam_beta2", t.adam_beta2);
   positive("training.adam_eps", t.adam_eps);
   at_least("training.seed", t.seed, 0);
-  at_least("training.num_anchors", t.num_anchors, 1);
-  at_least("training.objective_chunk_blocks", t.objective_chunk_blocks, 0);
   at_least("training.cpu_threads", t.cpu_threads, 0);
 
   non_empty("checkpoint.dir", c.checkpoint.dir);
@@ -683,8 +778,10 @@ Config parse_config(const std::string& yaml_text, const std::string& source,
                                   e.mark.column + 1, e.msg));
   }
   Config config;
-  Reader reader(context, config);
+  config.source = source;
+  Reader reader(context, keys_of(config), kMaps, &config.objective.sections);
   for (const std::string& text : overrides) apply_override(root, text, context, reader);
+  move_legacy_keys(root, context);
   reader.read_root(root);
   validate(context, config);
   return config;
@@ -709,16 +806,22 @@ std::string to_yaml(const Config& config) {
   YAML::Emitter out;
   out << YAML::BeginMap;
   std::vector<std::string> open;  // the maps currently open, e.g. {"model", "dspine"}
+  auto close_map = [&] {
+    if (open == std::vector<std::string>{"objective"}) {  // the objectives' own maps, verbatim
+      for (const auto& [section, text] : config.objective.sections) {
+        out << YAML::Key << section << YAML::Value << YAML::Load(text);
+      }
+    }
+    out << YAML::EndMap;
+    open.pop_back();
+  };
   for (const Key& key : keys_of(copy)) {
     std::vector<std::string> path = split(key.name, '.');
     const std::string leaf = path.back();
     path.pop_back();
     size_t common = 0;
     while (common < open.size() && common < path.size() && open[common] == path[common]) ++common;
-    while (open.size() > common) {
-      out << YAML::EndMap;
-      open.pop_back();
-    }
+    while (open.size() > common) close_map();
     while (open.size() < path.size()) {
       const std::string& name = path[open.size()];
       out << YAML::Key << name << YAML::Value << YAML::BeginMap;
@@ -742,12 +845,53 @@ std::string to_yaml(const Config& config) {
         },
         key.target);
   }
-  while (!open.empty()) {
-    out << YAML::EndMap;
-    open.pop_back();
-  }
+  while (!open.empty()) close_map();
   out << YAML::EndMap;
   return std::string(out.c_str()) + "\n";
+}
+
+// config_section.h: an objective's own map, read with the same Reader as every other key.
+namespace {
+
+Context context_of(const Config& config) {
+  return Context(config.source.empty() ? "<config>" : config.source);
+}
+
+}  // namespace
+
+void read_objective_section(const Config& config, const std::string& section,
+                            const std::vector<SettingKey>& keys) {
+  const auto text = config.objective.sections.find(section);
+  if (text == config.objective.sections.end()) return;
+  const Context context = context_of(config);
+  const std::string path = "objective." + section;
+  YAML::Node node;
+  try {
+    node = YAML::Load(text->second);
+  } catch (const YAML::ParserException& e) {
+    context.fail_text(fmt::format("{}: the settings are not valid YAML: {}", path, e.msg));
+  }
+  std::vector<Key> full_keys;
+  for (const SettingKey& key : keys) {
+    full_keys.push_back({path + "." + key.name, key.target, key.choices, key.accepts_bool});
+  }
+  Reader(context, std::move(full_keys), {}).read_section(node, path);
+}
+
+void objective_range_error(const Config& config, const std::string& key, const std::string& value,
+                           const std::string& allowed) {
+  context_of(config).fail_range(key, value, allowed);
+}
+
+std::string closest_name(const std::string& name, const std::vector<std::string>& candidates) {
+  return closest_candidate(name, candidates);
+}
+
+void unknown_objective_section_error(const Config& config, const std::string& section,
+                                     const std::vector<std::string>& objectives) {
+  std::vector<std::string> names = {leaf_of(kObjectiveName)};
+  names.insert(names.end(), objectives.begin(), objectives.end());
+  context_of(config).fail_text(unknown_name_message("objective." + section, names, {}));
 }
 
 }  // namespace dspine::core

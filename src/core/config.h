@@ -4,24 +4,20 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
 namespace dspine::core {
 
-// dspine.md §2.2: DSpine hyper-parameters (the reference's dspine_config, same names/defaults).
+// dspine.md §2.2: the DSpine draft's architecture / inference hyper-parameters (the reference's
+// dspine_config, same names/defaults). Its training settings are objective.dspine
+// (objectives/dspine_settings.h).
 struct DSpineConfig {
   int64_t transfer_rank = 1024;
   int64_t message_size = 512;
   int64_t top_k = 16;
-  double ce_weight = 0.1;
-  double alignment_weight = 0.5;
-  int64_t alignment_warmup_steps = 146;
   int64_t replacement_layers = 3;
-  double replacement_probability = 0.5;
-  double replacement_hold_ratio = 1.0 / 6.0;
-  double replacement_end_ratio = 1.0 / 3.0;
-  double candidate_mass_threshold = 1e-4;
 };
 
 // The draft model. hidden_size / vocab_size are shared with the target (frozen embedding and
@@ -82,16 +78,17 @@ struct TrainingConfig {
   int64_t seed = 42;
   std::string dtype = "fp32";      // parameter/compute dtype: fp32 | bf16 (masters stay fp32)
   std::string device = "auto";     // auto | cpu | cuda
-  int64_t num_anchors = 512;       // DSpine: max anchor blocks per row
-  double loss_decay_gamma = 7.0;   // DSpine: position decay; <= 0 disables
-  int64_t objective_chunk_blocks = 128;  // DSpine: blocks per objective chunk; 0 = no chunking
   // Intra-op CPU threads (0 = LibTorch's default). Small models run fastest on 1: MKL's threads
   // spin-wait between tiny GEMMs.
   int64_t cpu_threads = 0;
 };
 
+// The objective is chosen by name from the trainer's registry (train/objective_registry.h), which
+// core does not know: each `objective.<name>` map is kept as its YAML text and read by that
+// objective (core/config_section.h).
 struct ObjectiveConfig {
-  std::string name = "ce";  // ce | dspine
+  std::string name = "ce";
+  std::map<std::string, std::string> sections;  // "gspo" -> YAML text of the map objective.gspo
 };
 
 struct CheckpointConfig {
@@ -124,6 +121,7 @@ struct Config {
   CheckpointConfig checkpoint;
   LoggingConfig logging;
   DistributedConfig distributed;
+  std::string source;  // names the parsed text in error messages (set by parse_config)
 };
 
 // The YAML text of configs/tiny.yaml, compiled in (what dspine-train runs without --config).
@@ -131,8 +129,9 @@ extern const char* const kEmbeddedDefaultConfig;
 
 // Parses YAML text into a validated Config. `source` names the text in error messages.
 // `overrides` are "section.key=value" strings (value parsed as YAML), applied before validation.
-// Keys absent from the YAML keep the struct defaults. Throws dspine::Error naming the key,
-// the bad value and what is allowed; unknown keys get a "did you mean".
+// Keys absent from the YAML keep the struct defaults. Keys moved to objective.dspine are still
+// read under their old names (with a warning naming the new key). Throws dspine::Error naming
+// the key, the bad value and what is allowed; unknown keys get a "did you mean".
 Config parse_config(const std::string& yaml_text, const std::string& source,
                     const std::vector<std::string>& overrides = {});
 

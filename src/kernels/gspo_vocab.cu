@@ -12,7 +12,7 @@
 #include <cstring>
 #include <type_traits>
 
-#include "kernels/gspo_seam.h"
+#include "kernels/gspo_seam_kernels.h"
 #include "kernels/norm_swiglu_common.cuh"
 
 namespace dspine::kernels {

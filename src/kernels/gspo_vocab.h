@@ -2,7 +2,7 @@
 // forward reads each labelled row of logits once (max, log-sum-exp, log-prob of the sampled
 // token, with the logits scale λ); the backward reads it again and writes c_t·(p − δ) straight
 // into the logits gradient. One block per row, statistics in fp32: no [N, V] fp32 intermediate
-// exists. The seam (gspo_seam.h) runs between the two on the forward's log-probs.
+// exists. The seam (gspo_seam_kernels.h) runs between the two on the forward's log-probs.
 #pragma once
 
 #include <cstdint>

@@ -1,7 +1,6 @@
 #include "model/dspine_config.h"
 
 #include <algorithm>
-#include <cmath>
 
 #include "core/error.h"
 
@@ -35,14 +34,6 @@ void validate_dspine_model_config(const core::ModelConfig& c) {
   if (mask < 0 || mask >= c.vocab_size) {
     fail("DSpine mask_token_id {} is outside the vocabulary [0, {})", mask, c.vocab_size);
   }
-  for (auto [name, value] : {std::pair<const char*, double>{"ce_weight", d.ce_weight},
-                             {"alignment_weight", d.alignment_weight},
-                             {"replacement_probability", d.replacement_probability},
-                             {"replacement_hold_ratio", d.replacement_hold_ratio},
-                             {"replacement_end_ratio", d.replacement_end_ratio},
-                             {"candidate_mass_threshold", d.candidate_mass_threshold}}) {
-    if (!std::isfinite(value)) fail("DSpine {} must be finite (got {})", name, value);
-  }
   if (d.transfer_rank < 1 || d.transfer_rank > std::min(c.hidden_size, c.vocab_size - 1)) {
     fail(
         "DSpine transfer_rank must be in [1, min(hidden_size, vocab_size - 1)] (got {}, H={}, "
@@ -55,24 +46,8 @@ void validate_dspine_model_config(const core::ModelConfig& c) {
         "top_k={}, V={})",
         d.message_size, d.top_k, c.vocab_size);
   }
-  if (d.ce_weight < 0 || d.ce_weight > 1 || d.alignment_weight < 0) {
-    fail("DSpine requires ce_weight in [0, 1] and alignment_weight >= 0 (got {}, {})", d.ce_weight,
-         d.alignment_weight);
-  }
-  if (d.alignment_warmup_steps < 0 || d.replacement_layers < 0) {
-    fail("DSpine warmup steps and replacement layers must be nonnegative (got {}, {})",
-         d.alignment_warmup_steps, d.replacement_layers);
-  }
-  if (d.replacement_probability < 0 || d.replacement_probability > 1) {
-    fail("DSpine replacement_probability must be in [0, 1] (got {})", d.replacement_probability);
-  }
-  if (!(0 <= d.replacement_hold_ratio && d.replacement_hold_ratio < d.replacement_end_ratio &&
-        d.replacement_end_ratio <= 1)) {
-    fail("DSpine requires 0 <= replacement_hold_ratio < replacement_end_ratio <= 1 (got {}, {})",
-         d.replacement_hold_ratio, d.replacement_end_ratio);
-  }
-  if (d.candidate_mass_threshold < 0 || d.candidate_mass_threshold >= 1) {
-    fail("DSpine candidate_mass_threshold must be in [0, 1) (got {})", d.candidate_mass_threshold);
+  if (d.replacement_layers < 0) {
+    fail("DSpine replacement layers must be nonnegative (got {})", d.replacement_layers);
   }
 }
 
@@ -80,21 +55,16 @@ int64_t resolved_mask_token_id(const core::ModelConfig& config) {
   return config.mask_token_id < 0 ? config.vocab_size - 1 : config.mask_token_id;
 }
 
-nlohmann::json dspine_hf_config(const core::ModelConfig& c, const std::string& dtype) {
+nlohmann::json dspine_hf_config(const core::ModelConfig& c, const std::string& dtype,
+                                const nlohmann::json& training_settings) {
   const auto& d = c.dspine;
-  nlohmann::json dspine = {
+  nlohmann::json dspine = training_settings;
+  dspine.update({
       {"transfer_rank", d.transfer_rank},
       {"message_size", d.message_size},
       {"top_k", d.top_k},
-      {"ce_weight", d.ce_weight},
-      {"alignment_weight", d.alignment_weight},
-      {"alignment_warmup_steps", d.alignment_warmup_steps},
       {"replacement_layers", d.replacement_layers},
-      {"replacement_probability", d.replacement_probability},
-      {"replacement_hold_ratio", d.replacement_hold_ratio},
-      {"replacement_end_ratio", d.replacement_end_ratio},
-      {"candidate_mass_threshold", d.candidate_mass_threshold},
-  };
+  });
   return {
       {"architectures", {"DSpineDraftModel"}},
       {"attention_bias", false},

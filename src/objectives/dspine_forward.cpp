@@ -61,18 +61,19 @@ AnchorSample anchors_for(const torch::Tensor& loss_mask, int64_t num_anchors,
 
 }  // namespace
 
-DSpineTrainingModel::DSpineTrainingModel(const core::Config& config, model::DSpineDraft draft,
+DSpineTrainingModel::DSpineTrainingModel(const core::Config& config,
+                                         const DSpineSettings& settings, model::DSpineDraft draft,
                                          at::Tensor embed_tokens, at::Tensor lm_head)
     : model_config_(config.model),
-      training_config_(config.training),
+      settings_(settings),
       draft_(std::move(draft)),
       mask_token_id_(model::resolved_mask_token_id(config.model)) {
-  if (training_config_.objective_chunk_blocks < 0) {
-    fail("training.objective_chunk_blocks must be >= 0 (got {})",
-         training_config_.objective_chunk_blocks);
+  if (settings_.objective_chunk_blocks < 0) {
+    fail("objective.dspine.objective_chunk_blocks must be >= 0 (got {})",
+         settings_.objective_chunk_blocks);
   }
-  if (training_config_.num_anchors < 1) {
-    fail("training.num_anchors must be >= 1 (got {})", training_config_.num_anchors);
+  if (settings_.num_anchors < 1) {
+    fail("objective.dspine.num_anchors must be >= 1 (got {})", settings_.num_anchors);
   }
   const auto& weight = draft_->fc->weight;
   auto place = [&](const at::Tensor& t, const char* name) {
@@ -107,13 +108,13 @@ DraftPass DSpineTrainingModel::draft_pass(const data::DraftBatch& batch, at::Gen
   const int64_t rows = input_ids.size(0), seq = input_ids.size(1);
 
   DraftPass out;
-  out.schedule = dspine_schedule(model_config_.dspine, options.step, options.total_steps);
+  out.schedule = dspine_schedule(settings_, options.step, options.total_steps);
   auto sample =
-      anchors_for(batch.loss_mask, training_config_.num_anchors, generator, options.overrides);
+      anchors_for(batch.loss_mask, settings_.num_anchors, generator, options.overrides);
   sample.anchors = sample.anchors.to(device);
   sample.keep = sample.keep.to(device);
   out.blocks = layout_blocks(input_ids, loss_mask, sample.anchors, sample.keep, bs,
-                             training_config_.loss_decay_gamma);
+                             settings_.loss_decay_gamma);
   if (options.overrides != nullptr && options.overrides->replace.defined()) {
     out.replace = options.overrides->replace.to(device, torch::kBool) & out.blocks.keep;
   } else if (options.training && out.schedule.replacement_probability > 0) {
@@ -159,7 +160,7 @@ DSpineOutput DSpineTrainingModel::objective(const DraftPass& pass,
   out.position_ids = pass.position_ids;
   out.denominator = pass.weights.sum();
   out.count = pass.supervised.sum().to(torch::kFloat32);
-  const int64_t chunk = training_config_.objective_chunk_blocks;
+  const int64_t chunk = settings_.objective_chunk_blocks;
 
   if (options.ce_only) {
     auto sums = checkpointed_chunk_reduce(
@@ -178,10 +179,10 @@ DSpineOutput DSpineTrainingModel::objective(const DraftPass& pass,
     if (p.requires_grad()) trainable.push_back(p);
   }
   auto& draft_impl = *draft_;
-  const auto& dspine = model_config_.dspine;
+  const int64_t top_k = model_config_.dspine.top_k;
   auto sums = checkpointed_chunk_reduce(
-      [this, &draft_impl, &dspine](const std::vector<at::Tensor>& c) {
-        return objective_terms(draft_impl, lm_head_, dspine, c);
+      [this, &draft_impl, top_k](const std::vector<at::Tensor>& c) {
+        return objective_terms(draft_impl, lm_head_, settings_, top_k, c);
       },
       {pass.hidden_rows, pass.pre_rows, pass.features, pass.labels, pass.predecessors,
        pass.teacher, pass.weights, pass.supervised},
@@ -204,7 +205,7 @@ DSpineOutput DSpineTrainingModel::objective(const DraftPass& pass,
     }
     out.alignment_ce = (out.global_ce / out.global_denominator).to(device, torch::kFloat32);
   }
-  const double cw = dspine.ce_weight;
+  const double cw = settings_.ce_weight;
   auto scale = out.schedule.alignment_beta * out.alignment_ce;
   out.numerator = cw * sums[kCe] + (1.0 - cw) * sums[kL1] + sums[kRefine] + scale * sums[kAlign];
   out.loss = out.numerator / out.denominator.clamp_min(1.0);

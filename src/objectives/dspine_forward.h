@@ -14,6 +14,7 @@
 #include "model/dspine_draft.h"
 #include "objectives/dspine_blocks.h"
 #include "objectives/dspine_schedule.h"
+#include "objectives/dspine_settings.h"
 
 namespace dspine::objectives {
 
@@ -66,8 +67,8 @@ class DSpineTrainingModel {
  public:
   // embed_tokens / lm_head: the target's [V, H] tables, moved to the draft's device and dtype
   // and never given gradients.
-  DSpineTrainingModel(const core::Config& config, model::DSpineDraft draft, at::Tensor embed_tokens,
-                      at::Tensor lm_head);
+  DSpineTrainingModel(const core::Config& config, const DSpineSettings& settings,
+                      model::DSpineDraft draft, at::Tensor embed_tokens, at::Tensor lm_head);
 
   // Draws anchors (and the replacement mask when training and p > 0) from `generator`, in that
   // order, unless overridden.
@@ -87,7 +88,7 @@ class DSpineTrainingModel {
 
  private:
   core::ModelConfig model_config_;
-  core::TrainingConfig training_config_;
+  DSpineSettings settings_;
   model::DSpineDraft draft_;
   at::Tensor embed_tokens_, lm_head_;
   int64_t mask_token_id_;

@@ -42,18 +42,21 @@ at::Tensor output_sums(const DSpineOutput& out) {
 
 }  // namespace
 
-DSpineObjective::DSpineObjective(const core::Config& config, at::Tensor embed_tokens,
-                                 at::Tensor lm_head, torch::Device device, torch::Dtype dtype)
+DSpineObjective::DSpineObjective(const core::Config& config, const DSpineSettings& settings,
+                                 at::Tensor embed_tokens, at::Tensor lm_head, torch::Device device,
+                                 torch::Dtype dtype)
     : config_(config),
+      settings_(settings),
       draft_(build_draft(config, device, dtype)),
-      model_(config, draft_, std::move(embed_tokens), std::move(lm_head)) {
+      model_(config, settings, draft_, std::move(embed_tokens), std::move(lm_head)) {
   if (config.training.accumulation_steps < 1) {
     fail("training.accumulation_steps must be >= 1 (got {})", config.training.accumulation_steps);
   }
 }
 
 nlohmann::json DSpineObjective::hf_config() const {
-  return model::dspine_hf_config(config_.model, config_.training.dtype);
+  return model::dspine_hf_config(config_.model, config_.training.dtype,
+                                 dspine_settings_json(settings_));
 }
 
 void DSpineObjective::on_fresh_start() { draft_->initialize_transfer_space(model_.lm_head()); }
@@ -178,10 +181,11 @@ std::map<std::string, double> DSpineObjective::evaluate(const data::DraftBatch& 
 }
 
 std::unique_ptr<DSpineObjective> make_dspine_objective(const core::Config& config,
+                                                       const DSpineSettings& settings,
                                                        at::Tensor embed_tokens, at::Tensor lm_head,
                                                        torch::Device device, torch::Dtype dtype) {
-  return std::make_unique<DSpineObjective>(config, std::move(embed_tokens), std::move(lm_head),
-                                           device, dtype);
+  return std::make_unique<DSpineObjective>(config, settings, std::move(embed_tokens),
+                                           std::move(lm_head), device, dtype);
 }
 
 }  // namespace dspine::objectives

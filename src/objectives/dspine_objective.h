@@ -1,8 +1,8 @@
 // The DSpine objective as the trainer drives it (objective.name: dspine; dspine.md §7–8).
 //
 // Trainer usage:
-//   auto objective = make_dspine_objective(config, source.embed_tokens(), source.lm_head(),
-//                                          device, dtype);
+//   auto objective = make_dspine_objective(config, read_dspine_settings(config),
+//                                          source.embed_tokens(), source.lm_head(), device, dtype);
 //   auto module = objective->module();        // trainable draft: optimizer, sharding, checkpoints
 //   fresh run:  objective->on_fresh_start();  // transfer space from the frozen lm_head (§6)
 //   resume:     load the checkpoint's parameters AND buffers into module (transfer_codes [V, r]
@@ -30,6 +30,7 @@
 #include "core/config.h"
 #include "model/dspine_draft.h"
 #include "objectives/dspine_forward.h"
+#include "objectives/dspine_settings.h"
 #include "objectives/objective.h"
 #include "objectives/window_replay.h"
 
@@ -39,8 +40,9 @@ class DSpineObjective final : public Objective {
  public:
   // Builds the draft on CPU fp32 from the global torch RNG (seed it first), then places its
   // parameters on (device, dtype); buffers keep their dtypes. Kernels: model.fused_kernels.
-  DSpineObjective(const core::Config& config, at::Tensor embed_tokens, at::Tensor lm_head,
-                  torch::Device device, torch::Dtype dtype);
+  DSpineObjective(const core::Config& config, const DSpineSettings& settings,
+                  at::Tensor embed_tokens, at::Tensor lm_head, torch::Device device,
+                  torch::Dtype dtype);
 
   std::string name() const override { return "dspine"; }
   std::shared_ptr<torch::nn::Module> module() { return draft_.ptr(); }
@@ -70,6 +72,7 @@ class DSpineObjective final : public Objective {
                                                 const DSpineOutput& last) const;
 
   core::Config config_;
+  DSpineSettings settings_;
   model::DSpineDraft draft_;
   DSpineTrainingModel model_;
   WindowReplay window_;
@@ -83,6 +86,7 @@ class DSpineObjective final : public Objective {
 
 // The trainer's entry point for objective.name = dspine (see the usage above).
 std::unique_ptr<DSpineObjective> make_dspine_objective(const core::Config& config,
+                                                       const DSpineSettings& settings,
                                                        at::Tensor embed_tokens, at::Tensor lm_head,
                                                        torch::Device device, torch::Dtype dtype);
 

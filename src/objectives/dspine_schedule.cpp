@@ -4,7 +4,7 @@
 
 namespace dspine::objectives {
 
-DSpineSchedule dspine_schedule(const core::DSpineConfig& c, int64_t step, int64_t total_steps) {
+DSpineSchedule dspine_schedule(const DSpineSettings& c, int64_t step, int64_t total_steps) {
   const double progress_steps = static_cast<double>(std::max<int64_t>(step, 0));
   DSpineSchedule s;
   s.alignment_beta =

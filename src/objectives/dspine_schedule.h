@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-#include "core/config.h"
+#include "objectives/dspine_settings.h"
 
 namespace dspine::objectives {
 
@@ -14,6 +14,6 @@ struct DSpineSchedule {
 };
 
 // step = completed optimizer steps; total_steps <= 0 means no horizon (p = 0).
-DSpineSchedule dspine_schedule(const core::DSpineConfig& config, int64_t step, int64_t total_steps);
+DSpineSchedule dspine_schedule(const DSpineSettings& settings, int64_t step, int64_t total_steps);
 
 }  // namespace dspine::objectives

@@ -36,13 +36,13 @@ torch::Tensor correct_count(const torch::Tensor& logits, const torch::Tensor& la
 }  // namespace
 
 std::vector<at::Tensor> objective_terms(model::DSpineDraftImpl& draft, const at::Tensor& lm_head,
-                                        const core::DSpineConfig& config,
+                                        const DSpineSettings& settings, int64_t top_k,
                                         const std::vector<at::Tensor>& chunk) {
   const auto& hidden = chunk[kHidden];
   const auto& labels = chunk[kLabels];
   const auto& weights = chunk[kWeights];
   const auto& supervised = chunk[kSupervised].to(torch::kBool);
-  const double cw = config.ce_weight;
+  const double cw = settings.ce_weight;
 
   torch::Tensor teacher;
   {
@@ -53,7 +53,7 @@ std::vector<at::Tensor> objective_terms(model::DSpineDraftImpl& draft, const at:
   auto backbone = backbone_ce(hidden, labels, lm_head);
   auto l1 = (backbone.log_probs.exp() - teacher).abs().sum(-1);
 
-  auto candidates = std::get<1>(backbone.logits.detach().topk(config.top_k, -1, true, true));
+  auto candidates = std::get<1>(backbone.logits.detach().topk(top_k, -1, true, true));
   auto refined = draft.refine(chunk[kPre], chunk[kPredecessors]);  // [c, T, H]
   auto rows = torch::embedding(lm_head, candidates);               // [c, T, k, H]
   auto scores = rows.matmul(refined.unsqueeze(-1)).squeeze(-1).to(torch::kFloat32);
@@ -65,7 +65,7 @@ std::vector<at::Tensor> objective_terms(model::DSpineDraftImpl& draft, const at:
     auto candidate_mass = teacher.gather(-1, candidates);
     auto mass = candidate_mass.sum(-1);
     target = candidate_mass / mass.clamp_min(1e-30).unsqueeze(-1);
-    gate = (mass > config.candidate_mass_threshold).to(torch::kFloat32);
+    gate = (mass > settings.candidate_mass_threshold).to(torch::kFloat32);
     covered = candidates == labels.unsqueeze(-1);
   }
   auto refine_ce = -(refined_log_probs * covered.to(torch::kFloat32)).sum(-1);

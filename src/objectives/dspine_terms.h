@@ -7,8 +7,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/config.h"
 #include "model/dspine_draft.h"
+#include "objectives/dspine_settings.h"
 
 namespace dspine::objectives {
 
@@ -32,9 +32,9 @@ enum FullTermOutput : size_t { kCe, kL1, kRefine, kAlign, kCorrect, kCoverage, k
 
 // The six sums of §7.1 step 10: CE = Σw·ce, L1 = Σw·l1, R = Σw·(cw·rce + (1−cw)·rl1·gate),
 // A = Σ_l Σ w·(1 − cos(feature_l, code_y)), correct, coverage. `draft` supplies refine() and the
-// codes; `lm_head` is frozen.
+// codes; `lm_head` is frozen; `top_k` is model.dspine.top_k (the refined candidates).
 std::vector<at::Tensor> objective_terms(model::DSpineDraftImpl& draft, const at::Tensor& lm_head,
-                                        const core::DSpineConfig& config,
+                                        const DSpineSettings& settings, int64_t top_k,
                                         const std::vector<at::Tensor>& chunk);
 
 // Chunk input order of ce_terms: hidden [c, T, H], labels, weights, supervised.

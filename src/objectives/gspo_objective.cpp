@@ -7,6 +7,7 @@
 #include <chrono>
 #include <optional>
 
+#include "core/config_section.h"
 #include "core/error.h"
 #include "model/dspine_config.h"
 #include "model/module_state.h"
@@ -156,13 +157,54 @@ at::Tensor reduced(std::vector<double> values, dist::Communicator& comm) {
 
 }  // namespace
 
-GspoObjective::GspoObjective(const core::Config& config, const GspoSettings& settings,
-                             at::Tensor embed_tokens, at::Tensor lm_head, torch::Device device,
-                             torch::Dtype dtype)
+GspoSettings read_gspo_settings(const core::Config& config) {
+  GspoSettings s;
+  auto& r = s.rollout;
+  std::string sampling = "backbone", reward = "greedy_match", norm = "group_std";
+  core::read_objective_section(
+      config, "gspo",
+      {{"group_size", &r.group_size},
+       {"temperature", &r.temperature},
+       {"sampling", &sampling, {"backbone", "refinement"}},
+       {"reward", &reward, {"greedy_match", "expected_acceptance"}},
+       {"advantage_norm", &norm, {"group_std", "group_mean"}},
+       {"eps_low", &s.eps_low},
+       {"eps_high", &s.eps_high},
+       {"logits_scale", &r.logits_scale},
+       {"updates_per_rollout", &s.updates_per_rollout},
+       {"ce_weight", &s.ce_weight},
+       {"init_from", &s.init_from}});
+  auto range = [&](const char* key, bool ok, const std::string& value, const char* allowed) {
+    if (!ok) core::objective_range_error(config, std::string("objective.gspo.") + key, value, allowed);
+  };
+  range("group_size", r.group_size >= 2, std::to_string(r.group_size),
+        "integer >= 2 (advantages compare the blocks of a group)");
+  range("temperature", r.temperature > 0, fmt::format("{}", r.temperature), "number > 0");
+  range("logits_scale", r.logits_scale > 0, fmt::format("{}", r.logits_scale), "number > 0");
+  range("eps_low", s.eps_low >= 0 && s.eps_low < 1, fmt::format("{}", s.eps_low),
+        "number in [0, 1)");
+  range("eps_high", s.eps_high >= 0, fmt::format("{}", s.eps_high), "number >= 0");
+  range("updates_per_rollout", s.updates_per_rollout >= 1, std::to_string(s.updates_per_rollout),
+        "integer >= 1");
+  range("ce_weight", s.ce_weight >= 0, fmt::format("{}", s.ce_weight), "number >= 0");
+  r.sampling = sampling == "refinement" ? GspoSampling::kRefinement : GspoSampling::kBackbone;
+  r.reward = reward == "expected_acceptance" ? GspoReward::kExpectedAcceptance
+                                              : GspoReward::kGreedyMatch;
+  r.advantage_norm =
+      norm == "group_mean" ? GspoAdvantageNorm::kGroupMean : GspoAdvantageNorm::kGroupStd;
+  r.top_k = config.model.dspine.top_k;
+  return s;
+}
+
+GspoObjective::GspoObjective(const core::Config& config, const DSpineSettings& dspine,
+                             const GspoSettings& settings, at::Tensor embed_tokens,
+                             at::Tensor lm_head, torch::Device device, torch::Dtype dtype)
     : config_(config),
+      dspine_(dspine),
       settings_(settings),
       draft_(build_draft(config, device, dtype)),
-      model_(config, draft_, std::move(embed_tokens), std::move(lm_head)) {
+      model_(config, dspine, draft_, std::move(embed_tokens), std::move(lm_head)) {
+  settings_.rollout.chunk_blocks = dspine.objective_chunk_blocks;
   if (settings_.rollout.group_size < 2)
     fail("gspo: objective.gspo.group_size must be >= 2 (got {})", settings_.rollout.group_size);
   if (settings_.updates_per_rollout < 1)
@@ -171,7 +213,8 @@ GspoObjective::GspoObjective(const core::Config& config, const GspoSettings& set
 }
 
 nlohmann::json GspoObjective::hf_config() const {
-  return model::dspine_hf_config(config_.model, config_.training.dtype);
+  return model::dspine_hf_config(config_.model, config_.training.dtype,
+                                 dspine_settings_json(dspine_));
 }
 
 void GspoObjective::on_fresh_start() {
@@ -244,7 +287,7 @@ MicroStepResult GspoObjective::micro_step(const data::DraftBatch& batch, int64_t
   auto rows = refinement ? refinement_rows(p, rollout, *draft_, model_.lm_head())
                          : backbone_rows(p, rollout, model_.lm_head());
 
-  GspoSeamParams params;
+  ops::GspoSeamParams params;
   params.logits_scale = settings_.rollout.logits_scale;
   params.eps_low = settings_.eps_low;
   params.eps_high = settings_.eps_high;
@@ -326,10 +369,11 @@ std::map<std::string, double> GspoObjective::evaluate(const data::DraftBatch& ba
 }
 
 std::unique_ptr<GspoObjective> make_gspo_objective(const core::Config& config,
+                                                   const DSpineSettings& dspine,
                                                    const GspoSettings& settings,
                                                    at::Tensor embed_tokens, at::Tensor lm_head,
                                                    torch::Device device, torch::Dtype dtype) {
-  return std::make_unique<GspoObjective>(config, settings, std::move(embed_tokens),
+  return std::make_unique<GspoObjective>(config, dspine, settings, std::move(embed_tokens),
                                          std::move(lm_head), device, dtype);
 }
 

@@ -22,13 +22,14 @@
 #include "core/config.h"
 #include "model/dspine_draft.h"
 #include "objectives/dspine_forward.h"
+#include "objectives/dspine_settings.h"
 #include "objectives/gspo_rollout.h"
-#include "objectives/gspo_seam.h"
 #include "objectives/objective.h"
 
 namespace dspine::objectives {
 
-// objective.gspo.* (validated where the config is read).
+// objective.gspo.*, with the rollout's top_k from model.dspine and its chunking from
+// objective.dspine.
 struct GspoSettings {
   GspoRolloutSettings rollout;
   double eps_low = 3e-4;
@@ -38,10 +39,15 @@ struct GspoSettings {
   std::string init_from;  // checkpoint directory or a draft model.safetensors; "" = fresh draft
 };
 
+// Reads and range-checks objective.gspo (errors name the full key, e.g.
+// objective.gspo.group_size).
+GspoSettings read_gspo_settings(const core::Config& config);
+
 class GspoObjective final : public Objective {
  public:
-  GspoObjective(const core::Config& config, const GspoSettings& settings, at::Tensor embed_tokens,
-                at::Tensor lm_head, torch::Device device, torch::Dtype dtype);
+  GspoObjective(const core::Config& config, const DSpineSettings& dspine,
+                const GspoSettings& settings, at::Tensor embed_tokens, at::Tensor lm_head,
+                torch::Device device, torch::Dtype dtype);
 
   std::string name() const override { return "gspo"; }
   std::shared_ptr<torch::nn::Module> module() { return draft_.ptr(); }
@@ -69,6 +75,7 @@ class GspoObjective final : public Objective {
                  bool full_rows);
 
   core::Config config_;
+  DSpineSettings dspine_;
   GspoSettings settings_;
   model::DSpineDraft draft_;
   DSpineTrainingModel model_;
@@ -81,6 +88,7 @@ class GspoObjective final : public Objective {
 };
 
 std::unique_ptr<GspoObjective> make_gspo_objective(const core::Config& config,
+                                                   const DSpineSettings& dspine,
                                                    const GspoSettings& settings,
                                                    at::Tensor embed_tokens, at::Tensor lm_head,
                                                    torch::Device device, torch::Dtype dtype);

@@ -111,12 +111,12 @@ Computed compute(const at::Tensor& logits, const GspoPolicySamples& s, GspoSeamP
   logprobs = at::where(mask, logprobs, at::zeros({}, logprobs.options()));
 
   auto in_order = [&](const at::Tensor& t) { return t.reshape(-1).index_select(0, s.seam_order); };
-  GspoTokens tokens{in_order(s.targets), in_order(s.old_logprobs), in_order(s.advantages),
+  ops::GspoTokens tokens{in_order(s.targets), in_order(s.old_logprobs), in_order(s.advantages),
                     in_order(s.segments), in_order(s.label_counts)};
   params.num_segments = s.num_segments;
   params.grad_output = 1.0;
   Computed out;
-  out.seam = gspo_segment_seam(in_order(logprobs), tokens, params, comm, backend);
+  out.seam = ops::gspo_segment_seam(in_order(logprobs), tokens, params, comm, backend);
   auto coefficient = at::zeros({s.targets.numel()}, logprobs.options())
                          .index_copy_(0, s.seam_order, out.seam.coefficient)
                          .view(s.targets.sizes());

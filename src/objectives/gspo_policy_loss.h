@@ -11,9 +11,13 @@
 #include <cstdint>
 
 #include "dist/communicator.h"
-#include "objectives/gspo_seam.h"
+#include "ops/gspo_seam.h"
 
 namespace dspine::objectives {
+
+using ops::GspoBackend;
+using ops::GspoSeamParams;
+using ops::GspoSeamResult;
 
 // Sampled tokens of R logits rows, G per row; a row's samples are all masked or none.
 struct GspoPolicySamples {

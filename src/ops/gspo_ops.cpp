@@ -8,7 +8,7 @@
 #include <c10/util/StringUtil.h>
 
 #include "core/error.h"
-#include "kernels/gspo_seam.h"
+#include "kernels/gspo_seam_kernels.h"
 #include "kernels/gspo_vocab.h"
 
 namespace dspine::ops {

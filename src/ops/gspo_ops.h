@@ -1,14 +1,14 @@
-// Tensor front end of the fused GSPO kernels (kernels/gspo_seam.h, kernels/gspo_vocab.h): checks
-// dtypes, shapes and devices with messages that name the tensor, turns tensors into kernel
-// arguments and launches on the current CUDA stream. The orchestration (all-reduce hook,
-// validation policy, reference fallback) lives in objectives/gspo_seam.h.
+// Tensor front end of the fused GSPO kernels (kernels/gspo_seam_kernels.h,
+// kernels/gspo_vocab.h): checks dtypes, shapes and devices with messages that name the tensor,
+// turns tensors into kernel arguments and launches on the current CUDA stream. The orchestration (all-reduce hook,
+// validation policy, reference fallback) lives in ops/gspo_seam.h.
 #pragma once
 
 #include <cstdint>
 
 #include <ATen/core/Tensor.h>
 
-#include "kernels/gspo_seam.h"
+#include "kernels/gspo_seam_kernels.h"
 
 namespace dspine::ops {
 
@@ -50,8 +50,8 @@ class GspoFusedSeam {
   // Writes c_t into `coefficient` ([N] fp32, contiguous) unless it is undefined.
   at::Tensor finish(const GspoSeamArgs& args, const GspoFinishArgs& scalars,
                     const at::Tensor& coefficient);
-  // Status bits of kernels/gspo_seam.h raised so far (seam and vocab forward); waits for the
-  // stream.
+  // Status bits of kernels/gspo_seam_kernels.h raised so far (seam and vocab forward); waits for
+  // the stream.
   int status() const;
   // A zeroed status word for the vocab forward, kept apart from the workspace (whose status word
   // reduce clears).

@@ -1,5 +1,6 @@
-// Composes the draft model and its objective from the configuration (model.architecture +
-// objective.name), so the trainer never branches on either.
+// Composes the draft model and its objective from the configuration: the objective registry
+// (objective_registry.h) entry of objective.name builds both, so the trainer never branches on
+// either.
 #pragma once
 
 #include <memory>
@@ -21,6 +22,7 @@ struct BuiltModel {
 };
 
 // Parameters are created in `dtype`; buffers keep their own dtype (e.g. fp32 transfer codes).
+// Checks the configuration against the registry first (find_objective).
 BuiltModel build_model(const core::Config& config, const data::BatchSource& source,
                        torch::Device device, torch::Dtype dtype);
 

@@ -9,6 +9,7 @@
 #include "core/config.h"
 #include "data/batch.h"
 #include "objectives/dspine_objective.h"
+#include "objectives/dspine_settings.h"
 
 namespace dspine::testing {
 
@@ -34,25 +35,31 @@ inline core::ModelConfig tiny_model_config() {
   return c;
 }
 
-// The training side of §12: num_anchors 4, γ = 7.
-inline core::Config tiny_config(int64_t chunk_blocks = 0, int64_t accumulation = 1) {
+inline core::Config tiny_config(int64_t accumulation = 1) {
   core::Config c;
   c.model = tiny_model_config();
-  c.training.num_anchors = 4;
-  c.training.loss_decay_gamma = 7.0;
-  c.training.objective_chunk_blocks = chunk_blocks;
   c.training.accumulation_steps = accumulation;
   c.objective.name = "dspine";
   return c;
 }
 
+// The training side of §12: num_anchors 4, γ = 7.
+inline objectives::DSpineSettings tiny_settings(int64_t chunk_blocks = 0) {
+  objectives::DSpineSettings s;
+  s.num_anchors = 4;
+  s.loss_decay_gamma = 7.0;
+  s.objective_chunk_blocks = chunk_blocks;
+  return s;
+}
+
 // Seed-17 draft with transfer space from head = randn(32, 16) and writes re-drawn N(0, 0.05).
-inline std::unique_ptr<objectives::DSpineObjective> training_objective(const core::Config& config) {
+inline std::unique_ptr<objectives::DSpineObjective> training_objective(
+    const core::Config& config, const objectives::DSpineSettings& settings) {
   torch::manual_seed(17);
   auto head = torch::randn({32, 16});
   auto embed = torch::randn({32, 16});
-  auto objective =
-      objectives::make_dspine_objective(config, embed, head, torch::kCPU, torch::kFloat32);
+  auto objective = objectives::make_dspine_objective(config, settings, embed, head, torch::kCPU,
+                                                     torch::kFloat32);
   objective->on_fresh_start();
   torch::NoGradGuard no_grad;
   for (auto& w : objective->draft()->injection->write_layers) w->weight.normal_(0.0, 0.05);

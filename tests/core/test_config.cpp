@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include "core/config.h"
+#include "core/config_section.h"
 #include "core/error.h"
 
 namespace dspine::core {
@@ -315,7 +316,6 @@ TEST(Config, LrIsAnAliasOfLearningRate) {
 TEST(Config, ToYamlRoundTripsEveryKeyExactly) {
   Config c = parse_config(kTinyDSpine, "tiny");
   c.training.learning_rate = 0.1 + 0.2;  // needs 17 significant digits
-  c.training.loss_decay_gamma = -1.0 / 3.0;
   c.model.rope_theta = 1e6;
   c.model.fused_kernels = "false";
   c.model.mask_token_id = 5;
@@ -326,12 +326,12 @@ TEST(Config, ToYamlRoundTripsEveryKeyExactly) {
   c.distributed.sharding = "zero2";
   c.distributed.timeout_s = 0.25;
   c.data.synthetic.seed = -0 + 987654321012345;
+  c.objective.sections["dspine"] = "num_anchors: 4\nloss_decay_gamma: -0.33333333333333331";
   const std::string yaml = to_yaml(c);
   const Config back = parse_config(yaml, "to_yaml");
   EXPECT_EQ(to_yaml(back), yaml);
   EXPECT_EQ(back.training.learning_rate, 0.1 + 0.2);
-  EXPECT_EQ(back.training.loss_decay_gamma, -1.0 / 3.0);
-  EXPECT_EQ(back.model.dspine.replacement_hold_ratio, 1.0 / 6.0);
+  EXPECT_EQ(back.objective.sections, c.objective.sections);
   EXPECT_EQ(back.model.fused_kernels, "false");
   EXPECT_EQ(back.checkpoint.dir, c.checkpoint.dir);
   EXPECT_EQ(back.logging.metrics_file, "");
@@ -340,7 +340,7 @@ TEST(Config, ToYamlRoundTripsEveryKeyExactly) {
   EXPECT_EQ(back.distributed.timeout_s, 0.25);
   EXPECT_EQ(back.data.synthetic.seed, 987654321012345);
   EXPECT_EQ(back.model.target_layer_ids, c.model.target_layer_ids);
-  EXPECT_NE(yaml.find("candidate_mass_threshold: 0.0001"), std::string::npos) << yaml;
+  EXPECT_NE(yaml.find("rms_norm_eps: 1.0e-06"), std::string::npos) << yaml;
   EXPECT_NE(yaml.find("adam_eps: 1.0e-08"), std::string::npos) << yaml;  // a float for YAML 1.1
 }
 
@@ -375,22 +375,6 @@ TEST(Config, DSpineMessageSizeZeroIsRejected) {
   EXPECT_NE(message.find("DSpine requires message_size > 0"), std::string::npos) << message;
 }
 
-TEST(Config, DSpineAlignmentWeightNanIsRejected) {
-  const std::string message = tiny_dspine_with("alignment_weight", ".nan");
-  EXPECT_NE(message.find("model.dspine.alignment_weight = .nan"), std::string::npos) << message;
-  EXPECT_NE(message.find("DSpine alignment_weight must be finite"), std::string::npos) << message;
-}
-
-TEST(Config, DSpineHoldRatioNotBelowEndRatioIsRejected) {
-  const std::string message = tiny_dspine_with("replacement_hold_ratio", "0.5");
-  EXPECT_NE(message.find("model.dspine.replacement_hold_ratio = 0.5"), std::string::npos)
-      << message;
-  EXPECT_NE(
-      message.find("DSpine requires 0 <= replacement_hold_ratio < replacement_end_ratio <= 1"),
-      std::string::npos)
-      << message;
-}
-
 TEST(Config, DSpineNonIntegerTopKIsRejected) {
   const std::string message = tiny_dspine_with("top_k", "2.5");
   EXPECT_NE(message.find("model.dspine.top_k = 2.5: DSpine top_k must be an integer"),
@@ -403,16 +387,208 @@ TEST(Config, DSpineNonIntegerTopKIsRejected) {
             std::string::npos);
 }
 
-TEST(Config, DSpineFloatFieldsAcceptIntegers) {
-  const Config c = parse_config(kTinyDSpine, "tiny", {"model.dspine.ce_weight=1"});
-  EXPECT_EQ(c.model.dspine.ce_weight, 1.0);
-}
-
 TEST(Config, DistributedKeysAreChecked) {
   std::string message = parse_error("distributed:\n  sharding: zero4\n");
   EXPECT_NE(message.find("allowed: none, zero2, zero3"), std::string::npos) << message;
   message = parse_error("distributed:\n  timeout_s: 0\n");
   EXPECT_NE(message.find("distributed.timeout_s = 0"), std::string::npos) << message;
+}
+
+// Objective sections: kept raw by parse_config, read by their objective (config_section.h).
+
+// The settings of a made-up objective "gspo", read as an objective would.
+struct GspoSettings {
+  int64_t group_size = 4;
+  double clip = 0.2;
+  std::string mode = "seq";
+  bool normalize = true;
+  std::vector<int64_t> layers = {};
+};
+
+GspoSettings read_gspo(const Config& config) {
+  GspoSettings s;
+  read_objective_section(config, "gspo",
+                         {{"group_size", &s.group_size},
+                          {"clip", &s.clip},
+                          {"mode", &s.mode, {"seq", "token"}},
+                          {"normalize", &s.normalize},
+                          {"layers", &s.layers}});
+  return s;
+}
+
+std::string section_error(const std::string& yaml, const std::vector<std::string>& overrides = {}) {
+  try {
+    read_gspo(parse_config(yaml, "test.yaml", overrides));
+  } catch (const Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "no error for:\n" << yaml;
+  return "";
+}
+
+const char* const kGspoSection = R"(
+objective:
+  name: gspo
+  gspo:
+    group_size: 8
+    mode: "token"
+    layers: [1, 2]
+)";
+
+TEST(ConfigSection, SectionsAreKeptRawAndRoundTripThroughToYaml) {
+  const Config c = parse_config(kGspoSection, "gspo.yaml");
+  EXPECT_EQ(c.objective.name, "gspo");  // which names exist is the registry's check
+  EXPECT_EQ(c.source, "gspo.yaml");
+  ASSERT_EQ(c.objective.sections.count("gspo"), 1u);
+  const std::string yaml = to_yaml(c);
+  const Config back = parse_config(yaml, "to_yaml");
+  EXPECT_EQ(back.objective.sections, c.objective.sections);
+  EXPECT_EQ(to_yaml(back), yaml);
+  const GspoSettings s = read_gspo(back);
+  EXPECT_EQ(s.group_size, 8);
+  EXPECT_EQ(s.mode, "token");
+  EXPECT_EQ(s.layers, (std::vector<int64_t>{1, 2}));
+  // "gspo:" with nothing under it is an empty section: present, all defaults.
+  EXPECT_EQ(parse_config("objective:\n  gspo:\n", "t").objective.sections.at("gspo"), "{}");
+}
+
+TEST(ConfigSection, AbsentSectionKeepsTheDefaults) {
+  const GspoSettings s = read_gspo(parse_config("", "t"));
+  EXPECT_EQ(s.group_size, 4);
+  EXPECT_EQ(s.clip, 0.2);
+  EXPECT_EQ(s.mode, "seq");
+  EXPECT_TRUE(s.normalize);
+  EXPECT_EQ(read_gspo(Config{}).group_size, 4);
+}
+
+TEST(ConfigSection, OverridesReachObjectiveSettings) {
+  const Config c = parse_config(kGspoSection, "t",
+                                {"objective.gspo.group_size=16", "objective.gspo.clip=0.5"});
+  EXPECT_EQ(read_gspo(c).group_size, 16);
+  EXPECT_EQ(read_gspo(c).clip, 0.5);
+  EXPECT_EQ(read_gspo(parse_config("", "t", {"objective.gspo.normalize=false"})).normalize, false);
+  EXPECT_NE(parse_error("", {"objective.gspo=3"}).find("names the map objective.gspo"),
+            std::string::npos);
+  EXPECT_NE(parse_error("", {"objective.name.x=3"}).find("unknown key in objective.name"),
+            std::string::npos);
+}
+
+TEST(ConfigSection, NonMapSectionIsAnErrorNamingTheKey) {
+  std::string message = parse_error("objective:\n  gspo: 3\n");
+  EXPECT_NE(message.find("config error in test.yaml: objective.gspo = 3: an objective's settings "
+                         "must be a map, got an integer"),
+            std::string::npos)
+      << message;
+  message = parse_error("objective:\n  nmae: dspine\n");
+  EXPECT_NE(message.find("did you mean objective.name?"), std::string::npos) << message;
+}
+
+TEST(ConfigSection, TypeErrorsNameTheFullKey) {
+  std::string message = section_error(kGspoSection, {"objective.gspo.group_size=abc"});
+  EXPECT_NE(message.find("config error in test.yaml: objective.gspo.group_size = abc: expected an "
+                         "integer, got a string"),
+            std::string::npos)
+      << message;
+  message = section_error(kGspoSection, {"objective.gspo.mode=both"});
+  EXPECT_NE(message.find("objective.gspo.mode = both: not an allowed value; allowed: seq, token"),
+            std::string::npos)
+      << message;
+  message = section_error("objective:\n  gspo:\n    clip: .inf\n");
+  EXPECT_NE(message.find("objective.gspo.clip = .inf: must be a finite number"), std::string::npos)
+      << message;
+}
+
+TEST(ConfigSection, UnknownKeyGetsDidYouMean) {
+  const std::string message = section_error("objective:\n  gspo:\n    grup_size: 8\n");
+  EXPECT_NE(message.find("config error in test.yaml: objective.gspo.grup_size: unknown key in "
+                         "objective.gspo; did you mean objective.gspo.group_size?"),
+            std::string::npos)
+      << message;
+  const std::string far = section_error("objective:\n  gspo:\n    temperature: 1\n");
+  EXPECT_NE(far.find("allowed: group_size, clip, mode, normalize, layers"), std::string::npos)
+      << far;
+}
+
+TEST(ConfigSection, RangeErrorsHaveCoresFormat) {
+  Config c;
+  c.source = "run.yaml";
+  try {
+    objective_range_error(c, "objective.gspo.group_size", "0", "integer >= 1");
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "config error in run.yaml: objective.gspo.group_size = 0 is out of range; allowed: "
+              "integer >= 1");
+  }
+}
+
+// Keys moved to objective.dspine: the old name still works for one release, with a warning.
+const std::vector<std::pair<std::string, std::string>> kMoved = {
+    {"training.num_anchors", "4"},
+    {"training.loss_decay_gamma", "3.5"},
+    {"training.objective_chunk_blocks", "8"},
+    {"model.dspine.ce_weight", "0.25"},
+    {"model.dspine.alignment_weight", "0.75"},
+    {"model.dspine.alignment_warmup_steps", "10"},
+    {"model.dspine.replacement_probability", "0.125"},
+    {"model.dspine.replacement_hold_ratio", "0.0625"},
+    {"model.dspine.replacement_end_ratio", "0.5"},
+    {"model.dspine.candidate_mass_threshold", "0.001"},
+};
+
+// "a.b.c" = v as nested YAML maps.
+std::string yaml_of(const std::string& key, const std::string& value) {
+  std::string yaml, indent;
+  size_t begin = 0;
+  for (size_t dot; (dot = key.find('.', begin)) != std::string::npos; begin = dot + 1) {
+    yaml += indent + key.substr(begin, dot - begin) + ":\n";
+    indent += "  ";
+  }
+  return yaml + indent + key.substr(begin) + ": " + value + "\n";
+}
+
+std::string new_key_of(const std::string& old_key) {
+  return "objective.dspine." + old_key.substr(old_key.rfind('.') + 1);
+}
+
+std::string dspine_section_value(const Config& c, const std::string& leaf) {
+  std::string value;
+  read_objective_section(c, "dspine", {{leaf, &value}});
+  return value;
+}
+
+TEST(ConfigLegacyKeys, EachMovesToObjectiveDSpineWithAWarning) {
+  for (const auto& [old_key, value] : kMoved) {
+    SCOPED_TRACE(old_key);
+    const std::string leaf = old_key.substr(old_key.rfind('.') + 1);
+    ::testing::internal::CaptureStdout();
+    ::testing::internal::CaptureStderr();
+    const Config c = parse_config(yaml_of(old_key, value), "old.yaml");
+    const std::string logged =
+        ::testing::internal::GetCapturedStdout() + ::testing::internal::GetCapturedStderr();
+    EXPECT_NE(logged.find(old_key + " is deprecated; use " + new_key_of(old_key)),
+              std::string::npos)
+        << logged;
+    EXPECT_EQ(dspine_section_value(c, leaf), value);
+    // The moved value is written under its new name only.
+    const std::string yaml = to_yaml(c);
+    EXPECT_EQ(yaml.find(leaf), yaml.rfind(leaf)) << yaml;
+    // An override under the old name lands there too and replaces the file's value.
+    const Config overridden =
+        parse_config(yaml_of(new_key_of(old_key), "1"), "t", {old_key + "=" + value});
+    EXPECT_EQ(dspine_section_value(overridden, leaf), value);
+  }
+}
+
+TEST(ConfigLegacyKeys, OldAndNewNameTogetherAreAnError) {
+  for (const auto& [old_key, value] : kMoved) {
+    SCOPED_TRACE(old_key);
+    const std::string message =
+        parse_error(yaml_of(old_key, value) + yaml_of(new_key_of(old_key), value));
+    EXPECT_NE(message.find(old_key + " and " + new_key_of(old_key) + " are both given"),
+              std::string::npos)
+        << message;
+  }
 }
 
 }  // namespace

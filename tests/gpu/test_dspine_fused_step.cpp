@@ -8,6 +8,7 @@
 #include "core/config.h"
 #include "dist/communicator.h"
 #include "objectives/dspine_objective.h"
+#include "objectives/dspine_settings.h"
 
 namespace dspine {
 namespace {
@@ -30,8 +31,6 @@ core::Config step_config(const std::string& fused) {
   m.dspine.transfer_rank = 32;
   m.dspine.message_size = 16;
   m.dspine.top_k = 8;
-  c.training.num_anchors = 8;
-  c.training.objective_chunk_blocks = 4;
   c.training.accumulation_steps = 2;
   c.objective.name = "dspine";
   return c;
@@ -58,7 +57,11 @@ WindowResult run_window(const std::string& fused, torch::Dtype dtype, int64_t st
   torch::manual_seed(5);
   auto head = torch::randn({256, 64}) * 0.3;
   auto embed = torch::randn({256, 64});
-  auto objective = objectives::make_dspine_objective(step_config(fused), embed, head, device, dtype);
+  objectives::DSpineSettings settings;
+  settings.num_anchors = 8;
+  settings.objective_chunk_blocks = 4;
+  auto objective =
+      objectives::make_dspine_objective(step_config(fused), settings, embed, head, device, dtype);
   objective->on_fresh_start();
   auto comm = dist::make_single_process_communicator();
   objectives::StepContext context;

@@ -8,9 +8,9 @@
 
 #include "common/expect_error.h"
 #include "core/error.h"
-#include "objectives/gspo_seam.h"
+#include "ops/gspo_seam.h"
 
-namespace dspine::objectives {
+namespace dspine::ops {
 namespace {
 
 using dspine::testing::expect_error;
@@ -280,4 +280,4 @@ TEST(GspoGpu, MonolithicReportsBadTarget) {
 }
 
 }  // namespace
-}  // namespace dspine::objectives
+}  // namespace dspine::ops

@@ -328,17 +328,18 @@ TEST(DSpineConfig, InvalidOptionsAreRejectedNamingDSpine) {
   expect_rejected([](core::ModelConfig& c) { c.dspine.transfer_rank = 17; });
   expect_rejected([](core::ModelConfig& c) { c.dspine.top_k = 0; });
   expect_rejected([](core::ModelConfig& c) { c.dspine.message_size = 0; });
-  expect_rejected([](core::ModelConfig& c) { c.dspine.alignment_weight = std::nan(""); });
-  expect_rejected([](core::ModelConfig& c) { c.dspine.replacement_hold_ratio = 0.5; });
+  expect_rejected([](core::ModelConfig& c) { c.dspine.replacement_layers = -1; });
   expect_rejected([](core::ModelConfig& c) { c.block_size = 1; });
   EXPECT_NO_THROW(validate_dspine_model_config(tiny_config()));
 }
 
-TEST(DSpineConfig, HfConfigCarriesTheFullDSpineConfig) {
-  auto json = dspine_hf_config(tiny_config(), "fp32");
+// The objective's settings join the model's keys (the objective test checks all eleven).
+TEST(DSpineConfig, HfConfigCarriesTheModelKeysAndTheTrainingSettings) {
+  auto json = dspine_hf_config(tiny_config(), "fp32", {{"ce_weight", 0.25}});
   EXPECT_EQ(json["architectures"][0], "DSpineDraftModel");
-  EXPECT_EQ(json["dspine_config"].size(), 11u);
+  EXPECT_EQ(json["dspine_config"].size(), 5u);
   EXPECT_EQ(json["dspine_config"]["transfer_rank"], 8);
+  EXPECT_EQ(json["dspine_config"]["ce_weight"], 0.25);
   EXPECT_EQ(json["dflash_config"]["mask_token_id"], 31);
   EXPECT_EQ(json["dflash_config"]["target_layer_ids"], std::vector<int64_t>({1, 4, 6}));
   EXPECT_EQ(json["layer_types"].size(), 3u);

@@ -65,10 +65,11 @@ TEST(DSpineDistributed, UnevenRanksMatchTheCombinedBatch) {
   for (int64_t accumulation : {1, 2}) {
     const auto rows = uneven_rows(accumulation, 50);
     const auto mine = rows_of_rank(rows, comm->rank());
-    auto distributed = testing::training_objective(testing::tiny_config(0, accumulation));
+    auto distributed = testing::training_objective(testing::tiny_config(accumulation),
+                                                   testing::tiny_settings());
     auto grads = window_gradients(*distributed, mine, *comm);
 
-    auto single = testing::training_objective(testing::tiny_config(0, 1));
+    auto single = testing::training_objective(testing::tiny_config(1), testing::tiny_settings());
     auto local = dist::make_single_process_communicator();
     auto expected = window_gradients(*single, {data::concat_rows(rows)}, *local);
 
@@ -89,13 +90,14 @@ TEST(DSpineDistributed, ShardedGradientSlicesMatchTheCombinedBatch) {
   const auto rows = uneven_rows(accumulation, 70);
   const auto mine = rows_of_rank(rows, comm->rank());
   // Objective chunks of 1 block: the loss terms are recomputed in the backward.
-  auto single = testing::training_objective(testing::tiny_config(1, 1));
+  auto single = testing::training_objective(testing::tiny_config(1), testing::tiny_settings(1));
   auto local = dist::make_single_process_communicator();
   const auto expected = window_gradients(*single, {data::concat_rows(rows)}, *local);
 
   for (const auto mode : {dist::ShardingMode::kNone, dist::ShardingMode::kZero2,
                           dist::ShardingMode::kZero3}) {
-    auto objective = testing::training_objective(testing::tiny_config(1, accumulation));
+    auto objective = testing::training_objective(testing::tiny_config(accumulation),
+                                                 testing::tiny_settings(1));
     dist::ShardedParameters sharded(*objective->module(), comm, mode);
     train::attach_sharding(*objective->module(), sharded, "dspine");
     objectives::StepContext context;

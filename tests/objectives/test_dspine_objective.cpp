@@ -29,6 +29,7 @@ using CountingCommunicator = dist::SingleProcessCommunicator;
 using testing::mask_rows;
 using testing::random_batch;
 using testing::tiny_config;
+using testing::tiny_settings;
 using testing::training_objective;
 
 data::DraftBatch training_inputs() {
@@ -83,7 +84,7 @@ void expect_grads_close(const std::map<std::string, torch::Tensor>& a,
 }
 
 TEST(DSpineSchedule, EndpointsMatchTheSpec) {
-  core::DSpineConfig c;
+  DSpineSettings c;
   auto at = [&](int64_t step) { return dspine_schedule(c, step, 600); };
   EXPECT_EQ(at(0).alignment_beta, 0.0);
   EXPECT_EQ(at(0).replacement_probability, 0.5);
@@ -94,6 +95,22 @@ TEST(DSpineSchedule, EndpointsMatchTheSpec) {
   EXPECT_NEAR(at(73).alignment_beta, 0.25, 1e-12);
   EXPECT_NEAR(at(125).replacement_probability, 0.375, 1e-12);
   EXPECT_EQ(dspine_schedule(c, 0, 0).replacement_probability, 0.0);
+}
+
+// config.json's dspine_config carries every reference key: the model's and the objective's.
+TEST(DSpineObjective, HfConfigCarriesTheFullDSpineConfig) {
+  auto settings = tiny_settings();
+  settings.ce_weight = 0.25;
+  const auto json = training_objective(tiny_config(), settings)->hf_config()["dspine_config"];
+  for (const char* key :
+       {"transfer_rank", "message_size", "top_k", "ce_weight", "alignment_weight",
+        "alignment_warmup_steps", "replacement_layers", "replacement_probability",
+        "replacement_hold_ratio", "replacement_end_ratio", "candidate_mass_threshold"}) {
+    EXPECT_TRUE(json.contains(key)) << key;
+  }
+  EXPECT_EQ(json.size(), 11u);
+  EXPECT_EQ(json["ce_weight"], 0.25);
+  EXPECT_EQ(json["top_k"], 3);
 }
 
 TEST(DSpineBlocks, AnchorsAndWeightsFollowTheWorkedExample) {
@@ -126,7 +143,7 @@ TEST(DSpineBlocks, AnchorsAndWeightsFollowTheWorkedExample) {
 
 TEST(DSpineObjectiveTerms, MaskGapGivesTheHandComputedDenominatorAndIgnoresLaterTeachers) {
   auto config = tiny_config();
-  auto objective = training_objective(config);
+  auto objective = training_objective(config, tiny_settings());
   auto batch = random_batch(mask_rows({{0, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1}}), 3);
   BlockOverrides overrides;
   overrides.anchors = torch::tensor({{1}}, torch::kInt64);
@@ -151,7 +168,7 @@ TEST(DSpineObjectiveTerms, MaskGapGivesTheHandComputedDenominatorAndIgnoresLater
 
 TEST(DSpineObjectiveTerms, RefinementIsZeroWhenTheLabelIsOutsideTheCandidates) {
   auto config = tiny_config();
-  auto objective = training_objective(config);
+  auto objective = training_objective(config, tiny_settings());
   auto head = torch::zeros({32, 16});
   head.select(1, 0).copy_(torch::arange(32, torch::kFloat32));
   torch::manual_seed(4);
@@ -167,7 +184,8 @@ TEST(DSpineObjectiveTerms, RefinementIsZeroWhenTheLabelIsOutsideTheCandidates) {
   chunk[kTeacherHidden] = -hidden;
   chunk[kWeights] = torch::ones({blocks, proposals});
   chunk[kSupervised] = torch::ones({blocks, proposals}, torch::kBool);
-  auto terms = objective_terms(*objective->draft(), head, config.model.dspine, chunk);
+  auto terms = objective_terms(*objective->draft(), head, tiny_settings(),
+                               config.model.dspine.top_k, chunk);
   EXPECT_EQ(terms[kRefine].item<double>(), 0.0);
   EXPECT_EQ(terms[kCoverage].item<double>(), 0.0);
   EXPECT_EQ(terms[kCorrect].item<double>(), 0.0);
@@ -177,7 +195,7 @@ TEST(DSpineObjectiveTerms, RefinementIsZeroWhenTheLabelIsOutsideTheCandidates) {
 TEST(DSpineObjectiveTerms, SmallCaseMatchesHandComputedTerms) {
   // One block, one proposal, V = 32: every term recomputed here from its definition.
   auto config = tiny_config();
-  auto objective = training_objective(config);
+  auto objective = training_objective(config, tiny_settings());
   auto& draft = *objective->draft();
   const auto& head = objective->training_model().lm_head();
   torch::manual_seed(8);
@@ -191,7 +209,7 @@ TEST(DSpineObjectiveTerms, SmallCaseMatchesHandComputedTerms) {
   chunk[kWeights] = torch::tensor({{0.75f}});
   chunk[kSupervised] = torch::ones({1, 1}, torch::kBool);
   torch::NoGradGuard no_grad;
-  auto terms = objective_terms(draft, head, config.model.dspine, chunk);
+  auto terms = objective_terms(draft, head, tiny_settings(), config.model.dspine.top_k, chunk);
 
   auto z = head.matmul(chunk[kHidden].view({16}));
   auto p = torch::softmax(z, 0);
@@ -221,7 +239,7 @@ TEST(DSpineObjectiveTerms, SmallCaseMatchesHandComputedTerms) {
 
 TEST(DSpineObjectiveTerms, DroppedBlocksContributeNothing) {
   auto config = tiny_config();
-  auto objective = training_objective(config);
+  auto objective = training_objective(config, tiny_settings());
   auto batch = random_batch(mask_rows({{0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}}), 5);
   CountingCommunicator comm;
   auto evaluate = [&](const BlockOverrides& overrides) {
@@ -251,7 +269,7 @@ struct ForwardResult {
 
 ForwardResult chunked_forward(int64_t chunk_blocks, bool inspect_graph = false,
                               std::vector<std::string>* node_names = nullptr) {
-  auto objective = training_objective(tiny_config(chunk_blocks));
+  auto objective = training_objective(tiny_config(), tiny_settings(chunk_blocks));
   auto batch = training_inputs();
   CountingCommunicator comm;
   DSpineForwardOptions options;
@@ -319,7 +337,7 @@ TEST(DSpineChunking, RejectsMisalignedInputs) {
 
 TEST(DSpinePrepass, CeOnlyEqualsTheFullPassCeWithoutTeacherRefinementOrCollective) {
   for (int64_t step : {100, 300}) {
-    auto objective = training_objective(tiny_config(3));
+    auto objective = training_objective(tiny_config(), tiny_settings(3));
     auto& model = objective->training_model();
     auto batch = training_inputs();
     CountingCommunicator comm;
@@ -352,7 +370,7 @@ TEST(DSpinePrepass, CeOnlyEqualsTheFullPassCeWithoutTeacherRefinementOrCollectiv
 }
 
 TEST(DSpinePrepass, CeOnlyWithAutogradIsRejected) {
-  auto objective = training_objective(tiny_config());
+  auto objective = training_objective(tiny_config(), tiny_settings());
   DSpineForwardOptions options;
   options.ce_only = true;
   auto gen = generator(1);
@@ -378,7 +396,7 @@ std::map<std::string, double> run_window(DSpineObjective& objective,
 
 TEST(DSpineWindow, CeScaleAndDenominatorAreReducedOncePerWindow) {
   for (int64_t a : {2, 4}) {
-    auto objective = training_objective(tiny_config(0, a));
+    auto objective = training_objective(tiny_config(a), tiny_settings());
     CountingCommunicator comm;
     auto ctx = context(comm, 5, 100);
     std::vector<data::DraftBatch> batches;
@@ -402,13 +420,13 @@ TEST(DSpineWindow, WindowGradientsEqualOneConcatenatedBatch) {
       std::vector<data::DraftBatch> micro;
       for (int64_t i = 0; i < a; ++i) micro.push_back(random_batch(i % 2 ? dense : sparse, 40 + i));
 
-      auto windowed = training_objective(tiny_config(0, a));
+      auto windowed = training_objective(tiny_config(a), tiny_settings());
       CountingCommunicator comm_w;
       auto ctx_w = context(comm_w, 11, step);
       auto metrics_w = run_window(*windowed, micro, ctx_w);
       auto grads_w = take_grads(*windowed->draft());
 
-      auto combined = training_objective(tiny_config(0, 1));
+      auto combined = training_objective(tiny_config(1), tiny_settings());
       CountingCommunicator comm_c;
       auto ctx_c = context(comm_c, 11, step);
       auto metrics_c = run_window(*combined, {concat(micro)}, ctx_c);
@@ -421,7 +439,7 @@ TEST(DSpineWindow, WindowGradientsEqualOneConcatenatedBatch) {
     }
   }
   // Worked example: D = 1 (sparse row) + 2.618355 + 1.866878 + 1 (dense row anchors 1, 2, 3).
-  auto objective = training_objective(tiny_config(0, 2));
+  auto objective = training_objective(tiny_config(2), tiny_settings());
   CountingCommunicator comm;
   auto ctx = context(comm, 11, 300);
   auto metrics = run_window(*objective, {random_batch(sparse, 1), random_batch(dense, 2)}, ctx);
@@ -429,7 +447,7 @@ TEST(DSpineWindow, WindowGradientsEqualOneConcatenatedBatch) {
 }
 
 TEST(DSpineWindow, ReplayReproducesAnchorsAndReplacementAndTheRngStream) {
-  auto objective = training_objective(tiny_config(0, 2));
+  auto objective = training_objective(tiny_config(2), tiny_settings());
   std::vector<DSpineOutput> seen;
   std::vector<bool> grad_enabled;
   objective->set_forward_observer([&](const DSpineOutput& out) {
@@ -466,7 +484,7 @@ TEST(DSpineWindow, ReplayReproducesAnchorsAndReplacementAndTheRngStream) {
 }
 
 TEST(DSpineWindow, EvaluationNeverReplays) {
-  auto objective = training_objective(tiny_config(0, 2));
+  auto objective = training_objective(tiny_config(2), tiny_settings());
   int forwards = 0;
   objective->set_forward_observer([&](const DSpineOutput& out) {
     ++forwards;
@@ -483,7 +501,7 @@ TEST(DSpineWindow, EvaluationNeverReplays) {
 }
 
 TEST(DSpineWindow, IncompleteWindowsAndMixedLossesAreErrors) {
-  auto objective = training_objective(tiny_config(0, 2));
+  auto objective = training_objective(tiny_config(2), tiny_settings());
   CountingCommunicator comm;
   auto ctx = context(comm, 3, 300);
   auto batch = training_inputs();
@@ -511,7 +529,7 @@ TEST(DSpineWindow, IncompleteWindowsAndMixedLossesAreErrors) {
   EXPECT_THROW(objective->end_window(ctx), Error);  // one replay still pending
   EXPECT_THROW(objective->begin_window({batch, batch}, ctx), Error);
 
-  auto fresh = training_objective(tiny_config(0, 2));
+  auto fresh = training_objective(tiny_config(2), tiny_settings());
   auto other = random_batch(
       mask_rows({{0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0}, {0, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0}}), 77);
   fresh->begin_window({batch, batch}, ctx);
@@ -529,12 +547,13 @@ TEST(DSpineObjective, Bf16DraftKeepsFp32CodesAndTrainsWithFiniteGradients) {
   for (const auto& device : devices()) {
     for (int64_t step : {100, 300}) {
       SCOPED_TRACE(device.str());
-      auto config = tiny_config(3, 2);
+      auto config = tiny_config(2);
       config.training.dtype = "bf16";
       torch::manual_seed(17);
       auto head = torch::randn({32, 16});
       auto embed = torch::randn({32, 16});
-      auto objective = make_dspine_objective(config, embed, head, device, torch::kBFloat16);
+      auto objective = make_dspine_objective(config, tiny_settings(3), embed, head, device,
+                                             torch::kBFloat16);
       objective->on_fresh_start();
       auto draft = objective->draft();
       EXPECT_EQ(draft->fc->weight.scalar_type(), torch::kBFloat16);

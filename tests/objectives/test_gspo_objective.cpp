@@ -18,6 +18,7 @@ namespace {
 using testing::mask_rows;
 using testing::random_batch;
 using testing::tiny_config;
+using testing::tiny_settings;
 
 at::Generator cpu_generator(uint64_t seed) { return at::make_generator<at::CPUGeneratorImpl>(seed); }
 
@@ -141,12 +142,12 @@ TEST(GspoPolicyLoss, SharedRowsMatchOneRowPerToken) {
   auto order = s.seam_order;
   auto copies = logits.detach().index_select(0, flat_rows.index_select(0, order)).requires_grad_();
   auto pick = [&](const torch::Tensor& t) { return t.reshape(-1).index_select(0, order); };
-  GspoTokens tokens{pick(s.targets), pick(s.old_logprobs), pick(s.advantages), pick(s.segments),
+  ops::GspoTokens tokens{pick(s.targets), pick(s.old_logprobs), pick(s.advantages), pick(s.segments),
                     pick(s.label_counts)};
   params.num_segments = s.num_segments;
   params.grad_output = 1.0;
   auto grad_copies = torch::zeros_like(copies);
-  auto plain = gspo_vocab_seam(copies.detach(), tokens, params, *comm, &grad_copies, false,
+  auto plain = ops::gspo_vocab_seam(copies.detach(), tokens, params, *comm, &grad_copies, false,
                                GspoBackend::kReference);
   EXPECT_NEAR(shared.loss.item<double>(), plain.seam.loss.item<double>(), 1e-6);
   EXPECT_NEAR(shared.seam.clipped_fraction.item<double>(), plain.seam.clipped_fraction.item<double>(), 1e-7);
@@ -205,7 +206,8 @@ struct TinyPolicy {
     torch::manual_seed(17);
     auto head = torch::randn({32, 16});
     auto embed = torch::randn({32, 16});
-    objective = make_gspo_objective(config, settings, embed, head, torch::kCPU, torch::kFloat32);
+    objective = make_gspo_objective(config, tiny_settings(2), settings, embed, head, torch::kCPU,
+                                    torch::kFloat32);
     objective->on_fresh_start();
     batch = random_batch(mask_rows({{0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1},
                                     {0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0}}),
@@ -213,7 +215,7 @@ struct TinyPolicy {
   }
 
   DraftPass pass(at::Generator& gen) {
-    DSpineTrainingModel model(config, objective->draft(), torch::randn({32, 16}),
+    DSpineTrainingModel model(config, tiny_settings(2), objective->draft(), torch::randn({32, 16}),
                               torch::randn({32, 16}));
     DSpineForwardOptions options;
     options.training = false;
@@ -249,7 +251,8 @@ TEST(GspoObjective, FirstUpdateIsOnPolicyAndLaterUpdatesClip) {
     // A random draft matches almost no label: expected acceptance still ranks the samples.
     TinyPolicy policy(sampling, GspoReward::kExpectedAcceptance);
     policy.settings.updates_per_rollout = 2;
-    policy.objective = make_gspo_objective(policy.config, policy.settings, torch::randn({32, 16}),
+    policy.objective = make_gspo_objective(policy.config, tiny_settings(2), policy.settings,
+                                           torch::randn({32, 16}),
                                            torch::randn({32, 16}), torch::kCPU, torch::kFloat32);
     policy.objective->on_fresh_start();
     auto comm = dist::make_single_process_communicator();

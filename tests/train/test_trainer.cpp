@@ -12,6 +12,7 @@
 #include "data/batch_source.h"
 #include "dist/communicator.h"
 #include "objectives/dspine_objective.h"
+#include "objectives/dspine_settings.h"
 #include "train/checkpoint.h"
 #include "train/lr_schedule.h"
 #include "common/small_run.h"
@@ -263,7 +264,8 @@ TEST(Trainer, FreshStartInitialisationReachesTheMasters) {
   torch::manual_seed(static_cast<uint64_t>(config.training.seed));  // as the trainer builds it
   auto source = dspine::data::make_batch_source(config, torch::kCPU);
   auto initialised = dspine::objectives::make_dspine_objective(
-      config, source->embed_tokens(), source->lm_head(), torch::kCPU, torch::kFloat);
+      config, dspine::objectives::read_dspine_settings(config), source->embed_tokens(),
+      source->lm_head(), torch::kCPU, torch::kFloat);
   const std::string readout = "injection.readouts.0.weight";
   const auto random_init = initialised->module()->named_parameters()[readout].clone();
   initialised->on_fresh_start();
@@ -272,4 +274,91 @@ TEST(Trainer, FreshStartInitialisationReachesTheMasters) {
   ASSERT_FALSE(torch::allclose(random_init, expected, 1e-3, 1e-3));
   EXPECT_TRUE(torch::allclose(trained, expected, 1e-5, 1e-6))
       << "max diff " << (trained - expected).abs().max().item<double>();
+}
+
+namespace {
+
+// GSPO from a tiny supervised checkpoint: expected_acceptance rewards (a barely trained draft
+// still ranks its samples), two updates per rollout.
+Config tiny_gspo_config(const fs::path& dir, int64_t total_steps, const std::string& init_from) {
+  Config config = tiny_dspine_config(dir, total_steps);
+  config.objective.name = "gspo";
+  config.objective.sections["gspo"] = "{group_size: 3, reward: expected_acceptance, "
+                                      "updates_per_rollout: 2, eps_low: 0.2, eps_high: 0.2, "
+                                      "init_from: " + init_from + "}";
+  return config;
+}
+
+// A two-step supervised tiny DSpine run; returns its final checkpoint.
+std::string supervised_checkpoint(const fs::path& dir) {
+  Config config = tiny_dspine_config(dir, 2);
+  dspine::train::Trainer trainer(config, dspine::dist::make_single_process_communicator());
+  return trainer.run().last_checkpoint;
+}
+
+}  // namespace
+
+TEST(Trainer, GspoStartsFromTheSupervisedCheckpoint) {
+  auto dir = fresh_dir("gspo_init");
+  const std::string checkpoint = supervised_checkpoint(dir / "sft");
+  dspine::train::Trainer rl(tiny_gspo_config(dir / "rl", 1, checkpoint),
+                            dspine::dist::make_single_process_communicator());
+  rl.run(0);  // start-up only: loads init_from, takes no step
+  const auto saved = dspine::core::load_safetensors((fs::path(checkpoint) / "model.safetensors").string());
+  size_t compared = 0;
+  for (const auto& item : rl.module().named_parameters()) {
+    EXPECT_TRUE(torch::equal(item.value(), saved.at(item.key()))) << item.key();
+    ++compared;
+  }
+  for (const auto& item : rl.module().named_buffers()) {
+    EXPECT_TRUE(torch::equal(item.value(), saved.at(item.key()))) << item.key();
+  }
+  EXPECT_GT(compared, 0u);
+
+  auto missing = tiny_gspo_config(dir / "rl2", 1, (dir / "nowhere").string());
+  try {
+    dspine::train::Trainer bad(missing, dspine::dist::make_single_process_communicator());
+    bad.run();
+    FAIL() << "a missing init_from must be an error";
+  } catch (const dspine::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("nowhere"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Trainer, GspoResumeMatchesUninterruptedRunBitwise) {
+  auto dir = fresh_dir("gspo_resume");
+  const std::string checkpoint = supervised_checkpoint(dir / "sft");
+  constexpr int64_t kSteps = 2;
+  auto interrupted = tiny_gspo_config(dir / "a", 2 * kSteps, checkpoint);
+  std::vector<std::map<std::string, double>> first_terms;
+  {
+    dspine::train::Trainer first(interrupted, dspine::dist::make_single_process_communicator());
+    first_terms = first.run(kSteps).terms;
+  }
+  interrupted.checkpoint.resume = "auto";
+  dspine::train::Trainer second(interrupted, dspine::dist::make_single_process_communicator());
+  auto rest = second.run();
+  ASSERT_EQ(rest.first_step, kSteps);
+
+  dspine::train::Trainer reference(tiny_gspo_config(dir / "b", 2 * kSteps, checkpoint),
+                                   dspine::dist::make_single_process_communicator());
+  auto full = reference.run();
+  ASSERT_EQ(full.losses.size(), static_cast<size_t>(2 * kSteps));
+  for (int64_t i = 0; i < kSteps; ++i) {
+    EXPECT_EQ(rest.losses[i], full.losses[kSteps + i]) << "step " << kSteps + i;
+    EXPECT_EQ(rest.terms[i].at("gspo/reward"), full.terms[kSteps + i].at("gspo/reward"));
+  }
+  auto resumed = parameters_of(second.module());
+  for (const auto& [name, tensor] : parameters_of(reference.module())) {
+    EXPECT_TRUE(torch::equal(resumed.at(name), tensor)) << name;
+  }
+  // The RL metrics of every step, and a second update that saw a moved policy.
+  for (const auto& terms : full.terms) {
+    for (const char* key : {"gspo/reward", "gspo/accepted_length", "gspo/clipped_fraction",
+                            "gspo/ratio_mean", "gspo/new_logprobs", "gspo/kl", "time/seam_s",
+                            "time/seam_share"}) {
+      EXPECT_TRUE(terms.count(key)) << key;
+    }
+  }
+  EXPECT_GT(full.terms.back().at("gspo/kl"), 0.0);
 }

@@ -13,7 +13,7 @@
 
 #include "dist/communicator.h"
 
-namespace dspine::objectives {
+namespace dspine::ops {
 
 // Per-token inputs on one flat token axis (flatten [B, T] batches first), each [N].
 struct GspoTokens {
@@ -85,4 +85,4 @@ void validate_seam_shapes(const at::Tensor& logprobs, const GspoTokens& tokens,
 void validate_seam_values(const at::Tensor& logprobs, const GspoTokens& tokens,
                           const GspoSeamParams& params);
 
-}  // namespace dspine::objectives
+}  // namespace dspine::ops

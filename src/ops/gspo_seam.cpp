@@ -1,4 +1,4 @@
-#include "objectives/gspo_seam.h"
+#include "ops/gspo_seam.h"
 
 #include <algorithm>
 #include <string>
@@ -6,10 +6,10 @@
 #include <torch/torch.h>
 
 #include "core/error.h"
-#include "kernels/gspo_seam.h"
+#include "kernels/gspo_seam_kernels.h"
 #include "ops/gspo_ops.h"
 
-namespace dspine::objectives {
+namespace dspine::ops {
 namespace {
 
 constexpr int64_t kReferenceChunkBytes = int64_t(256) << 20;
@@ -117,20 +117,20 @@ void raise_fused_status(int status, const GspoSeamParams& params) {
          "(packed segments must be contiguous)");
 }
 
-ops::GspoSeamArgs fused_args(const at::Tensor& logprobs, const GspoTokens& tokens,
-                             const GspoSeamParams& params) {
-  return ops::GspoSeamArgs{logprobs.contiguous(),          tokens.target.contiguous(),
-                           tokens.old_logprobs.contiguous(), tokens.advantages.contiguous(),
-                           tokens.segment.contiguous(),    tokens.label_counts.contiguous(),
-                           params.num_segments};
+GspoSeamArgs fused_args(const at::Tensor& logprobs, const GspoTokens& tokens,
+                        const GspoSeamParams& params) {
+  return GspoSeamArgs{logprobs.contiguous(),          tokens.target.contiguous(),
+                      tokens.old_logprobs.contiguous(), tokens.advantages.contiguous(),
+                      tokens.segment.contiguous(),    tokens.label_counts.contiguous(),
+                      params.num_segments};
 }
 
 // The local seam, or reduce, the all-reduce hook and finish when segments span ranks; the seam
 // is created by the caller so that the monolithic path's vocab forward reports bad targets
 // through the same status().
-GspoSeamResult seam_fused(ops::GspoFusedSeam& seam, const ops::GspoSeamArgs& args,
+GspoSeamResult seam_fused(GspoFusedSeam& seam, const GspoSeamArgs& args,
                           const GspoSeamParams& params, dist::Communicator& comm) {
-  ops::GspoFinishArgs scalars;
+  GspoFinishArgs scalars;
   scalars.eps_low = params.eps_low;
   scalars.eps_high = params.eps_high;
   scalars.divisor = params.divisor;
@@ -227,15 +227,15 @@ GspoVocabResult vocab_reference(const at::Tensor& logits, const GspoTokens& toke
 GspoVocabResult vocab_fused(const at::Tensor& logits, const GspoTokens& tokens,
                             const GspoSeamParams& params, dist::Communicator& comm,
                             at::Tensor* grad_logits, bool accumulate) {
-  ops::GspoFusedSeam seam(logits.size(0), params.num_segments, logits.device());
+  GspoFusedSeam seam(logits.size(0), params.num_segments, logits.device());
   at::Tensor lp, lse;
   const at::Tensor target = tokens.target.contiguous();
-  ops::gspo_vocab_forward(logits, target, params.logits_scale, seam, lp, lse);
+  gspo_vocab_forward(logits, target, params.logits_scale, seam, lp, lse);
   validate_seam_shapes(lp, tokens, params);
   GspoVocabResult result{seam_fused(seam, fused_args(lp, tokens, params), params, comm), lp};
   if (grad_logits != nullptr && params.grad_output)
-    ops::gspo_vocab_backward(logits, target, lse, result.seam.coefficient, params.logits_scale,
-                             *grad_logits, accumulate);
+    gspo_vocab_backward(logits, target, lse, result.seam.coefficient, params.logits_scale,
+                        *grad_logits, accumulate);
   return result;
 }
 
@@ -282,7 +282,7 @@ GspoSeamResult gspo_segment_seam(const at::Tensor& logprobs, const GspoTokens& t
                                  GspoBackend backend) {
   validate_seam_shapes(logprobs, tokens, params);
   if (use_fused(backend, logprobs)) {
-    ops::GspoFusedSeam seam(logprobs.size(0), params.num_segments, logprobs.device());
+    GspoFusedSeam seam(logprobs.size(0), params.num_segments, logprobs.device());
     return seam_fused(seam, fused_args(logprobs, tokens, params), params, comm);
   }
   if (params.validate) validate_seam_values(logprobs, tokens, params);
@@ -300,4 +300,4 @@ GspoVocabResult gspo_vocab_seam(const at::Tensor& logits, const GspoTokens& toke
   return vocab_reference(logits, tokens, params, comm, grad_logits, accumulate, chunk_rows);
 }
 
-}  // namespace dspine::objectives
+}  // namespace dspine::ops

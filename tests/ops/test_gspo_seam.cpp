@@ -10,9 +10,9 @@
 
 #include "common/expect_error.h"
 #include "core/error.h"
-#include "objectives/gspo_seam.h"
+#include "ops/gspo_seam.h"
 
-namespace dspine::objectives {
+namespace dspine::ops {
 namespace {
 
 using dspine::testing::expect_error;
@@ -384,4 +384,4 @@ TEST(GspoSeam, BadInputsRaiseClearErrors) {
 }
 
 }  // namespace
-}  // namespace dspine::objectives
+}  // namespace dspine::ops

@@ -1,4 +1,4 @@
-// Fused GSPO seam: see gspo_seam.h for the contract and gspo.md §2 for the math.
+// Fused GSPO seam: see gspo_seam_kernels.h for the contract and gspo.md §2 for the math.
 //
 // Reduce runs one wave (as many blocks as fit on the device at once), each block owning a
 // contiguous range of tokens that it walks in tiles of kTile: block 1 per token, then a
@@ -20,7 +20,7 @@
 // Measured on an H200, every dependent global round trip (a load that misses L1, an atomic, a
 // grid's end before the next starts) costs about 0.5-1 µs, which at 1M tokens is as much as the
 // data movement: the kernels are arranged to need few of them in a row.
-#include "kernels/gspo_seam.h"
+#include "kernels/gspo_seam_kernels.h"
 
 #include <algorithm>
 #include <cstring>

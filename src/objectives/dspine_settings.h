@@ -1,0 +1,33 @@
+// The DSpine objective's training settings, the map objective.dspine (dspine.md §2.2, §7; the
+// reference's names and defaults). The draft's own keys stay in model.dspine.
+#pragma once
+
+#include <cstdint>
+
+#include <nlohmann/json.hpp>
+
+#include "core/config.h"
+
+namespace dspine::objectives {
+
+struct DSpineSettings {
+  int64_t num_anchors = 512;             // max anchor blocks per row
+  double loss_decay_gamma = 7.0;         // position decay; <= 0 disables
+  int64_t objective_chunk_blocks = 128;  // blocks per objective chunk; 0 = no chunking
+  double ce_weight = 0.1;
+  double alignment_weight = 0.5;
+  int64_t alignment_warmup_steps = 146;
+  double replacement_probability = 0.5;
+  double replacement_hold_ratio = 1.0 / 6.0;
+  double replacement_end_ratio = 1.0 / 3.0;
+  double candidate_mass_threshold = 1e-4;
+};
+
+// Reads and range-checks objective.dspine (absent keys keep the defaults); errors name the full
+// key, e.g. objective.dspine.num_anchors, and the DSpine rule it broke.
+DSpineSettings read_dspine_settings(const core::Config& config);
+
+// The settings under their reference names, for config.json's dspine_config (with the model's).
+nlohmann::json dspine_settings_json(const DSpineSettings& settings);
+
+}  // namespace dspine::objectives

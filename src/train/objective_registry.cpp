@@ -1,0 +1,134 @@
+#include "train/objective_registry.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include "core/config_section.h"
+#include "model/simple_draft.h"
+#include "objectives/ce_objective.h"
+#include "objectives/dspine_objective.h"
+#include "objectives/dspine_settings.h"
+#include "objectives/gspo_objective.h"
+
+namespace dspine::train {
+namespace {
+
+// Casts parameters only: buffers such as DSpine's transfer codes stay in their own dtype.
+void cast_parameters(torch::nn::Module& module, torch::Device device, torch::Dtype dtype) {
+  torch::NoGradGuard no_grad;
+  module.to(device);
+  for (auto& parameter : module.parameters()) parameter.set_data(parameter.to(dtype));
+}
+
+nlohmann::json simple_hf_config(const core::ModelConfig& model) {
+  return {{"architectures", {"SimpleDraftModel"}},
+          {"model_type", "dspine-simple"},
+          {"hidden_size", model.hidden_size},
+          {"intermediate_size", model.intermediate_size},
+          {"num_hidden_layers", model.num_hidden_layers},
+          {"vocab_size", model.vocab_size},
+          {"rms_norm_eps", model.rms_norm_eps},
+          {"target_layer_ids", model.target_layer_ids}};
+}
+
+// ce has no settings: any key under objective.ce is unknown.
+void validate_ce(const core::Config& config) { core::read_objective_section(config, "ce", {}); }
+
+BuiltModel build_ce(const core::Config& config, const data::BatchSource& source,
+                    torch::Device device, torch::Dtype dtype) {
+  const bool fused =
+      model::use_fused_kernels(model::parse_fused_kernels(config.model.fused_kernels), device);
+  model::SimpleDraft draft(config.model, fused);
+  cast_parameters(*draft, device, dtype);
+  auto lm_head = source.lm_head().to(device, dtype);
+  BuiltModel built;
+  built.module = draft.ptr();
+  built.objective = std::make_unique<objectives::CeObjective>(draft, lm_head);
+  built.hf_config = simple_hf_config(config.model);
+  return built;
+}
+
+void validate_dspine(const core::Config& config) { objectives::read_dspine_settings(config); }
+
+BuiltModel build_dspine(const core::Config& config, const data::BatchSource& source,
+                        torch::Device device, torch::Dtype dtype) {
+  auto objective =
+      objectives::make_dspine_objective(config, objectives::read_dspine_settings(config),
+                                        source.embed_tokens(), source.lm_head(), device, dtype);
+  BuiltModel built;
+  built.module = objective->module();
+  built.hf_config = objective->hf_config();
+  built.objective = std::move(objective);
+  return built;
+}
+
+// GSPO samples its anchor blocks as the DSpine objective does: it reads both sections.
+void validate_gspo(const core::Config& config) {
+  objectives::read_dspine_settings(config);
+  objectives::read_gspo_settings(config);
+}
+
+BuiltModel build_gspo(const core::Config& config, const data::BatchSource& source,
+                      torch::Device device, torch::Dtype dtype) {
+  auto objective = objectives::make_gspo_objective(
+      config, objectives::read_dspine_settings(config), objectives::read_gspo_settings(config),
+      source.embed_tokens(), source.lm_head(), device, dtype);
+  BuiltModel built;
+  built.module = objective->module();
+  built.hf_config = objective->hf_config();
+  built.objective = std::move(objective);
+  return built;
+}
+
+const std::vector<ObjectiveEntry>& registry() {
+  static const std::vector<ObjectiveEntry> entries = {
+      {"ce", "simple", validate_ce, build_ce},
+      {"dspine", "dspine", validate_dspine, build_dspine},
+      {"gspo", "dspine", validate_gspo, build_gspo},
+  };
+  return entries;
+}
+
+std::string join(const std::vector<std::string>& names) {
+  std::string out;
+  for (const std::string& name : names) out += (out.empty() ? "" : ", ") + name;
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::string> objective_names() {
+  std::vector<std::string> names;
+  for (const ObjectiveEntry& entry : registry()) names.push_back(entry.name);
+  return names;
+}
+
+const ObjectiveEntry& find_objective(const core::Config& config) {
+  const std::vector<std::string> names = objective_names();
+  const std::string& name = config.objective.name;
+  const auto& entries = registry();
+  const auto entry = std::find_if(entries.begin(), entries.end(),
+                                  [&](const ObjectiveEntry& e) { return e.name == name; });
+  if (entry == entries.end()) {
+    std::string allowed = join(names);
+    const std::string closest = core::closest_name(name, names);
+    if (!closest.empty()) allowed += fmt::format(" (did you mean {}?)", closest);
+    core::objective_range_error(config, "objective.name", name, allowed);
+  }
+  if (config.model.architecture != entry->architecture) {
+    core::objective_range_error(config, "model.architecture", config.model.architecture,
+                                fmt::format("{} (objective.name = {} trains the {} draft)",
+                                            entry->architecture, name, entry->architecture));
+  }
+  for (const auto& [section, text] : config.objective.sections) {
+    if (std::find(names.begin(), names.end(), section) == names.end()) {
+      core::unknown_objective_section_error(config, section, names);
+    }
+  }
+  entry->validate(config);
+  return *entry;
+}
+
+}  // namespace dspine::train
