@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <set>
 
 #include <nlohmann/json.hpp>
@@ -107,14 +108,19 @@ ShardLayout layout_from_config(const core::Config& config) {
 
 ShardIndex read_shard_index(const std::string& dir) {
   const std::string path = (fs::path(dir) / kIndexFile).string();
-  std::ifstream in(path);
-  if (!in) {
+  std::ifstream in(path, std::ios::binary);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (!in.is_open() || in.bad()) {
     fail("{}: cannot read the shard index (is {} a directory written by `dspine-data generate`?)",
          path, dir);
   }
+  return parse_shard_index(text, path);
+}
+
+ShardIndex parse_shard_index(const std::string& text, const std::string& path) {
   nlohmann::json json;
   try {
-    json = nlohmann::json::parse(in);
+    json = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     fail("{}: invalid JSON: {}", path, e.what());
   }
@@ -244,11 +250,9 @@ void ShardReader::seek(int64_t cursor) {
   cursor_ = cursor;
 }
 
-const core::SafetensorsFile& ShardReader::load_shard(size_t shard) {
-  if (cached_shard_ == shard) return cached_;
-  const ShardEntry& entry = index_.shards[shard];
-  core::SafetensorsFile file = core::load_safetensors((fs::path(dir_) / entry.file).string());
-
+core::SafetensorsFile check_shard(core::SafetensorsFile file, const ShardIndex& index,
+                                  size_t shard) {
+  const ShardEntry& entry = index.shards.at(shard);
   const std::set<std::string> expected_names = {"input_ids", "loss_mask", "hidden_states",
                                                 "target_last_hidden_states"};
   std::set<std::string> names;
@@ -257,10 +261,10 @@ const core::SafetensorsFile& ShardReader::load_shard(size_t shard) {
     fail("{}: holds tensors [{}], expected [{}]", file.path, fmt::join(names, ", "),
          fmt::join(expected_names, ", "));
   }
-  const ShardLayout& layout = index_.layout;
+  const ShardLayout& layout = index.layout;
   const int64_t n = entry.samples, seq = layout.seq_len, hidden = layout.hidden_size;
   const int64_t k = static_cast<int64_t>(layout.target_layer_ids.size());
-  const at::ScalarType dtype = storage_dtype(index_.dtype, kIndexFile);
+  const at::ScalarType dtype = storage_dtype(index.dtype, kIndexFile);
   check_tensor(file, "input_ids", at::kLong, {n, seq});
   check_tensor(file, "loss_mask", at::kLong, {n, seq});
   check_tensor(file, "hidden_states", dtype, {n, seq, k * hidden});
@@ -278,7 +282,13 @@ const core::SafetensorsFile& ShardReader::load_shard(size_t shard) {
   for (auto& [name, tensor] : file.tensors) {
     if (at::isFloatingType(tensor.scalar_type())) tensor = tensor.to(at::kFloat);
   }
-  cached_ = std::move(file);
+  return file;
+}
+
+const core::SafetensorsFile& ShardReader::load_shard(size_t shard) {
+  if (cached_shard_ == shard) return cached_;
+  const std::string path = (fs::path(dir_) / index_.shards[shard].file).string();
+  cached_ = check_shard(core::load_safetensors(path), index_, shard);
   cached_shard_ = shard;
   return cached_;
 }
