@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <regex>
 
 #include <fmt/format.h>
@@ -25,13 +26,18 @@ void write_json(const fs::path& path, const nlohmann::json& value) {
   if (!out) fail("cannot write {}", path.string());
 }
 
-nlohmann::json read_json(const fs::path& path) {
-  std::ifstream in(path);
-  if (!in) fail("checkpoint file {} is missing or unreadable", path.string());
+std::string read_text(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (!in.is_open() || in.bad()) fail("checkpoint file {} is missing or unreadable", path.string());
+  return text;
+}
+
+nlohmann::json parse_json(const std::string& text, const std::string& path) {
   try {
-    return nlohmann::json::parse(in);
+    return nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
-    fail("checkpoint file {} is not valid JSON: {}", path.string(), e.what());
+    fail("checkpoint file {} is not valid JSON: {}", path, e.what());
   }
 }
 
@@ -138,19 +144,32 @@ void CheckpointManager::prune() const {
   }
 }
 
+TrainerState parse_trainer_state(const std::string& text, const std::string& path) {
+  TrainerState state;
+  state.json = parse_json(text, path);
+  const auto shards = state.json.find("optimizer_shards");
+  if (shards == state.json.end() || !shards->is_number_integer() || *shards < 1) {
+    fail("checkpoint file {} does not say how many optimizer shards it has (optimizer_shards)",
+         path);
+  }
+  state.saved_world_size = shards->get<int>();
+  state.step = state.json.at("step").get<int64_t>();
+  state.data_cursor = state.json.at("data_cursor").get<int64_t>();
+  return state;
+}
+
 LoadedCheckpoint load_checkpoint(const std::string& directory, int rank, int world_size,
                                  bool own_shard_only) {
   const fs::path dir(directory);
   if (!fs::is_directory(dir)) fail("checkpoint directory {} does not exist", directory);
   LoadedCheckpoint loaded;
   loaded.path = directory;
-  loaded.trainer_state = read_json(dir / "trainer_state.json");
-  const auto shards = loaded.trainer_state.find("optimizer_shards");
-  if (shards == loaded.trainer_state.end() || !shards->is_number_integer() || *shards < 1) {
-    fail("checkpoint file {} does not say how many optimizer shards it has (optimizer_shards)",
-         (dir / "trainer_state.json").string());
-  }
-  loaded.saved_world_size = shards->get<int>();
+  const std::string manifest = (dir / "trainer_state.json").string();
+  TrainerState state = parse_trainer_state(read_text(manifest), manifest);
+  loaded.trainer_state = std::move(state.json);
+  loaded.saved_world_size = state.saved_world_size;
+  loaded.step = state.step;
+  loaded.data_cursor = state.data_cursor;
   loaded.model = core::load_safetensors((dir / "model.safetensors").string());
   if (own_shard_only && loaded.saved_world_size == world_size) {
     loaded.optimizer.push_back(
@@ -162,7 +181,8 @@ LoadedCheckpoint load_checkpoint(const std::string& directory, int rank, int wor
     }
   }
   loaded.rng = core::load_safetensors((dir / "rng.safetensors").string());
-  loaded.model_config = read_json(dir / "config.json");
+  const std::string config = (dir / "config.json").string();
+  loaded.model_config = parse_json(read_text(config), config);
   return loaded;
 }
 
