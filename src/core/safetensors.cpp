@@ -147,7 +147,7 @@ class Loader {
     Json header;
     try {
       header = Json::parse(text);
-    } catch (const Json::parse_error& e) {
+    } catch (const Json::exception& e) {  // parse_error, or out_of_range for a huge number
       fail("{}: invalid JSON header: {}", path_, e.what());
     }
     if (!header.is_object()) fail("{}: the JSON header must be an object", path_);
@@ -198,15 +198,19 @@ class Loader {
 
     const Json& shape = value["shape"];
     if (!shape.is_array()) fail("{}: tensor '{}': shape must be a list", path_, name);
-    uint64_t numel = 1;
-    bool overflow = false;
+    // The product of the nonzero sizes must fit int64_t even when another size is 0: torch
+    // computes strides from it, and an empty [0, 2^62, 2^62] would throw c10::Error.
+    constexpr uint64_t kMaxExtent = std::numeric_limits<int64_t>::max();
+    uint64_t extent = 1;
+    bool empty = false, overflow = false;
     for (const Json& size : shape) {
       const uint64_t dim = read_size(size, "shape", name);
-      if (dim > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) overflow = true;
       entry.shape.push_back(static_cast<int64_t>(dim));
-      overflow = overflow || (dim != 0 && numel > std::numeric_limits<uint64_t>::max() / dim);
-      if (!overflow) numel *= dim;
+      empty = empty || dim == 0;
+      overflow = overflow || dim > kMaxExtent || (dim != 0 && extent > kMaxExtent / dim);
+      if (!overflow && dim != 0) extent *= dim;
     }
+    const uint64_t numel = empty ? 0 : extent;
     const Json& offsets = value["data_offsets"];
     if (!offsets.is_array() || offsets.size() != 2) {
       fail("{}: tensor '{}': data_offsets must be [begin, end], got {}", path_, name,
