@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <regex>
 
 #include <fmt/format.h>
@@ -45,6 +46,27 @@ int64_t step_of(const fs::path& directory) {
   std::smatch match;
   const std::string name = directory.filename().string();
   return std::regex_match(name, match, kCheckpointPattern) ? std::stoll(match[1]) : -1;
+}
+
+// An integer of the manifest in [minimum, maximum] (maximum >= 0). Checked before get<>, which would truncate
+// 1.5, wrap 2^32 into an int, throw its own exceptions and treat 1e300 as undefined behaviour.
+int64_t integer_field(const nlohmann::json& state, const char* key, int64_t minimum,
+                      int64_t maximum, const std::string& path) {
+  const auto value = state.find(key);
+  if (value == state.end()) fail("checkpoint file {} has no '{}'", path, key);
+  bool in_range = false;
+  if (value->is_number_unsigned()) {  // the parser's type for integers >= 0
+    const uint64_t number = value->get<uint64_t>();
+    in_range = number <= static_cast<uint64_t>(maximum) && static_cast<int64_t>(number) >= minimum;
+  } else if (value->is_number_integer()) {
+    const int64_t number = value->get<int64_t>();
+    in_range = number >= minimum && number <= maximum;
+  }
+  if (!in_range) {
+    fail("checkpoint file {}: '{}' must be an integer in [{}, {}], got {}", path, key, minimum,
+         maximum, value->dump());
+  }
+  return value->get<int64_t>();
 }
 
 }  // namespace
@@ -147,14 +169,12 @@ void CheckpointManager::prune() const {
 TrainerState parse_trainer_state(const std::string& text, const std::string& path) {
   TrainerState state;
   state.json = parse_json(text, path);
-  const auto shards = state.json.find("optimizer_shards");
-  if (shards == state.json.end() || !shards->is_number_integer() || *shards < 1) {
-    fail("checkpoint file {} does not say how many optimizer shards it has (optimizer_shards)",
-         path);
-  }
-  state.saved_world_size = shards->get<int>();
-  state.step = state.json.at("step").get<int64_t>();
-  state.data_cursor = state.json.at("data_cursor").get<int64_t>();
+  if (!state.json.is_object()) fail("checkpoint file {} must hold a JSON object", path);
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  state.saved_world_size = static_cast<int>(
+      integer_field(state.json, "optimizer_shards", 1, std::numeric_limits<int>::max(), path));
+  state.step = integer_field(state.json, "step", 0, kMax, path);
+  state.data_cursor = integer_field(state.json, "data_cursor", 0, kMax, path);
   return state;
 }
 
