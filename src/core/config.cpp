@@ -393,7 +393,8 @@ class Reader {
         }
         context_.fail_text(fmt::format("{} is given twice", key));
       }
-      const YAML::Node& value = it->second;
+      // A copy: it-> returns a proxy, whose Node would die with the full expression.
+      const YAML::Node value = it->second;
       if (const Key* target = find(canonical)) {
         read_value(*target, value);
       } else if (std::find(maps_.begin(), maps_.end(), key) != maps_.end()) {

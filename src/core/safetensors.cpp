@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <limits>
 
 #include <ATen/ATen.h>
@@ -92,41 +93,40 @@ struct Entry {
   uint64_t end;
 };
 
+// Reads a safetensors file front to back from a source of `size` bytes; `read(out, bytes)` copies
+// the next bytes, so a file streams into the tensors without a second copy in memory.
 class Loader {
  public:
-  explicit Loader(const std::string& path) : path_(path) {}
+  using Read = std::function<void(void* out, size_t bytes)>;
+  Loader(const std::string& path, uint64_t size, Read read)
+      : path_(path), size_(size), read_(std::move(read)) {}
 
   SafetensorsFile load() {
-    File file(std::fopen(path_.c_str(), "rb"));
-    if (!file) fail("cannot open safetensors file '{}': {}", path_, std::strerror(errno));
-    std::error_code error;
-    const uint64_t file_size = std::filesystem::file_size(path_, error);
-    if (error) fail("cannot read safetensors file '{}': {}", path_, error.message());
-    if (file_size < 8) {
+    if (size_ < 8) {
       fail("{}: truncated safetensors file: {} bytes, shorter than the 8-byte header length",
-           path_, file_size);
+           path_, size_);
     }
     uint64_t header_length = 0;
-    read(file.get(), &header_length, 8);
-    if (header_length > file_size - 8) {
+    read_(&header_length, 8);
+    if (header_length > size_ - 8) {
       fail("{}: header length {} is larger than the {} bytes that follow it (truncated or not a "
            "safetensors file)",
-           path_, header_length, file_size - 8);
+           path_, header_length, size_ - 8);
     }
     if (header_length > kMaxHeaderBytes) {
       fail("{}: header length {} exceeds the {} byte limit", path_, header_length,
            kMaxHeaderBytes);
     }
     std::string header(header_length, '\0');
-    read(file.get(), header.data(), header.size());
+    read_(header.data(), header.size());
 
     SafetensorsFile result;
     result.path = path_;
     std::vector<Entry> entries = parse_header(header, result.metadata);
-    check_layout(entries, file_size - 8 - header_length);
+    check_layout(entries, size_ - 8 - header_length);
     for (const Entry& entry : entries) {
       at::Tensor tensor = at::empty(entry.shape, at::TensorOptions().dtype(entry.type));
-      read(file.get(), tensor.data_ptr(), entry.end - entry.begin);
+      read_(tensor.data_ptr(), entry.end - entry.begin);
       if (entry.type == at::kBool) check_bools(entry, tensor);
       result.tensors.emplace_back(entry.name, std::move(tensor));
     }
@@ -134,13 +134,6 @@ class Loader {
   }
 
  private:
-  void read(std::FILE* file, void* out, size_t bytes) const {
-    if (bytes > 0 && std::fread(out, 1, bytes, file) != bytes) {
-      fail("{}: truncated safetensors file: read failed ({})", path_,
-           std::ferror(file) ? std::strerror(errno) : "unexpected end of file");
-    }
-  }
-
   uint64_t read_size(const Json& value, const std::string& what, const std::string& name) const {
     if (!value.is_number_unsigned()) {
       fail("{}: tensor '{}': {} must hold non-negative integers, got {}", path_, name, what,
@@ -154,7 +147,7 @@ class Loader {
     Json header;
     try {
       header = Json::parse(text);
-    } catch (const Json::parse_error& e) {
+    } catch (const Json::exception& e) {  // parse_error, or out_of_range for a huge number
       fail("{}: invalid JSON header: {}", path_, e.what());
     }
     if (!header.is_object()) fail("{}: the JSON header must be an object", path_);
@@ -205,15 +198,19 @@ class Loader {
 
     const Json& shape = value["shape"];
     if (!shape.is_array()) fail("{}: tensor '{}': shape must be a list", path_, name);
-    uint64_t numel = 1;
-    bool overflow = false;
+    // The product of the nonzero sizes must fit int64_t even when another size is 0: torch
+    // computes strides from it, and an empty [0, 2^62, 2^62] would throw c10::Error.
+    constexpr uint64_t kMaxExtent = std::numeric_limits<int64_t>::max();
+    uint64_t extent = 1;
+    bool empty = false, overflow = false;
     for (const Json& size : shape) {
       const uint64_t dim = read_size(size, "shape", name);
-      if (dim > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) overflow = true;
       entry.shape.push_back(static_cast<int64_t>(dim));
-      overflow = overflow || (dim != 0 && numel > std::numeric_limits<uint64_t>::max() / dim);
-      if (!overflow) numel *= dim;
+      empty = empty || dim == 0;
+      overflow = overflow || dim > kMaxExtent || (dim != 0 && extent > kMaxExtent / dim);
+      if (!overflow && dim != 0) extent *= dim;
     }
+    const uint64_t numel = empty ? 0 : extent;
     const Json& offsets = value["data_offsets"];
     if (!offsets.is_array() || offsets.size() != 2) {
       fail("{}: tensor '{}': data_offsets must be [begin, end], got {}", path_, name,
@@ -267,6 +264,8 @@ class Loader {
   }
 
   std::string path_;
+  uint64_t size_;
+  Read read_;
 };
 
 }  // namespace
@@ -321,6 +320,27 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
   }
 }
 
-SafetensorsFile load_safetensors(const std::string& path) { return Loader(path).load(); }
+SafetensorsFile load_safetensors(const std::string& path) {
+  File file(std::fopen(path.c_str(), "rb"));
+  if (!file) fail("cannot open safetensors file '{}': {}", path, std::strerror(errno));
+  std::error_code error;
+  const uint64_t size = std::filesystem::file_size(path, error);
+  if (error) fail("cannot read safetensors file '{}': {}", path, error.message());
+  return Loader(path, size, [&](void* out, size_t bytes) {
+           if (bytes > 0 && std::fread(out, 1, bytes, file.get()) != bytes) {
+             fail("{}: truncated safetensors file: read failed ({})", path,
+                  std::ferror(file.get()) ? std::strerror(errno) : "unexpected end of file");
+           }
+         }).load();
+}
+
+SafetensorsFile parse_safetensors(const void* data, size_t size, const std::string& path) {
+  const char* next = static_cast<const char*>(data);
+  // The loader never reads past `size`: every length is checked against it first.
+  return Loader(path, size, [&](void* out, size_t bytes) {
+           if (bytes > 0) std::memcpy(out, next, bytes);
+           next += bytes;
+         }).load();
+}
 
 }  // namespace dspine::core

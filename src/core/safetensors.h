@@ -3,6 +3,7 @@
 // then the raw little-endian tensor bytes. Files written here load in HF tooling and back.
 #pragma once
 
+#include <cstddef>
 #include <map>
 #include <string>
 #include <utility>
@@ -34,5 +35,8 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
 // end, invalid JSON, unknown dtype, offsets that overlap/leave gaps/exceed the data, shape/size
 // mismatch) throws dspine::Error naming the file and what is wrong.
 SafetensorsFile load_safetensors(const std::string& path);
+
+// The same for a whole file already in memory (`size` bytes at `data`); `path` names it in errors.
+SafetensorsFile parse_safetensors(const void* data, size_t size, const std::string& path);
 
 }  // namespace dspine::core

@@ -3,7 +3,10 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <limits>
 #include <set>
+#include <type_traits>
 
 #include <nlohmann/json.hpp>
 #include <fmt/ranges.h>
@@ -35,15 +38,36 @@ at::ScalarType storage_dtype(const std::string& dtype, const std::string& where)
   fail("{}: dtype must be fp32 or bf16, got '{}'", where, dtype);
 }
 
+// Whether `value` is a JSON integer that fits int64_t. get<int64_t>() alone would truncate 1.5,
+// wrap 2^63 and treat 1e300 as undefined behaviour.
+bool is_int64(const nlohmann::json& value) {
+  return value.is_number_integer() &&
+         (!value.is_number_unsigned() ||
+          value.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()));
+}
+
 // A required index.json field of type T; errors name the file and the key.
 template <typename T>
 T field(const nlohmann::json& json, const char* key, const std::string& file) {
   if (!json.contains(key)) fail("{}: missing key '{}'", file, key);
-  try {
-    return json.at(key).get<T>();
-  } catch (const nlohmann::json::exception&) {
-    fail("{}: key '{}' has the wrong type ({})", file, key, json.at(key).dump());
+  const nlohmann::json& value = json.at(key);
+  bool integers = true;
+  if constexpr (std::is_same_v<T, int64_t>) integers = is_int64(value);
+  if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
+    integers = value.is_array() && std::all_of(value.begin(), value.end(), is_int64);
   }
+  try {
+    if (integers) return value.get<T>();
+  } catch (const nlohmann::json::exception&) {
+  }
+  fail("{}: key '{}' has the wrong type ({})", file, key, value.dump());
+}
+
+// A required integer field of index.json that must be >= 1.
+int64_t positive_field(const nlohmann::json& json, const char* key, const std::string& file) {
+  const int64_t value = field<int64_t>(json, key, file);
+  if (value < 1) fail("{}: key '{}' must be >= 1, got {}", file, key, value);
+  return value;
 }
 
 void check_layout(const ShardLayout& found, const ShardLayout& expected, const std::string& file) {
@@ -107,14 +131,19 @@ ShardLayout layout_from_config(const core::Config& config) {
 
 ShardIndex read_shard_index(const std::string& dir) {
   const std::string path = (fs::path(dir) / kIndexFile).string();
-  std::ifstream in(path);
-  if (!in) {
+  std::ifstream in(path, std::ios::binary);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (!in.is_open() || in.bad()) {
     fail("{}: cannot read the shard index (is {} a directory written by `dspine-data generate`?)",
          path, dir);
   }
+  return parse_shard_index(text, path);
+}
+
+ShardIndex parse_shard_index(const std::string& text, const std::string& path) {
   nlohmann::json json;
   try {
-    json = nlohmann::json::parse(in);
+    json = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     fail("{}: invalid JSON: {}", path, e.what());
   }
@@ -125,10 +154,16 @@ ShardIndex read_shard_index(const std::string& dir) {
   }
 
   ShardIndex index;
-  index.layout.seq_len = field<int64_t>(json, "seq_len", path);
-  index.layout.hidden_size = field<int64_t>(json, "hidden_size", path);
-  index.layout.vocab_size = field<int64_t>(json, "vocab_size", path);
+  index.layout.seq_len = positive_field(json, "seq_len", path);
+  index.layout.hidden_size = positive_field(json, "hidden_size", path);
+  index.layout.vocab_size = positive_field(json, "vocab_size", path);
   index.layout.target_layer_ids = field<std::vector<int64_t>>(json, "target_layer_ids", path);
+  const auto layers = static_cast<int64_t>(index.layout.target_layer_ids.size());
+  // hidden_states rows hold K * hidden_size values.
+  if (layers < 1 || index.layout.hidden_size > std::numeric_limits<int64_t>::max() / layers) {
+    fail("{}: {} target_layer_ids of hidden_size {} do not make a hidden_states row", path,
+         layers, index.layout.hidden_size);
+  }
   index.dtype = field<std::string>(json, "dtype", path);
   storage_dtype(index.dtype, path);
   index.num_samples = field<int64_t>(json, "num_samples", path);
@@ -144,7 +179,8 @@ ShardIndex read_shard_index(const std::string& dir) {
     if (entry.file.empty() || fs::path(entry.file).filename() != entry.file) {
       fail("{}: file '{}' must be a plain file name inside the directory", where, entry.file);
     }
-    if (entry.samples < 1 || entry.first_sample != next_sample) {
+    if (entry.samples < 1 || entry.first_sample != next_sample ||
+        entry.samples > std::numeric_limits<int64_t>::max() - next_sample) {
       fail("{}: shard '{}' must hold >= 1 samples starting at sample {} (has first_sample {}, "
            "samples {})", where, entry.file, next_sample, entry.first_sample, entry.samples);
     }
@@ -244,11 +280,9 @@ void ShardReader::seek(int64_t cursor) {
   cursor_ = cursor;
 }
 
-const core::SafetensorsFile& ShardReader::load_shard(size_t shard) {
-  if (cached_shard_ == shard) return cached_;
-  const ShardEntry& entry = index_.shards[shard];
-  core::SafetensorsFile file = core::load_safetensors((fs::path(dir_) / entry.file).string());
-
+core::SafetensorsFile check_shard(core::SafetensorsFile file, const ShardIndex& index,
+                                  size_t shard) {
+  const ShardEntry& entry = index.shards.at(shard);
   const std::set<std::string> expected_names = {"input_ids", "loss_mask", "hidden_states",
                                                 "target_last_hidden_states"};
   std::set<std::string> names;
@@ -257,10 +291,10 @@ const core::SafetensorsFile& ShardReader::load_shard(size_t shard) {
     fail("{}: holds tensors [{}], expected [{}]", file.path, fmt::join(names, ", "),
          fmt::join(expected_names, ", "));
   }
-  const ShardLayout& layout = index_.layout;
+  const ShardLayout& layout = index.layout;
   const int64_t n = entry.samples, seq = layout.seq_len, hidden = layout.hidden_size;
   const int64_t k = static_cast<int64_t>(layout.target_layer_ids.size());
-  const at::ScalarType dtype = storage_dtype(index_.dtype, kIndexFile);
+  const at::ScalarType dtype = storage_dtype(index.dtype, kIndexFile);
   check_tensor(file, "input_ids", at::kLong, {n, seq});
   check_tensor(file, "loss_mask", at::kLong, {n, seq});
   check_tensor(file, "hidden_states", dtype, {n, seq, k * hidden});
@@ -278,7 +312,13 @@ const core::SafetensorsFile& ShardReader::load_shard(size_t shard) {
   for (auto& [name, tensor] : file.tensors) {
     if (at::isFloatingType(tensor.scalar_type())) tensor = tensor.to(at::kFloat);
   }
-  cached_ = std::move(file);
+  return file;
+}
+
+const core::SafetensorsFile& ShardReader::load_shard(size_t shard) {
+  if (cached_shard_ == shard) return cached_;
+  const std::string path = (fs::path(dir_) / index_.shards[shard].file).string();
+  cached_ = check_shard(core::load_safetensors(path), index_, shard);
   cached_shard_ = shard;
   return cached_;
 }

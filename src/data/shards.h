@@ -45,6 +45,13 @@ struct ShardIndex {
 
 // Reads and checks dir/index.json (errors name the file and the bad entry).
 ShardIndex read_shard_index(const std::string& dir);
+// The same for index.json's text; `path` names it in errors.
+ShardIndex parse_shard_index(const std::string& text, const std::string& path);
+
+// Checks shard `shard` of `index`, loaded from its file (tensor names, shapes, dtypes, sample
+// offset, token range; errors name the file), and returns it with floating tensors as fp32.
+core::SafetensorsFile check_shard(core::SafetensorsFile file, const ShardIndex& index,
+                                  size_t shard);
 
 struct ShardWriteOptions {
   int64_t num_samples = 1024;

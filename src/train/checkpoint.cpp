@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <limits>
 #include <regex>
 
 #include <fmt/format.h>
@@ -25,13 +27,18 @@ void write_json(const fs::path& path, const nlohmann::json& value) {
   if (!out) fail("cannot write {}", path.string());
 }
 
-nlohmann::json read_json(const fs::path& path) {
-  std::ifstream in(path);
-  if (!in) fail("checkpoint file {} is missing or unreadable", path.string());
+std::string read_text(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (!in.is_open() || in.bad()) fail("checkpoint file {} is missing or unreadable", path.string());
+  return text;
+}
+
+nlohmann::json parse_json(const std::string& text, const std::string& path) {
   try {
-    return nlohmann::json::parse(in);
+    return nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
-    fail("checkpoint file {} is not valid JSON: {}", path.string(), e.what());
+    fail("checkpoint file {} is not valid JSON: {}", path, e.what());
   }
 }
 
@@ -39,6 +46,27 @@ int64_t step_of(const fs::path& directory) {
   std::smatch match;
   const std::string name = directory.filename().string();
   return std::regex_match(name, match, kCheckpointPattern) ? std::stoll(match[1]) : -1;
+}
+
+// An integer of the manifest in [minimum, maximum] (maximum >= 0). Checked before get<>, which would truncate
+// 1.5, wrap 2^32 into an int, throw its own exceptions and treat 1e300 as undefined behaviour.
+int64_t integer_field(const nlohmann::json& state, const char* key, int64_t minimum,
+                      int64_t maximum, const std::string& path) {
+  const auto value = state.find(key);
+  if (value == state.end()) fail("checkpoint file {} has no '{}'", path, key);
+  bool in_range = false;
+  if (value->is_number_unsigned()) {  // the parser's type for integers >= 0
+    const uint64_t number = value->get<uint64_t>();
+    in_range = number <= static_cast<uint64_t>(maximum) && static_cast<int64_t>(number) >= minimum;
+  } else if (value->is_number_integer()) {
+    const int64_t number = value->get<int64_t>();
+    in_range = number >= minimum && number <= maximum;
+  }
+  if (!in_range) {
+    fail("checkpoint file {}: '{}' must be an integer in [{}, {}], got {}", path, key, minimum,
+         maximum, value->dump());
+  }
+  return value->get<int64_t>();
 }
 
 }  // namespace
@@ -138,19 +166,30 @@ void CheckpointManager::prune() const {
   }
 }
 
+TrainerState parse_trainer_state(const std::string& text, const std::string& path) {
+  TrainerState state;
+  state.json = parse_json(text, path);
+  if (!state.json.is_object()) fail("checkpoint file {} must hold a JSON object", path);
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  state.saved_world_size = static_cast<int>(
+      integer_field(state.json, "optimizer_shards", 1, std::numeric_limits<int>::max(), path));
+  state.step = integer_field(state.json, "step", 0, kMax, path);
+  state.data_cursor = integer_field(state.json, "data_cursor", 0, kMax, path);
+  return state;
+}
+
 LoadedCheckpoint load_checkpoint(const std::string& directory, int rank, int world_size,
                                  bool own_shard_only) {
   const fs::path dir(directory);
   if (!fs::is_directory(dir)) fail("checkpoint directory {} does not exist", directory);
   LoadedCheckpoint loaded;
   loaded.path = directory;
-  loaded.trainer_state = read_json(dir / "trainer_state.json");
-  const auto shards = loaded.trainer_state.find("optimizer_shards");
-  if (shards == loaded.trainer_state.end() || !shards->is_number_integer() || *shards < 1) {
-    fail("checkpoint file {} does not say how many optimizer shards it has (optimizer_shards)",
-         (dir / "trainer_state.json").string());
-  }
-  loaded.saved_world_size = shards->get<int>();
+  const std::string manifest = (dir / "trainer_state.json").string();
+  TrainerState state = parse_trainer_state(read_text(manifest), manifest);
+  loaded.trainer_state = std::move(state.json);
+  loaded.saved_world_size = state.saved_world_size;
+  loaded.step = state.step;
+  loaded.data_cursor = state.data_cursor;
   loaded.model = core::load_safetensors((dir / "model.safetensors").string());
   if (own_shard_only && loaded.saved_world_size == world_size) {
     loaded.optimizer.push_back(
@@ -162,7 +201,8 @@ LoadedCheckpoint load_checkpoint(const std::string& directory, int rank, int wor
     }
   }
   loaded.rng = core::load_safetensors((dir / "rng.safetensors").string());
-  loaded.model_config = read_json(dir / "config.json");
+  const std::string config = (dir / "config.json").string();
+  loaded.model_config = parse_json(read_text(config), config);
   return loaded;
 }
 

@@ -27,11 +27,23 @@ struct CheckpointContents {
   nlohmann::json trainer_state;
 };
 
+// trainer_state.json and the fields of it that a resume reads.
+struct TrainerState {
+  nlohmann::json json;
+  int saved_world_size = 1;  // optimizer_shards
+  int64_t step = 0;
+  int64_t data_cursor = 0;
+};
+
+// Parses the text of trainer_state.json; errors name `path` and the bad field.
+TrainerState parse_trainer_state(const std::string& text, const std::string& path);
+
 struct LoadedCheckpoint {
   std::string path;
   core::SafetensorsFile model, rng;
   std::vector<core::SafetensorsFile> optimizer;  // rank order, or only this rank's own
   int saved_world_size = 1;
+  int64_t step = 0, data_cursor = 0;
   nlohmann::json model_config, trainer_state;
 };
 

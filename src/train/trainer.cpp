@@ -118,7 +118,6 @@ TrainResult Trainer::run(int64_t stop_after) {
   if (!resume_from.empty()) {
     const bool sharded = s.sharded->mode() != dist::ShardingMode::kNone;
     auto loaded = load_checkpoint(resume_from, rank, world, sharded);
-    const auto& ts = loaded.trainer_state;
     s.sharded->gather_all();
     model::load_module_state(*s.built.module, loaded.model);
     s.optimizer->load_state(loaded.optimizer, loaded.saved_world_size);
@@ -128,11 +127,10 @@ TrainResult Trainer::run(int64_t stop_after) {
       s.generator.set_state(loaded.rng.at(stream));
     } else {
       // A rank the saved run did not have: its own stream, seeded by the step it starts at.
-      const int64_t step = ts.at("step").get<int64_t>();
-      s.generator.set_current_seed(objective_seed(cfg.training.seed + step, rank));
+      s.generator.set_current_seed(objective_seed(cfg.training.seed + loaded.step, rank));
     }
-    s.step = ts.at("step").get<int64_t>();
-    s.cursor = ts.at("data_cursor").get<int64_t>();
+    s.step = loaded.step;
+    s.cursor = loaded.data_cursor;
     if (leader) log::info("resumed from {} at step {}", resume_from, s.step);
     if (leader && loaded.saved_world_size != world) {
       log::warn("resharded {} from {} to {} ranks: each rank keeps training.batch_size rows, "
