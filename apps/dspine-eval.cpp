@@ -67,6 +67,7 @@ nlohmann::json acceptance_report(const core::Config& config,
           {"block_size", config.model.block_size},
           {"accepted_length_backbone", stats.backbone_length},
           {"accepted_length_refinement", stats.refinement_length},
+          {"accepted_length_sampled", stats.sampled_length},
           {"accepted_histogram_backbone", stats.backbone_histogram},
           {"accepted_histogram_refinement", stats.refinement_histogram}};
 }

@@ -303,3 +303,42 @@ TEST(GspoObjective, OneUpdateIsOnPolicy) {
 
 }  // namespace
 }  // namespace dspine::objectives
+
+namespace dspine::objectives {
+namespace {
+
+// The update moves the policy toward rewarded tokens: reward 1 for token 0, G = 8 samples per row
+// from the current policy, group-std advantages; a few SGD steps on the seam's loss raise p(0).
+TEST(GspoPolicyLoss, UpdatesRaiseTheProbabilityOfRewardedTokens) {
+  auto comm = dist::make_single_process_communicator();
+  auto gen = cpu_generator(21);
+  const int64_t rows = 16, group = 8, vocab = 6;
+  auto logits = torch::zeros({rows, vocab}, torch::requires_grad());
+  torch::optim::SGD sgd({logits}, 20.0);
+  auto p0 = [&] { return torch::softmax(logits.detach(), 1).select(1, 0).mean().item<double>(); };
+  const double before = p0();
+  for (int step = 0; step < 20; ++step) {
+    auto probs = torch::softmax(logits.detach(), 1);
+    auto tokens = sample_categorical(probs, at::rand({rows, group}, gen, torch::kFloat64));
+    auto rewards = tokens.eq(0).to(torch::kFloat32);  // each row's G samples are one group
+    GspoPolicySamples s;
+    s.targets = tokens;
+    s.old_logprobs = torch::log_softmax(logits.detach(), 1).gather(1, tokens);
+    s.advantages = group_advantages(rewards, GspoAdvantageNorm::kGroupStd);
+    s.segments = torch::arange(rows * group).view({rows, group});
+    s.label_counts = torch::ones({rows, group}, torch::kInt64);
+    s.seam_order = torch::arange(rows * group);
+    s.num_segments = rows * group;
+    GspoSeamParams params;
+    params.eps_low = 0.2;
+    params.eps_high = 0.28;
+    params.divisor = static_cast<double>(rows * group);
+    sgd.zero_grad();
+    gspo_policy_loss(logits, s, params, *comm, GspoBackend::kReference).loss.backward();
+    sgd.step();
+  }
+  EXPECT_GT(p0(), before + 0.3) << "p(token 0) " << before << " -> " << p0();
+}
+
+}  // namespace
+}  // namespace dspine::objectives
