@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "model/block_mask.h"
 #include "model/dspine_config.h"
+#include "model/norm_mlp.h"
 #include "model/rope.h"
 #include "model/transfer_space.h"
 
@@ -133,6 +134,13 @@ void place_draft(DSpineDraftImpl& draft, const torch::Device& device, torch::Dty
   torch::NoGradGuard no_grad;
   for (auto& p : draft.parameters()) p.set_data(p.to(device, dtype));
   for (auto& b : draft.buffers()) b.set_data(b.to(device));
+}
+
+DSpineDraft build_placed_draft(const core::ModelConfig& config, const torch::Device& device,
+                               torch::Dtype dtype) {
+  DSpineDraft draft(config, use_fused_kernels(parse_fused_kernels(config.fused_kernels), device));
+  place_draft(*draft, device, dtype);
+  return draft;
 }
 
 }  // namespace dspine::model

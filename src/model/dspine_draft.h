@@ -77,4 +77,9 @@ TORCH_MODULE(DSpineDraft);
 // transfer_ready stays bool (torch::nn::Module::to(dtype) would cast every buffer).
 void place_draft(DSpineDraftImpl& draft, const torch::Device& device, torch::Dtype dtype);
 
+// A draft built on CPU fp32 from the global torch RNG, with the kernels model.fused_kernels picks
+// for `device`, then placed there.
+DSpineDraft build_placed_draft(const core::ModelConfig& config, const torch::Device& device,
+                               torch::Dtype dtype);
+
 }  // namespace dspine::model

@@ -6,20 +6,10 @@
 
 #include "core/error.h"
 #include "model/dspine_config.h"
-#include "model/norm_mlp.h"
 
 namespace dspine::objectives {
 
 namespace {
-
-model::DSpineDraft build_draft(const core::Config& config, torch::Device device,
-                               torch::Dtype dtype) {
-  const bool fused =
-      model::use_fused_kernels(model::parse_fused_kernels(config.model.fused_kernels), device);
-  model::DSpineDraft draft(config.model, fused);
-  model::place_draft(*draft, device, dtype);
-  return draft;
-}
 
 enum WindowSum : int64_t {
   kSumNumerator,
@@ -47,7 +37,7 @@ DSpineObjective::DSpineObjective(const core::Config& config, const DSpineSetting
                                  torch::Dtype dtype)
     : config_(config),
       settings_(settings),
-      draft_(build_draft(config, device, dtype)),
+      draft_(model::build_placed_draft(config.model, device, dtype)),
       model_(config, settings, draft_, std::move(embed_tokens), std::move(lm_head)) {
   if (config.training.accumulation_steps < 1) {
     fail("training.accumulation_steps must be >= 1 (got {})", config.training.accumulation_steps);

@@ -11,24 +11,14 @@
 #include "core/error.h"
 #include "model/dspine_config.h"
 #include "model/module_state.h"
-#include "model/norm_mlp.h"
 #include "objectives/dspine_terms.h"
 #include "objectives/gspo_policy_loss.h"
 
 namespace dspine::objectives {
 namespace {
 
-model::DSpineDraft build_draft(const core::Config& config, torch::Device device,
-                               torch::Dtype dtype) {
-  const bool fused =
-      model::use_fused_kernels(model::parse_fused_kernels(config.model.fused_kernels), device);
-  model::DSpineDraft draft(config.model, fused);
-  model::place_draft(*draft, device, dtype);
-  return draft;
-}
-
-// Wall time of the seam: CUDA events on the GPU (read once, at the end of the window, with no
-// extra synchronisation on the way), the host clock on the CPU.
+// Wall time of the seam: CUDA events around it on the GPU (reading them waits for the seam, as
+// the update's metrics do right after), the host clock on the CPU.
 class SeamTimer {
  public:
   explicit SeamTimer(const torch::Device& device) : cuda_(device.is_cuda()) {
@@ -202,7 +192,7 @@ GspoObjective::GspoObjective(const core::Config& config, const DSpineSettings& d
     : config_(config),
       dspine_(dspine),
       settings_(settings),
-      draft_(build_draft(config, device, dtype)),
+      draft_(model::build_placed_draft(config.model, device, dtype)),
       model_(config, dspine, draft_, std::move(embed_tokens), std::move(lm_head)) {
   settings_.rollout.chunk_blocks = dspine.objective_chunk_blocks;
   if (settings_.rollout.group_size < 2)
