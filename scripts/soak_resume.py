@@ -86,9 +86,11 @@ def run_once(args, run_dir, ranks, resume="auto", env_extra=None):
     return job.wait()
 
 
-def saving(run_dir):
+def saving(run_dir, since):
+    """Whether a save that began after `since` is in progress (its .tmp-* directory exists)."""
     checkpoints = run_dir / "checkpoints"
-    return checkpoints.is_dir() and any(p.name.startswith(".tmp-") for p in checkpoints.iterdir())
+    return checkpoints.is_dir() and any(
+        p.name.startswith(".tmp-") and p.stat().st_mtime >= since for p in checkpoints.iterdir())
 
 
 def newest_step(run_dir):
@@ -108,6 +110,7 @@ def soak(args, run_dir, ranks, kills):
             names = SAVE_FILES + ([f"optimizer-rank-00001-of-0000{ranks}.safetensors"] if ranks > 1 else
                                   ["optimizer-rank-00000-of-00001.safetensors"])
             env["DSPINE_TEST_KILL_AFTER_FILE"] = random.choice(names)
+        started = time.time()
         job = Job(args, run_dir, ranks, "auto", env)
         killed = False
         if killing and not by_file:
@@ -120,7 +123,7 @@ def soak(args, run_dir, ranks, kills):
             if job.process.poll() is None and pids:
                 os.kill(random.choice(pids), signal.SIGKILL)
                 killed = True
-                counts["kills_during_saves"] += saving(run_dir)
+                counts["kills_during_saves"] += saving(run_dir, started)
         code = job.wait()
         if code == 0:
             return counts
