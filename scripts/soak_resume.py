@@ -88,9 +88,13 @@ def run_once(args, run_dir, ranks, resume="auto", env_extra=None):
 
 def saving(run_dir, since):
     """Whether a save that began after `since` is in progress (its .tmp-* directory exists)."""
-    checkpoints = run_dir / "checkpoints"
-    return checkpoints.is_dir() and any(
-        p.name.startswith(".tmp-") and p.stat().st_mtime >= since for p in checkpoints.iterdir())
+    for path in (run_dir / "checkpoints").glob(".tmp-*"):
+        try:
+            if path.stat().st_mtime >= since:
+                return True
+        except FileNotFoundError:  # renamed meanwhile: that save had finished
+            pass
+    return False
 
 
 def newest_step(run_dir):
