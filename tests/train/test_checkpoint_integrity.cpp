@@ -72,9 +72,9 @@ std::vector<std::string> entries_starting(const Config& config, const std::strin
 std::string resume_past_damage(Config config) {
   config.training.total_steps = 6;
   config.logging.level = "warn";
-  ::testing::internal::CaptureStderr();
+  ::testing::internal::CaptureStdout();
   const auto result = train(config);
-  const std::string printed = ::testing::internal::GetCapturedStderr();
+  const std::string printed = ::testing::internal::GetCapturedStdout();
   EXPECT_EQ(result.first_step, 2);
   EXPECT_EQ(result.final_step, 6);
   return printed;
@@ -86,8 +86,8 @@ TEST(CheckpointIntegrity, ManifestRecordsSizeAndChecksumOfEveryFile) {
   const auto config = two_checkpoints(fresh_dir("manifest"));
   std::ifstream in(checkpoint(config, 4) / "trainer_state.json");
   const auto manifest = nlohmann::json::parse(in);
-  for (const std::string name : {"model.safetensors", "config.json", "rng.safetensors",
-                                 dspine::train::optimizer_shard_name(0, 1)}) {
+  for (const std::string& name : std::vector<std::string>{"model.safetensors", "config.json",
+                                   "rng.safetensors", dspine::train::optimizer_shard_name(0, 1)}) {
     ASSERT_TRUE(manifest["files"].contains(name)) << name;
     EXPECT_EQ(manifest["files"][name]["bytes"].get<int64_t>(),
               static_cast<int64_t>(fs::file_size(checkpoint(config, 4) / name)));
@@ -134,9 +134,9 @@ TEST(CheckpointIntegrity, ResumingAnOlderCheckpointSetsNewerOnesAside) {
   auto config = two_checkpoints(fresh_dir("older"));
   config.checkpoint.resume = checkpoint(config, 2).string();
   config.training.total_steps = 6;
-  ::testing::internal::CaptureStderr();
+  ::testing::internal::CaptureStdout();
   const auto result = train(config);
-  const std::string printed = ::testing::internal::GetCapturedStderr();
+  const std::string printed = ::testing::internal::GetCapturedStdout();
   EXPECT_EQ(result.first_step, 2);
   EXPECT_EQ(result.final_step, 6);  // saved steps 4 and 6 without a collision
   EXPECT_NE(printed.find("step-000004"), std::string::npos) << printed;
@@ -170,9 +170,9 @@ TEST(CheckpointIntegrity, ResumeWarnsAboutOtherChanges) {
   auto config = two_checkpoints(fresh_dir("allowed"));
   config.training.total_steps = 6;
   config.training.learning_rate = 5e-4;
-  ::testing::internal::CaptureStderr();
+  ::testing::internal::CaptureStdout();
   const auto result = train(config);
-  const std::string printed = ::testing::internal::GetCapturedStderr();
+  const std::string printed = ::testing::internal::GetCapturedStdout();
   EXPECT_EQ(result.final_step, 6);
   EXPECT_NE(printed.find("training.total_steps: 4 -> 6"), std::string::npos) << printed;
   EXPECT_NE(printed.find("training.learning_rate:"), std::string::npos) << printed;
