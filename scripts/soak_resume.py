@@ -51,6 +51,7 @@ class Job:
         self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                         env=env, text=True, start_new_session=True)
         self.last_step = -1
+        self.ranks = ranks
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
 
@@ -62,13 +63,13 @@ class Job:
                 self.last_step = int(match.group(1))
 
     def rank_pids(self):
-        """The processes that run ranks: the job itself, or mpirun's children."""
+        """The processes that run ranks: the job itself, or mpirun's children. (A single
+        process's own child is MPI's singleton daemon, not a rank.)"""
         pid = self.process.pid
+        if self.ranks == 1:
+            return [pid]
         children = Path(f"/proc/{pid}/task/{pid}/children")
-        if not children.exists():
-            return []
-        found = [int(p) for p in children.read_text().split()]
-        return found or [pid]
+        return [int(p) for p in children.read_text().split()] if children.exists() else []
 
     def wait(self, timeout=300):
         try:
