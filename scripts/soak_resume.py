@@ -23,8 +23,8 @@ from pathlib import Path
 
 # Small enough for a fast CPU step, large enough that saves take a moment.
 OVERRIDES = {
-    "model.architecture": "simple", "objective.name": "ce", "model.hidden_size": "128",
-    "model.intermediate_size": "256", "model.vocab_size": "128", "data.seq_len": "32",
+    "model.architecture": "simple", "objective.name": "ce", "model.hidden_size": "64",
+    "model.intermediate_size": "128", "model.vocab_size": "128", "data.seq_len": "32",
     "training.batch_size": "2", "training.accumulation_steps": "2", "training.device": "cpu",
     "training.cpu_threads": "1", "checkpoint.save_every": "2", "checkpoint.keep_last": "3",
     "logging.every": "1", "logging.progress": "false", "logging.level": "info",
