@@ -108,7 +108,8 @@ std::vector<core::FileDigest> gather_digests(dist::Communicator& comm,
   constexpr int64_t kRecord = 8 + 64;
   auto local = at::zeros({kRecord}, at::kByte);
   std::memcpy(local.data_ptr(), &mine.bytes, 8);
-  std::memcpy(local.data_ptr<uint8_t>() + 8, mine.sha256.data(), std::min<size_t>(64, mine.sha256.size()));
+  std::memcpy(local.data_ptr<uint8_t>() + 8, mine.sha256.data(),
+              std::min<size_t>(64, mine.sha256.size()));
   auto all = at::empty({comm.world_size() * kRecord}, at::kByte);
   comm.all_gather(local, all);
   std::vector<core::FileDigest> digests(comm.world_size());
@@ -160,7 +161,9 @@ std::string set_aside(const fs::path& directory, const std::string& label) {
   std::strftime(stamp, sizeof stamp, "%Y%m%dT%H%M%S", std::gmtime(&now));
   const std::string base = fmt::format(".{}-{}-{}", label, directory.filename().string(), stamp);
   fs::path target = directory.parent_path() / base;
-  for (int n = 1; fs::exists(target); ++n) target = directory.parent_path() / fmt::format("{}-{}", base, n);
+  for (int n = 1; fs::exists(target); ++n) {
+    target = directory.parent_path() / fmt::format("{}-{}", base, n);
+  }
   fs::rename(directory, target);
   return target.string();
 }
@@ -224,7 +227,9 @@ std::string CheckpointManager::save(int64_t step, const CheckpointContents& cont
   core::FileDigest shard_digest;
   stage([&] {
     shard_digest = write(optimizer_shard_name(comm_.rank(), comm_.world_size()),
-                         [&](const std::string& path) { core::save_safetensors(path, contents.optimizer); });
+                         [&](const std::string& path) {
+                           core::save_safetensors(path, contents.optimizer);
+                         });
     if (!leader) return;
     write("model.safetensors", [&](const std::string& path) {
       core::save_safetensors(path, contents.model, {{"format", "pt"}});

@@ -36,7 +36,11 @@ void flatten(const YAML::Node& node, const std::string& key, Flat& out) {
 
 Flat flat_yaml(const std::string& text) {
   Flat out;
-  flatten(YAML::Load(text), "", out);
+  try {
+    flatten(YAML::Load(text), "", out);
+  } catch (const YAML::Exception& e) {
+    fail("cannot read a run configuration to compare: {}", e.what());
+  }
   return out;
 }
 
@@ -110,8 +114,8 @@ void check_resume_config(const std::string& checkpoint, const nlohmann::json& tr
     (refuse ? refused : allowed).push_back(std::move(change));
   }
   if (!refused.empty()) {
-    fail("cannot resume from {}: the configuration changes keys the checkpoint depends on (parameter "
-         "shapes or the data stream): {}. Restore them, or start a new run in another "
+    fail("cannot resume from {}: the configuration changes keys the checkpoint depends on "
+         "(parameter shapes or the data stream): {}. Restore them, or start a new run in another "
          "checkpoint.dir",
          checkpoint, listed(refused));
   }
