@@ -20,6 +20,7 @@ install_system_packages() {
   have_header CLI/CLI.hpp         || missing+=(libcli11-dev)
   have_header gtest/gtest.h       || missing+=(libgtest-dev)
   have_header nlohmann/json.hpp   || missing+=(nlohmann-json3-dev)
+  have_header openssl/evp.h       || missing+=(libssl-dev)
   command -v mpicxx >/dev/null    || missing+=(libopenmpi-dev)
   command -v mpirun >/dev/null    || missing+=(openmpi-bin)
   command -v ninja >/dev/null     || missing+=(ninja-build)

@@ -3,16 +3,24 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <limits>
 #include <regex>
 
+#include <ATen/ATen.h>
 #include <fmt/format.h>
 
+#include "core/checksum.h"
 #include "core/error.h"
 #include "core/files.h"
+#include "core/log.h"
 
 namespace dspine::train {
 namespace fs = std::filesystem;
@@ -24,7 +32,7 @@ void write_json(const fs::path& path, const nlohmann::json& value) {
   std::ofstream out(path);
   out << value.dump(2) << "\n";
   out.close();
-  if (!out) fail("cannot write {}", path.string());
+  if (!out) fail("cannot write {}: {}", path.string(), std::strerror(errno));
 }
 
 std::string read_text(const fs::path& path) {
@@ -69,6 +77,97 @@ int64_t integer_field(const nlohmann::json& state, const char* key, int64_t mini
   return value->get<int64_t>();
 }
 
+// Runs `work` on this rank and tells every rank whether any rank's work failed (a collective):
+// a rank that cannot write must not leave the others waiting in the next barrier. Returns this
+// rank's error, "" when its own work succeeded.
+std::string run_everywhere(dist::Communicator& comm, const std::function<void()>& work,
+                           bool& any_failed) {
+  std::string error;
+  try {
+    work();
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  auto failed = at::full({1}, error.empty() ? 0 : 1, at::kInt);
+  comm.all_reduce(failed, dist::ReduceOp::kMax);
+  any_failed = failed.item<int>() != 0;
+  return error;
+}
+
+// Tests make a save die mid-way (scripts/soak_resume.sh): DSPINE_TEST_KILL_AFTER_FILE=<file name>
+// kills the process that has just written that file.
+void kill_if_asked_after(const std::string& name) {
+  const char* target = std::getenv("DSPINE_TEST_KILL_AFTER_FILE");
+  if (target != nullptr && name == target) ::raise(SIGKILL);
+}
+
+// The size and SHA-256 of each rank's optimizer shard, gathered on every rank: fixed-size
+// records (8 bytes of size, 64 hex digits) so one all-gather moves them.
+std::vector<core::FileDigest> gather_digests(dist::Communicator& comm,
+                                             const core::FileDigest& mine) {
+  constexpr int64_t kRecord = 8 + 64;
+  auto local = at::zeros({kRecord}, at::kByte);
+  std::memcpy(local.data_ptr(), &mine.bytes, 8);
+  std::memcpy(local.data_ptr<uint8_t>() + 8, mine.sha256.data(),
+              std::min<size_t>(64, mine.sha256.size()));
+  auto all = at::empty({comm.world_size() * kRecord}, at::kByte);
+  comm.all_gather(local, all);
+  std::vector<core::FileDigest> digests(comm.world_size());
+  for (int r = 0; r < comm.world_size(); ++r) {
+    const auto* record = all.data_ptr<uint8_t>() + r * kRecord;
+    std::memcpy(&digests[r].bytes, record, 8);
+    digests[r].sha256.assign(reinterpret_cast<const char*>(record) + 8, 64);
+  }
+  return digests;
+}
+
+nlohmann::json digest_json(const core::FileDigest& digest) {
+  return {{"bytes", digest.bytes}, {"sha256", digest.sha256}};
+}
+
+// Checks one file against its manifest entry ("files": {name: {bytes, sha256}}); a manifest
+// without "files" (checkpoints written before checksums) only requires the file to exist.
+void verify_file(const fs::path& dir, const std::string& name, const nlohmann::json& manifest) {
+  const fs::path path = dir / name;
+  const std::string where = path.string();
+  if (!fs::is_regular_file(path)) fail("checkpoint file {} is missing", where);
+  const auto files = manifest.find("files");
+  if (files == manifest.end()) return;
+  const auto entry = files->is_object() ? files->find(name) : files->end();
+  if (entry == files->end() || !entry->is_object() || !entry->contains("bytes") ||
+      !entry->contains("sha256") || !(*entry)["bytes"].is_number_integer() ||
+      !(*entry)["sha256"].is_string()) {
+    fail("checkpoint file {}: the manifest (trainer_state.json) has no valid entry for it", where);
+  }
+  const int64_t bytes = (*entry)["bytes"].get<int64_t>();
+  const auto size = static_cast<int64_t>(fs::file_size(path));
+  if (size != bytes) {
+    fail("checkpoint file {} has {} bytes, the manifest records {} (truncated or replaced)", where,
+         size, bytes);
+  }
+  const std::string expected = (*entry)["sha256"].get<std::string>();
+  const std::string actual = core::digest_file(where).sha256;
+  if (actual != expected) {
+    fail("checkpoint file {} is corrupt: its SHA-256 is {}, the manifest records {}", where,
+         actual, expected);
+  }
+}
+
+// Renames a checkpoint directory out of the step-* namespace (never deletes it):
+// root/.<label>-step-000040-20260101T120000, with a counter if that name is taken.
+std::string set_aside(const fs::path& directory, const std::string& label) {
+  char stamp[32];
+  const std::time_t now = std::time(nullptr);
+  std::strftime(stamp, sizeof stamp, "%Y%m%dT%H%M%S", std::gmtime(&now));
+  const std::string base = fmt::format(".{}-{}-{}", label, directory.filename().string(), stamp);
+  fs::path target = directory.parent_path() / base;
+  for (int n = 1; fs::exists(target); ++n) {
+    target = directory.parent_path() / fmt::format("{}-{}", base, n);
+  }
+  fs::rename(directory, target);
+  return target.string();
+}
+
 }  // namespace
 
 std::string checkpoint_name(int64_t step) { return fmt::format("step-{:06d}", step); }
@@ -91,38 +190,69 @@ std::string CheckpointManager::save(int64_t step, const CheckpointContents& cont
   }
   // One temporary name all ranks agree on; only the leader creates and renames it.
   const fs::path temp_dir = fs::path(root_) / (".tmp-" + checkpoint_name(step));
-  if (leader) {
-    fs::create_directories(root_);
-    core::remove_tree(temp_dir);
-    fs::create_directories(temp_dir);
-  }
-  comm_.barrier();
   auto done = [&](const std::string& name) {
     if (after_file) after_file(name);
+    kill_if_asked_after(name);
   };
-  const std::string shard = optimizer_shard_name(comm_.rank(), comm_.world_size());
-  core::save_safetensors((temp_dir / shard).string(), contents.optimizer);
-  done(shard);
-  if (leader) {
-    core::save_safetensors((temp_dir / "model.safetensors").string(), contents.model,
-                           {{"format", "pt"}});
-    done("model.safetensors");
-    write_json(temp_dir / "config.json", contents.model_config);
-    done("config.json");
-    core::save_safetensors((temp_dir / "rng.safetensors").string(), contents.rng);
-    done("rng.safetensors");
-  }
-  comm_.barrier();  // every shard is complete
-  if (leader) {
+  // Every stage ends with all ranks agreeing it succeeded; a failure (full disk, no permission)
+  // removes the temporary directory and leaves the checkpoints already saved untouched.
+  auto stage = [&](const std::function<void()>& work) {
+    bool any_failed = false;
+    const std::string error = run_everywhere(comm_, work, any_failed);
+    if (!any_failed) return;
+    if (leader) {
+      try {
+        core::remove_tree(temp_dir.string());
+      } catch (const std::exception&) {  // the error below matters more
+      }
+    }
+    fail("cannot save checkpoint {} in checkpoint.dir {}: {}", checkpoint_name(step), root_,
+         error.empty() ? "another rank failed to write its part" : error);
+  };
+  stage([&] {
+    if (!leader) return;
+    fs::create_directories(root_);
+    core::remove_tree(temp_dir.string());
+    fs::create_directories(temp_dir);
+  });
+  nlohmann::json files = nlohmann::json::object();
+  auto write = [&](const std::string& name, const std::function<void(const std::string&)>& writer) {
+    const std::string path = (temp_dir / name).string();
+    writer(path);
+    const auto digest = core::digest_file(path);  // what this rank wrote, as written
+    files[name] = digest_json(digest);
+    done(name);
+    return digest;
+  };
+  core::FileDigest shard_digest;
+  stage([&] {
+    shard_digest = write(optimizer_shard_name(comm_.rank(), comm_.world_size()),
+                         [&](const std::string& path) {
+                           core::save_safetensors(path, contents.optimizer);
+                         });
+    if (!leader) return;
+    write("model.safetensors", [&](const std::string& path) {
+      core::save_safetensors(path, contents.model, {{"format", "pt"}});
+    });
+    write("config.json", [&](const std::string& path) { write_json(path, contents.model_config); });
+    write("rng.safetensors",
+          [&](const std::string& path) { core::save_safetensors(path, contents.rng); });
+  });
+  const auto shards = gather_digests(comm_, shard_digest);  // every shard is complete
+  stage([&] {
+    if (!leader) return;
+    for (int r = 0; r < comm_.world_size(); ++r) {
+      files[optimizer_shard_name(r, comm_.world_size())] = digest_json(shards[r]);
+    }
     auto manifest = contents.trainer_state;
     manifest["world_size"] = comm_.world_size();
     manifest["optimizer_shards"] = comm_.world_size();
+    manifest["files"] = files;
     write_json(temp_dir / "trainer_state.json", manifest);
     done("trainer_state.json");
     fs::rename(temp_dir, final_dir);  // the checkpoint becomes visible only when complete
     prune();
-  }
-  comm_.barrier();
+  });
   return final_dir.string();
 }
 
@@ -142,6 +272,57 @@ std::vector<std::string> CheckpointManager::list() const {
 std::string CheckpointManager::latest() const {
   auto all = list();
   return all.empty() ? std::string() : all.back();
+}
+
+std::string CheckpointManager::resume_point(const std::string& setting) {
+  if (setting == "none") return "";
+  // The leader validates and renames; the others take its choice (-1: start fresh).
+  auto chosen = at::full({1}, int64_t{-1}, at::kLong);
+  bool any_failed = false;
+  const std::string error = run_everywhere(comm_, [&] {
+    if (comm_.rank() != 0) return;
+    if (setting != "auto") {
+      verify_checkpoint(setting);  // here, so that every rank fails alike on a bad one
+      set_aside_newer_than(setting);
+    } else if (const std::string found = newest_valid(); !found.empty()) {
+      chosen.fill_(step_of(found));
+    }
+  }, any_failed);
+  if (any_failed) {
+    fail("cannot resume (checkpoint.resume: {}) in checkpoint.dir {}: {}", setting, root_,
+         error.empty() ? "rank 0 failed, see its error" : error);
+  }
+  if (setting != "auto") return setting;
+  comm_.broadcast(chosen, 0);
+  const int64_t step = chosen.item<int64_t>();
+  return step < 0 ? std::string() : (fs::path(root_) / checkpoint_name(step)).string();
+}
+
+std::string CheckpointManager::newest_valid() const {
+  auto all = list();
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    try {
+      verify_checkpoint(*it);
+      return *it;
+    } catch (const Error& e) {
+      const std::string moved = set_aside(*it, "invalid");
+      log::warn("skipping checkpoint {}: {}; moved it to {}", *it, e.what(), moved);
+    }
+  }
+  return "";
+}
+
+void CheckpointManager::set_aside_newer_than(const std::string& resume) const {
+  const std::string manifest = (fs::path(resume) / "trainer_state.json").string();
+  const int64_t step = parse_trainer_state(read_text(manifest), manifest).step;
+  std::error_code same_error;
+  for (const auto& path : list()) {
+    if (step_of(path) <= step || fs::equivalent(path, resume, same_error)) continue;
+    // A newer checkpoint would collide with this run's saves, and "auto" would pick it later.
+    const std::string moved = set_aside(path, "superseded");
+    log::warn("resuming from {} (step {}): moved the newer checkpoint {} to {}", resume, step,
+              path, moved);
+  }
 }
 
 void CheckpointManager::remove_incomplete() const {
@@ -178,6 +359,19 @@ TrainerState parse_trainer_state(const std::string& text, const std::string& pat
   return state;
 }
 
+void verify_checkpoint(const std::string& directory) {
+  const fs::path dir(directory);
+  if (!fs::is_directory(dir)) fail("checkpoint directory {} does not exist", directory);
+  const std::string manifest = (dir / "trainer_state.json").string();
+  const TrainerState state = parse_trainer_state(read_text(manifest), manifest);
+  for (const char* name : {"model.safetensors", "config.json", "rng.safetensors"}) {
+    verify_file(dir, name, state.json);
+  }
+  for (int r = 0; r < state.saved_world_size; ++r) {
+    verify_file(dir, optimizer_shard_name(r, state.saved_world_size), state.json);
+  }
+}
+
 LoadedCheckpoint load_checkpoint(const std::string& directory, int rank, int world_size,
                                  bool own_shard_only) {
   const fs::path dir(directory);
@@ -190,17 +384,22 @@ LoadedCheckpoint load_checkpoint(const std::string& directory, int rank, int wor
   loaded.saved_world_size = state.saved_world_size;
   loaded.step = state.step;
   loaded.data_cursor = state.data_cursor;
-  loaded.model = core::load_safetensors((dir / "model.safetensors").string());
+  // Every file is checked against the manifest's size and checksum before it is parsed.
+  auto read_safetensors = [&](const std::string& name) {
+    verify_file(dir, name, loaded.trainer_state);
+    return core::load_safetensors((dir / name).string());
+  };
+  loaded.model = read_safetensors("model.safetensors");
   if (own_shard_only && loaded.saved_world_size == world_size) {
-    loaded.optimizer.push_back(
-        core::load_safetensors((dir / optimizer_shard_name(rank, world_size)).string()));
+    loaded.optimizer.push_back(read_safetensors(optimizer_shard_name(rank, world_size)));
   } else {
     for (int r = 0; r < loaded.saved_world_size; ++r) {
-      loaded.optimizer.push_back(core::load_safetensors(
-          (dir / optimizer_shard_name(r, loaded.saved_world_size)).string()));
+      loaded.optimizer.push_back(
+          read_safetensors(optimizer_shard_name(r, loaded.saved_world_size)));
     }
   }
-  loaded.rng = core::load_safetensors((dir / "rng.safetensors").string());
+  loaded.rng = read_safetensors("rng.safetensors");
+  verify_file(dir, "config.json", loaded.trainer_state);
   const std::string config = (dir / "config.json").string();
   loaded.model_config = parse_json(read_text(config), config);
   return loaded;

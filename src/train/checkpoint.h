@@ -3,7 +3,8 @@
 // (model.safetensors with the reference state-dict keys, consolidated), config.json, one
 // optimizer shard per rank (optimizer-rank-00000-of-00002.safetensors: each rank writes its
 // own), rng.safetensors and trainer_state.json, the manifest: step, data cursor, world size,
-// shard files, run configuration. Rank 0 writes the manifest only after every shard is complete.
+// shard files, run configuration, and the size and SHA-256 of every file ("files"). Rank 0 writes
+// the manifest only after every shard is complete.
 #pragma once
 
 #include <cstdint>
@@ -54,10 +55,19 @@ class CheckpointManager {
   CheckpointManager(std::string root, int64_t keep_last, dist::Communicator& comm);
 
   // Writes root/step-<step>; calls after_file(name) after each file this rank writes (tests use
-  // it to interrupt a save). Refuses to replace an existing checkpoint. Returns the final
-  // directory.
+  // it to interrupt a save). Refuses to replace an existing checkpoint. A rank that cannot write
+  // (full disk, no permission) makes every rank fail with an error naming checkpoint.dir and the
+  // OS reason; the temporary directory is removed and saved checkpoints stay untouched. Returns
+  // the final directory.
   std::string save(int64_t step, const CheckpointContents& contents,
                    const std::function<void(const std::string&)>& after_file = {});
+
+  // The checkpoint a run starts from for checkpoint.resume `setting`, the same on every rank
+  // (collective): "" for "none"; for "auto" the newest one that verifies, after setting aside
+  // (renaming to .invalid-step-*) each newer one that does not, with a warning; for a directory,
+  // that directory, after setting aside (.superseded-step-*) the checkpoints newer than it, which
+  // would collide with this run's saves. Nothing is deleted.
+  std::string resume_point(const std::string& setting);
 
   // Complete checkpoints, oldest first.
   std::vector<std::string> list() const;
@@ -68,14 +78,21 @@ class CheckpointManager {
 
  private:
   void prune() const;
+  std::string newest_valid() const;
+  void set_aside_newer_than(const std::string& resume) const;
   std::string root_;
   int64_t keep_last_;
   dist::Communicator& comm_;
 };
 
+// Throws dspine::Error naming the first problem of a checkpoint: a malformed manifest, or a
+// missing file or one whose size or SHA-256 differs from the manifest's record.
+void verify_checkpoint(const std::string& directory);
+
 // Reads a checkpoint directory for `rank` of `world_size`: the optimizer shard of that rank
 // alone when the world size is unchanged and `own_shard_only`, otherwise every shard (a
-// resharding resume). A missing or malformed file is an error naming it.
+// resharding resume). A missing or malformed file, or one whose size or checksum differs from
+// the manifest's, is an error naming it.
 LoadedCheckpoint load_checkpoint(const std::string& directory, int rank = 0, int world_size = 1,
                                  bool own_shard_only = false);
 

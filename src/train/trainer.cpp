@@ -17,6 +17,7 @@
 #include "model/module_state.h"
 #include "train/builder.h"
 #include "train/checkpoint.h"
+#include "train/config_diff.h"
 #include "train/lr_schedule.h"
 #include "train/metrics_log.h"
 #include "train/optimizer.h"
@@ -103,21 +104,20 @@ TrainResult Trainer::run(int64_t stop_after) {
   CheckpointManager checkpoints(cfg.checkpoint.dir, cfg.checkpoint.keep_last, *s.comm);
 
   // Resume or start fresh.
-  std::string resume_from;
-  if (cfg.checkpoint.resume == "auto") {
-    resume_from = checkpoints.latest();
-  } else if (cfg.checkpoint.resume != "none") {
-    resume_from = cfg.checkpoint.resume;
-  } else if (!checkpoints.latest().empty()) {
+  if (cfg.checkpoint.resume == "none" && !checkpoints.latest().empty()) {
     fail("checkpoint.dir {} already holds {}; set checkpoint.resume: auto to continue it or "
          "choose another directory (nothing saved is overwritten)",
          cfg.checkpoint.dir, fs::path(checkpoints.latest()).filename().string());
   }
   if (leader) checkpoints.remove_incomplete();
   s.comm->barrier();  // nobody reads the directory while the leader cleans it
+  // "auto" skips (and sets aside) invalid checkpoints; a named one sets aside those newer than it.
+  const std::string resume_from = checkpoints.resume_point(cfg.checkpoint.resume);
   if (!resume_from.empty()) {
     const bool sharded = s.sharded->mode() != dist::ShardingMode::kNone;
     auto loaded = load_checkpoint(resume_from, rank, world, sharded);
+    check_resume_config(resume_from, loaded.trainer_state, cfg, loaded.saved_world_size, world,
+                        leader);
     s.sharded->gather_all();
     model::load_module_state(*s.built.module, loaded.model);
     s.optimizer->load_state(loaded.optimizer, loaded.saved_world_size);

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "core/checksum.h"
 #include "core/config.h"
 #include "core/error.h"
 #include "core/files.h"
@@ -239,6 +240,13 @@ TEST(Trainer, DSpineTransferCodesComeFromTheCheckpointOnResume) {
   }
   ASSERT_TRUE(flipped.defined());
   dspine::core::save_safetensors(model_file, weights.tensors, weights.metadata);
+  // An edit on purpose: the manifest records the file's new size and checksum, as a save would.
+  const auto manifest_file = fs::path(saved.last_checkpoint) / "trainer_state.json";
+  std::ifstream manifest_in(manifest_file);
+  auto manifest = nlohmann::json::parse(manifest_in);
+  const auto digest = dspine::core::digest_file(model_file);
+  manifest["files"]["model.safetensors"] = {{"bytes", digest.bytes}, {"sha256", digest.sha256}};
+  std::ofstream(manifest_file) << manifest.dump(2);
 
   config.checkpoint.resume = "auto";
   config.training.total_steps = 3;

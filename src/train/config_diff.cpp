@@ -1,0 +1,127 @@
+#include "train/config_diff.h"
+
+#include <cstdint>
+#include <map>
+
+#include <fmt/format.h>
+#include <yaml-cpp/yaml.h>
+
+#include "core/error.h"
+#include "core/log.h"
+
+namespace dspine::train {
+namespace {
+
+using Flat = std::map<std::string, std::string>;
+
+// Leaves of a YAML tree by dotted key; a list is one value (its flow form).
+void flatten(const YAML::Node& node, const std::string& key, Flat& out) {
+  if (node.IsMap()) {
+    for (const auto& item : node) {
+      const std::string name = item.first.as<std::string>();
+      flatten(item.second, key.empty() ? name : key + "." + name, out);
+    }
+    return;
+  }
+  if (node.IsScalar()) {
+    out[key] = node.Scalar();
+    return;
+  }
+  YAML::Emitter text;
+  text.SetMapFormat(YAML::Flow);
+  text.SetSeqFormat(YAML::Flow);
+  text << node;
+  out[key] = text.c_str();
+}
+
+Flat flat_yaml(const std::string& text) {
+  Flat out;
+  try {
+    flatten(YAML::Load(text), "", out);
+  } catch (const YAML::Exception& e) {
+    fail("cannot read a run configuration to compare: {}", e.what());
+  }
+  return out;
+}
+
+// Keys that fix parameter shapes or the data stream, which the saved state depends on.
+bool must_stay(const std::string& key) {
+  for (const char* prefix : {"model.", "data.synthetic."}) {
+    if (key.rfind(prefix, 0) == 0) return true;
+  }
+  for (const char* fixed : {"data.seq_len", "data.source", "data.shards_dir", "training.batch_size",
+                            "training.accumulation_steps", "training.dtype", "training.seed",
+                            "objective.name"}) {
+    if (key == fixed) return true;
+  }
+  return false;
+}
+
+// A saved integer, or -1 when the text is none.
+int64_t integer_or_none(const std::string& text) {
+  try {
+    return std::stoll(text);
+  } catch (const std::exception&) {
+    return -1;
+  }
+}
+
+std::string listed(const std::vector<ConfigChange>& changes) {
+  std::string text;
+  for (const auto& change : changes) {
+    text += fmt::format("{}{}: {} -> {}", text.empty() ? "" : "; ", change.key, change.saved,
+                        change.now);
+  }
+  return text;
+}
+
+}  // namespace
+
+std::vector<ConfigChange> config_changes(const std::string& saved_yaml,
+                                         const std::string& current_yaml) {
+  const Flat saved = flat_yaml(saved_yaml), now = flat_yaml(current_yaml);
+  std::map<std::string, ConfigChange> changes;
+  for (const auto& [key, value] : saved) {
+    const auto other = now.find(key);
+    if (other == now.end()) {
+      changes[key] = {key, value, "(absent)"};
+    } else if (other->second != value) {
+      changes[key] = {key, value, other->second};
+    }
+  }
+  for (const auto& [key, value] : now) {
+    if (!saved.count(key)) changes[key] = {key, "(absent)", value};
+  }
+  changes.erase("checkpoint.resume");
+  std::vector<ConfigChange> sorted;
+  for (auto& item : changes) sorted.push_back(std::move(item.second));
+  return sorted;
+}
+
+void check_resume_config(const std::string& checkpoint, const nlohmann::json& trainer_state,
+                         const core::Config& config, int saved_world_size, int world_size,
+                         bool leader) {
+  const auto saved = trainer_state.find("config");
+  if (saved == trainer_state.end() || !saved->is_string()) return;
+  std::vector<ConfigChange> refused, allowed;
+  for (auto& change : config_changes(saved->get<std::string>(), core::to_yaml(config))) {
+    // A key only one side has is a newer or older version's key at its default: allowed.
+    bool refuse = must_stay(change.key) && change.saved != "(absent)" && change.now != "(absent)";
+    if (refuse && change.key == "training.batch_size") {
+      refuse = integer_or_none(change.saved) * saved_world_size !=
+               config.training.batch_size * world_size;
+    }
+    (refuse ? refused : allowed).push_back(std::move(change));
+  }
+  if (!refused.empty()) {
+    fail("cannot resume from {}: the configuration changes keys the checkpoint depends on "
+         "(parameter shapes or the data stream): {}. Restore them, or start a new run in another "
+         "checkpoint.dir",
+         checkpoint, listed(refused));
+  }
+  if (leader && !allowed.empty()) {
+    log::warn("resuming from {} with a changed configuration: {}", checkpoint, listed(allowed));
+  }
+}
+
+}  // namespace dspine::train
