@@ -299,8 +299,10 @@ std::string unknown_name_message(const std::string& key, const std::vector<std::
   }
   if (!elsewhere.empty()) {
     message += fmt::format(" ({} belongs to another section: {})", leaf_of(key), join(elsewhere));
-  } else if (closest.empty() || map.empty()) {  // the few sections are always worth listing
+  } else if (closest.empty()) {
     message += "; allowed: " + join(siblings);
+  } else if (map.empty()) {  // the few sections are always worth listing
+    message += " (allowed: " + join(siblings) + ")";
   }
   return message;
 }
