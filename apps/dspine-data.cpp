@@ -3,6 +3,8 @@
 // distributions are — the property that makes the data learnable by a draft.
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <exception>
 #include <string>
 #include <vector>
 
@@ -38,6 +40,7 @@ void generate(const GenerateArgs& args) {
 void inspect(const std::string& dir, int64_t samples) {
   const data::ShardIndex index = data::read_shard_index(dir);
   const data::ShardLayout& layout = index.layout;
+  data::ShardReader reader(dir, layout);  // checks the shard files before anything is printed
   const int64_t k = static_cast<int64_t>(layout.target_layer_ids.size());
   fmt::print("{}: {} shards, {} samples, dtype {}\n", dir, index.shards.size(), index.num_samples,
              index.dtype);
@@ -48,7 +51,6 @@ void inspect(const std::string& dir, int64_t samples) {
              layout.seq_len, k * layout.hidden_size, layout.seq_len, layout.hidden_size);
 
   // The teacher distribution a draft learns: softmax(target_last_hidden_states @ lm_headᵀ).
-  data::ShardReader reader(dir, layout);
   const int64_t rows = std::min(samples, index.num_samples);
   const data::DraftBatch batch = reader.next(rows);
   const auto probs = torch::softmax(torch::matmul(batch.target_last_hidden_states,
@@ -61,6 +63,17 @@ void inspect(const std::string& dir, int64_t samples) {
              entropy.mean().item<double>(), entropy.std().item<double>(),
              100.0 * supervised.to(torch::kDouble).mean().item<double>());
 }
+
+// CLI11's PositiveNumber answers -3 with a range up to a 309-digit number.
+const CLI::Validator kAtLeastOne(
+    [](std::string& value) {
+      char* end = nullptr;
+      const long long number = std::strtoll(value.c_str(), &end, 10);
+      return end != value.c_str() && *end == '\0' && number >= 1
+                 ? std::string()
+                 : "must be an integer >= 1, got " + value;
+    },
+    "INT>=1");
 
 }  // namespace
 
@@ -75,11 +88,11 @@ int main(int argc, char** argv) {
   generate_cmd->add_option("--set", gen.overrides, "override a key: section.key=value (repeatable)");
   generate_cmd->add_option("--out", gen.out_dir, "output directory (must not exist)")->required();
   generate_cmd->add_option("--samples", gen.options.num_samples, "number of samples")
-      ->check(CLI::PositiveNumber)
+      ->check(kAtLeastOne)
       ->capture_default_str();
   generate_cmd->add_option("--samples-per-shard", gen.options.samples_per_shard,
                            "samples in each shard file")
-      ->check(CLI::PositiveNumber)
+      ->check(kAtLeastOne)
       ->capture_default_str();
   generate_cmd->add_option("--dtype", gen.options.dtype, "storage of the hidden states")
       ->check(CLI::IsMember({"fp32", "bf16"}))
@@ -90,7 +103,7 @@ int main(int argc, char** argv) {
   auto* inspect_cmd = app.add_subcommand("inspect", "summarize a shard directory");
   inspect_cmd->add_option("dir", inspect_dir, "shard directory")->required();
   inspect_cmd->add_option("--samples", inspect_samples, "samples to measure the target on")
-      ->check(CLI::PositiveNumber)
+      ->check(kAtLeastOne)
       ->capture_default_str();
 
   try {
@@ -99,8 +112,9 @@ int main(int argc, char** argv) {
     if (*inspect_cmd) inspect(inspect_dir, inspect_samples);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
-  } catch (const dspine::Error& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
+  } catch (const std::exception& e) {
+    const bool ours = dynamic_cast<const dspine::Error*>(&e) != nullptr;
+    std::fprintf(stderr, "%s: %s\n", ours ? "error" : "internal error", e.what());
     return 1;
   }
   return 0;

@@ -86,6 +86,23 @@ export CCACHE_SLOPPINESS="${CCACHE_SLOPPINESS:-pch_defines,time_macros,include_f
 export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$PWD}"
 command -v nvcc >/dev/null || export PATH="/usr/local/cuda/bin:$PATH"
 
-cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE="${DSPINE_BUILD_TYPE:-Release}" \
-  -DCMAKE_PREFIX_PATH="$TORCH_PREFIX" "${launcher[@]}" >/dev/null
+# Configures only a new build directory or one set up with other arguments (ninja re-runs CMake
+# itself when a CMakeLists.txt changes). Torch's CMake warns about what does not concern this
+# build (kineto, which the wheels compile into libtorch_cpu): the output goes to configure.log
+# and is shown when configuring fails.
+configure() {
+  local args=(-S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE="${DSPINE_BUILD_TYPE:-Release}"
+              -DCMAKE_PREFIX_PATH="$TORCH_PREFIX" "${launcher[@]}")
+  local stamp="$BUILD_DIR/configure-args"
+  [[ -f $BUILD_DIR/build.ninja && -f $stamp && $(<"$stamp") == "${args[*]}" ]] && return
+  mkdir -p "$BUILD_DIR"
+  if ! cmake "${args[@]}" >"$BUILD_DIR/configure.log" 2>&1; then
+    cat "$BUILD_DIR/configure.log" >&2
+    log "configuring $BUILD_DIR failed (output above, also in $BUILD_DIR/configure.log)"
+    exit 1
+  fi
+  echo "${args[*]}" >"$stamp"
+}
+
+configure
 cmake --build "$BUILD_DIR" -j "${DSPINE_JOBS:-$(nproc)}"

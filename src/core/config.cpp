@@ -112,6 +112,7 @@ std::vector<Key> keys_of(Config& c) {
       {"training.dtype", &t.dtype, {"fp32", "bf16"}},
       {"training.device", &t.device, {"auto", "cpu", "cuda"}},
       {"training.cpu_threads", &t.cpu_threads},
+      {"training.on_nonfinite", &t.on_nonfinite, {"skip", "stop"}},
       {"objective.name", &c.objective.name},
       {"checkpoint.dir", &c.checkpoint.dir},
       {"checkpoint.save_every", &c.checkpoint.save_every},
@@ -300,14 +301,25 @@ std::string unknown_name_message(const std::string& key, const std::vector<std::
     message += fmt::format(" ({} belongs to another section: {})", leaf_of(key), join(elsewhere));
   } else if (closest.empty()) {
     message += "; allowed: " + join(siblings);
+  } else if (map.empty()) {  // the few sections are always worth listing
+    message += " (allowed: " + join(siblings) + ")";
   }
   return message;
 }
 
 // unknown_name_message over a key table: siblings are the keys and maps (`maps` hold keys) of the
 // same map.
-std::string unknown_key_message(const std::string& key, const std::vector<Key>& keys,
+std::string unknown_key_message(const std::string& full_key, const std::vector<Key>& keys,
                                 const std::vector<std::string>& maps) {
+  // A name on the path exists when it is a listed map, holds a key or is a key. The first that
+  // does not is what is unknown: an override of trainng.lr is about the section trainng.
+  auto exists = [&](const std::string& m) {
+    auto holds = [&](const Key& k) { return parent_of(k.name) == m || k.name == m; };
+    return std::find(maps.begin(), maps.end(), m) != maps.end() ||
+           std::any_of(keys.begin(), keys.end(), holds);
+  };
+  std::string key = full_key;
+  while (!parent_of(key).empty() && !exists(parent_of(key))) key = parent_of(key);
   const std::string map = parent_of(key);
   const std::string name = leaf_of(key);
   std::vector<std::string> siblings;  // names allowed in `map`

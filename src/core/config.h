@@ -81,6 +81,9 @@ struct TrainingConfig {
   // Intra-op CPU threads (0 = LibTorch's default). Small models run fastest on 1: MKL's threads
   // spin-wait between tiny GEMMs.
   int64_t cpu_threads = 0;
+  // A step whose loss or gradient is not finite (on any rank) is never applied: skip drops it
+  // and trains on, stop saves the state before it and ends the run with an error.
+  std::string on_nonfinite = "skip";  // skip | stop
 };
 
 // The objective is chosen by name from the trainer's registry (train/objective_registry.h), which

@@ -1,11 +1,32 @@
 #include "core/log.h"
 
+#include <unistd.h>
+
+#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
-namespace dspine::log {
+#include "core/terminal.h"
 
-void set_level(const std::string& level) { spdlog::set_level(spdlog::level::from_str(level)); }
-void write_info(const std::string& message) { spdlog::info("{}", message); }
-void write_warn(const std::string& message) { spdlog::warn("{}", message); }
+namespace dspine::log {
+namespace {
+
+// spdlog's own test (isatty) colours a launched rank's output, which ends up in pipes and files.
+spdlog::logger& logger() {
+  static const auto instance = [] {
+    auto sink = std::make_shared<spdlog::sinks::stdout_color_sink_mt>(
+        core::on_terminal(STDOUT_FILENO) ? spdlog::color_mode::automatic
+                                         : spdlog::color_mode::never);
+    auto created = std::make_shared<spdlog::logger>("", sink);
+    spdlog::set_default_logger(created);
+    return created;
+  }();
+  return *instance;
+}
+
+}  // namespace
+
+void set_level(const std::string& level) { logger().set_level(spdlog::level::from_str(level)); }
+void write_info(const std::string& message) { logger().info("{}", message); }
+void write_warn(const std::string& message) { logger().warn("{}", message); }
 
 }  // namespace dspine::log

@@ -1,7 +1,6 @@
 #include "train/metrics_log.h"
 
 #include <sys/resource.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
@@ -11,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/terminal.h"
 
 namespace dspine::train {
 
@@ -63,7 +63,8 @@ void MetricsLog::write(const std::map<std::string, double>& record) {
 }
 
 ProgressLine::ProgressLine(const std::string& mode, int64_t first_step, int64_t total_steps)
-    : enabled_(mode == "true" || (mode == "auto" && ::isatty(STDERR_FILENO))),
+    : terminal_(core::on_terminal(STDERR_FILENO)),
+      enabled_(mode == "true" || (mode == "auto" && terminal_)),
       first_step_(first_step),
       total_steps_(total_steps),
       start_(std::chrono::steady_clock::now()) {}
@@ -75,14 +76,16 @@ void ProgressLine::update(int64_t step, double loss, double tokens_per_second) {
   const double done = static_cast<double>(step - first_step_);
   const double rate = done > 0 ? done / elapsed : 0.0;
   const double eta = rate > 0 ? static_cast<double>(total_steps_ - step) / rate : 0.0;
-  std::fprintf(stderr, "\r\033[Kstep %lld/%lld  loss %.4f  %.2f step/s  %.0f tok/s  ETA %02d:%02d",
-               static_cast<long long>(step), static_cast<long long>(total_steps_), loss, rate,
-               tokens_per_second, static_cast<int>(eta) / 60, static_cast<int>(eta) % 60);
+  // A terminal redraws one line; a pipe or file (progress: true) gets plain lines, no escapes.
+  std::fprintf(stderr, "%sstep %lld/%lld  loss %.4f  %.2f step/s  %.0f tok/s  ETA %02d:%02d%s",
+               terminal_ ? "\r\033[K" : "", static_cast<long long>(step),
+               static_cast<long long>(total_steps_), loss, rate, tokens_per_second,
+               static_cast<int>(eta) / 60, static_cast<int>(eta) % 60, terminal_ ? "" : "\n");
   std::fflush(stderr);
 }
 
 void ProgressLine::finish() {
-  if (enabled_) std::fprintf(stderr, "\n");
+  if (enabled_ && terminal_) std::fprintf(stderr, "\n");
 }
 
 int64_t peak_rss_bytes() {

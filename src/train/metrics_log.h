@@ -31,6 +31,7 @@ class ProgressLine {
   bool enabled() const { return enabled_; }
 
  private:
+  bool terminal_;  // stderr is a terminal: redraw one line (escape codes); else plain lines
   bool enabled_;
   int64_t first_step_, total_steps_;
   std::chrono::steady_clock::time_point start_;

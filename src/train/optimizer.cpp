@@ -32,24 +32,31 @@ MasterAdamW::MasterAdamW(dist::ShardedParameters& sharded, const core::TrainingC
 
 void MasterAdamW::zero_grad() { sharded_.zero_grad(); }
 
-double MasterAdamW::step(double lr) {
+double MasterAdamW::gradient_norm() {
   torch::NoGradGuard no_grad;
   sharded_.finish_gradient_sync();
+  std::vector<torch::Tensor> grads;
+  for (auto& unit : sharded_.units()) grads.push_back(unit.gradient());
+  // The squares are summed over every rank's slices (padding is zero). A NaN or inf in any rank's
+  // gradient reaches every rank: through the gradient reduce, and through this sum.
+  const double local = torch::stack(torch::_foreach_norm(grads))
+                           .to(torch::kDouble)
+                           .square()
+                           .sum()
+                           .item<double>();
+  return std::sqrt(sharded_.sum_over_shards(local));
+}
+
+void MasterAdamW::step(double lr, double norm) {
+  if (!std::isfinite(norm)) fail("optimizer step {}: gradient norm is {}", steps_, norm);
+  torch::NoGradGuard no_grad;
   std::vector<torch::Tensor> grads;
   for (auto& unit : sharded_.units()) {
     // Under none the reduced gradient is the whole (unpadded) unit, as is the master.
     unit.master().mutable_grad() = unit.gradient();
     grads.push_back(unit.gradient());
   }
-  // min(max_norm / (norm + 1e-6), 1), as torch.nn.utils.clip_grad_norm_ and the reference; the
-  // squares are summed over every rank's slices (padding is zero).
-  const double local = torch::stack(torch::_foreach_norm(grads))
-                           .to(torch::kDouble)
-                           .square()
-                           .sum()
-                           .item<double>();
-  const double norm = std::sqrt(sharded_.sum_over_shards(local));
-  if (!std::isfinite(norm)) fail("optimizer step {}: gradient norm is {}", steps_, norm);
+  // min(max_norm / (norm + 1e-6), 1), as torch.nn.utils.clip_grad_norm_ and the reference.
   if (max_grad_norm_ > 0) {
     const double coefficient = std::min(max_grad_norm_ / (norm + 1e-6), 1.0);
     if (coefficient < 1.0) torch::_foreach_mul_(grads, coefficient);
@@ -60,7 +67,13 @@ double MasterAdamW::step(double lr) {
   adamw_->step();
   sharded_.publish_masters();
   ++steps_;
-  return norm;
+}
+
+std::string MasterAdamW::first_nonfinite_unit() const {
+  for (const auto& unit : sharded_.units()) {
+    if (!unit.gradient().isfinite().all().item<bool>()) return unit.name();
+  }
+  return "";
 }
 
 core::NamedTensors MasterAdamW::state() const {

@@ -20,9 +20,14 @@ class MasterAdamW {
  public:
   MasterAdamW(dist::ShardedParameters& sharded, const core::TrainingConfig& config);
 
-  // Finishes the gradient sync, returns the global L2 norm of the gradients (before clipping),
-  // applies clipping and one AdamW step at `lr`, and publishes the masters into the model.
-  double step(double lr);
+  // Finishes the gradient sync and returns the global L2 norm of the gradients (before
+  // clipping). Every rank gets the same value, non-finite when any rank's gradient is.
+  double gradient_norm();
+  // Clips by `norm` (gradient_norm's, finite), applies one AdamW step at `lr`, and publishes
+  // the masters into the model.
+  void step(double lr, double norm);
+  // The first unit whose reduced gradient (this rank's slice of it) is not finite; "" if none.
+  std::string first_nonfinite_unit() const;
   void zero_grad();
 
   // This rank's part of the optimizer state, keyed by unit ("master.<unit>", "exp_avg.<unit>",

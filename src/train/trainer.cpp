@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <filesystem>
 
@@ -40,6 +41,17 @@ uint64_t objective_seed(int64_t seed, int rank) {
   return static_cast<uint64_t>(seed) * 0x9E3779B97F4A7C15ULL + static_cast<uint64_t>(rank) + 1;
 }
 
+// What made an update non-finite, as far as this rank can tell cheaply: its own loss (and the
+// first micro-batch where it went bad), else the first unit whose reduced gradient is not finite.
+std::string nonfinite_culprit(double local_loss, int64_t bad_micro, const MasterAdamW& optimizer) {
+  if (!std::isfinite(local_loss)) {
+    return fmt::format("its loss is {} from micro-batch {}", local_loss, bad_micro);
+  }
+  const std::string unit = optimizer.first_nonfinite_unit();
+  return unit.empty() ? "its loss and gradients are finite (another rank's are not)"
+                      : fmt::format("the gradient of unit {} is not finite", unit);
+}
+
 }  // namespace
 
 void request_stop(int signal_number) { stop_signal.store(signal_number); }
@@ -62,6 +74,7 @@ struct Trainer::State {
   int64_t cursor = 0;  // global sample index of the next window
   int64_t parameters = 0, trainable_parameters = 0;  // counted before sharding splits them
   PhaseHook phase_hook;
+  BatchHook batch_hook;
 };
 
 Trainer::Trainer(core::Config config, std::shared_ptr<dist::Communicator> comm)
@@ -94,6 +107,8 @@ Trainer::~Trainer() = default;
 torch::nn::Module& Trainer::module() { return *state_->built.module; }
 
 void Trainer::set_phase_hook(PhaseHook hook) { state_->phase_hook = std::move(hook); }
+
+void Trainer::set_batch_hook(BatchHook hook) { state_->batch_hook = std::move(hook); }
 
 TrainResult Trainer::run(int64_t stop_after) {
   auto& s = *state_;
@@ -210,6 +225,31 @@ TrainResult Trainer::run(int64_t stop_after) {
   double tokens_since_log = 0;
   double tokens_per_second = 0;  // over the last logging interval
   int64_t saved_at = -1;
+  // An update whose loss or gradient is not finite (every rank agrees, nothing was applied):
+  // warn, then skip it or save the state before it and stop (training.on_nonfinite).
+  auto reject_update = [&](double loss, double grad_norm, double local_loss, int64_t bad_micro) {
+    const bool stop = cfg.training.on_nonfinite == "stop";
+    if (!stop) ++result.nonfinite_skipped;
+    if (leader || !std::isfinite(local_loss)) {
+      log::warn("step {}: loss {} (summed over ranks), gradient norm {}; on rank {} {}: {}",
+                s.step + 1, loss, grad_norm, rank,
+                nonfinite_culprit(local_loss, bad_micro, *s.optimizer),
+                stop ? std::string("stopping (training.on_nonfinite: stop)")
+                     : fmt::format("update skipped, {} so far (training.on_nonfinite: skip)",
+                                   result.nonfinite_skipped));
+    }
+    if (!stop) return;
+    s.optimizer->zero_grad();
+    progress.finish();
+    s.cursor -= accumulation * world * rows;  // resuming reads this window again
+    // The state before this step may already be saved: by save_every, or as the resumed one.
+    std::string path = saved_at == s.step ? result.last_checkpoint : "";
+    if (path.empty() && s.step == result.first_step && !resume_from.empty()) path = resume_from;
+    if (path.empty()) path = save(s.step);
+    fail("step {}: the loss or gradient is not finite (loss {}, gradient norm {}); stopped by "
+         "training.on_nonfinite: stop, the state before this step is saved in {}",
+         s.step + 1, loss, grad_norm, path);
+  };
   while (s.step < last) {
     context.step = s.step;
     const auto data_start = std::chrono::steady_clock::now();
@@ -217,6 +257,7 @@ TrainResult Trainer::run(int64_t stop_after) {
     for (int64_t micro = 0; micro < accumulation; ++micro) {
       s.source->seek(s.cursor + rank * rows);
       window.push_back(s.source->next(rows).to(s.device));
+      if (s.batch_hook) s.batch_hook(s.step, micro, window.back());
       s.cursor += world * rows;
     }
     auto phase = [&](const char* name) {
@@ -231,25 +272,47 @@ TrainResult Trainer::run(int64_t stop_after) {
     const double lr = schedule.at(s.step);
     const int64_t updates = s.built.objective->updates_per_window();
     double grad_norm = 0;
+    int64_t bad_micro = -1;  // the first micro-batch of the update whose local loss is not finite
+    // Applies the update unless its loss (`loss`: summed over ranks) or the global gradient norm
+    // is not finite, a decision every rank takes alike (training.on_nonfinite).
+    auto apply_update = [&](double loss) {
+      grad_norm = s.optimizer->gradient_norm();
+      const bool finite = std::isfinite(loss) && std::isfinite(grad_norm);
+      if (finite) {
+        s.optimizer->step(lr, grad_norm);
+      } else {
+        reject_update(loss, grad_norm, local_loss, bad_micro);
+      }
+      s.optimizer->zero_grad();
+    };
     for (int64_t update = 0; update < updates; ++update) {
       context.update = update;
       local_loss = 0;
+      bad_micro = -1;
       for (int64_t micro = 0; micro < accumulation; ++micro) {
         auto out = s.built.objective->micro_step(window[micro], micro, context);
         // Gradients are reduced over ranks once per update, during its last backward.
         s.sharded->begin_backward(micro + 1 == accumulation);
         out.loss.backward();
-        local_loss += out.loss.detach().item<double>();
+        const double micro_loss = out.loss.detach().item<double>();
+        if (!std::isfinite(micro_loss) && bad_micro < 0) bad_micro = micro;
+        local_loss += micro_loss;
       }
       if (update + 1 == updates) break;  // the last update steps after end_window, below
-      grad_norm = s.optimizer->step(lr);
-      s.optimizer->zero_grad();
+      auto reduced = torch::tensor({local_loss}, torch::kDouble);
+      s.comm->all_reduce(reduced);
+      apply_update(reduced.item<double>());
     }
     for (const auto& batch : window) local_tokens += batch.input_ids.numel();
     auto terms = s.built.objective->end_window(context);
+    // Reduced before the step: a non-finite sum is some rank's non-finite loss.
+    auto totals = torch::tensor(
+        {local_loss, static_cast<double>(local_tokens), static_cast<double>(stop_signal.load())},
+        torch::kDouble);
+    s.comm->all_reduce(totals);
+    const double loss = totals[0].item<double>();
     const auto optimizer_start = phase("optimizer");
-    grad_norm = s.optimizer->step(lr);
-    s.optimizer->zero_grad();
+    apply_update(loss);
     const auto window_end = phase("end");
     auto seconds_between = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
     terms["time/data_s"] = seconds_between(data_start, prepass_start);
@@ -259,11 +322,6 @@ TrainResult Trainer::run(int64_t stop_after) {
     terms["time/step_s"] = seconds_between(data_start, window_end);
     // An objective that times a part of its step (GSPO: the seam) also gets that part's share.
     if (terms.count("time/seam_s")) terms["time/seam_share"] = terms["time/seam_s"] / terms["time/step_s"];
-    auto totals = torch::tensor(
-        {local_loss, static_cast<double>(local_tokens), static_cast<double>(stop_signal.load())},
-        torch::kDouble);
-    s.comm->all_reduce(totals);
-    const double loss = totals[0].item<double>();
     tokens_since_log += totals[1].item<double>();
     const bool stop_requested = totals[2].item<double>() > 0;
     ++s.step;
@@ -283,6 +341,7 @@ TrainResult Trainer::run(int64_t stop_after) {
       record["lr"] = lr;
       record["grad_norm"] = grad_norm;
       record["tokens_per_s"] = tokens_per_second;
+      record["nonfinite_skipped"] = static_cast<double>(result.nonfinite_skipped);
       record["memory_bytes"] = static_cast<double>(peak_memory_bytes(s.device));
       metrics.write(record);
       if (leader && !progress.enabled()) {

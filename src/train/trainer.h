@@ -17,6 +17,9 @@
 namespace torch::nn {
 class Module;
 }
+namespace dspine::data {
+struct DraftBatch;
+}
 
 namespace dspine::train {
 
@@ -28,6 +31,7 @@ struct TrainResult {
   double seconds = 0;
   std::vector<std::map<std::string, double>> terms;  // the objective's metrics of every step
   bool interrupted = false;  // a stop request (SIGINT/SIGTERM) ended the run early, after a save
+  int64_t nonfinite_skipped = 0;  // steps not applied: non-finite loss or gradient (on_nonfinite)
 };
 
 // Asks every running trainer to save a checkpoint at its next step boundary and return. Safe to
@@ -52,6 +56,11 @@ class Trainer {
   // "end" after the optimizer step. Benchmarks use it to measure each phase.
   using PhaseHook = std::function<void(const std::string& phase)>;
   void set_phase_hook(PhaseHook hook);
+
+  // Called with every micro-batch (step, index in the window) before the objective sees it.
+  // Tests use it to inject faults (a NaN in one rank's hidden states).
+  using BatchHook = std::function<void(int64_t step, int64_t micro, data::DraftBatch& batch)>;
+  void set_batch_hook(BatchHook hook);
 
  private:
   struct State;

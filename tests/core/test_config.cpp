@@ -188,6 +188,31 @@ TEST(Config, UnknownSectionSuggestsClosestSection) {
       << far;
 }
 
+// An override whose section does not exist is about that section, not an empty list of keys.
+TEST(Config, OverrideOfAnUnknownSectionNamesTheSection) {
+  const std::string message = parse_error("", {"trainng.lr=1"});
+  EXPECT_NE(message.find("trainng: unknown section; did you mean training?"), std::string::npos)
+      << message;
+  EXPECT_NE(message.find("allowed: model, data, training, objective"), std::string::npos)
+      << message;
+  const std::string nested = parse_error("", {"model.dspinee.top_k=4"});
+  EXPECT_NE(nested.find("model.dspinee: unknown key in model; did you mean model.dspine?"),
+            std::string::npos)
+      << nested;
+}
+
+TEST(Config, OnNonfiniteIsSkipOrStop) {
+  EXPECT_EQ(dspine::core::parse_config("", "t").training.on_nonfinite, "skip");
+  EXPECT_EQ(dspine::core::parse_config("training:\n  on_nonfinite: stop\n", "t")
+                .training.on_nonfinite,
+            "stop");
+  const std::string message = parse_error("training:\n  on_nonfinite: ignore\n");
+  EXPECT_NE(message.find("training.on_nonfinite = ignore: not an allowed value; allowed: "
+                         "skip, stop"),
+            std::string::npos)
+      << message;
+}
+
 TEST(Config, KeyGivenTwiceIsRejected) {
   const std::string message = parse_error("training:\n  seed: 1\n  seed: 2\n");
   EXPECT_NE(message.find("training.seed is given twice"), std::string::npos) << message;

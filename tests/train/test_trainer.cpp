@@ -16,6 +16,7 @@
 #include "objectives/dspine_settings.h"
 #include "train/checkpoint.h"
 #include "train/lr_schedule.h"
+#include "common/nonfinite.h"
 #include "common/small_run.h"
 #include "train/trainer.h"
 
@@ -369,4 +370,60 @@ TEST(Trainer, GspoResumeMatchesUninterruptedRunBitwise) {
     }
   }
   EXPECT_GT(full.terms.back().at("gspo/kl"), 0.0);
+}
+
+// training.on_nonfinite: skip. A NaN in one micro-batch makes its step's loss and gradient NaN:
+// that update is not applied (the weights stay as they were), it is counted, training goes on.
+TEST(Trainer, NonFiniteStepIsSkippedAndTrainingContinues) {
+  auto dir = fresh_dir("nonfinite_skip");
+  auto config = small_config(dir, 5);
+  config.logging.every = 1;
+  dspine::train::Trainer trainer(config, dspine::dist::make_single_process_communicator());
+  trainer.set_batch_hook(dspine::testing::nan_at(2, 1));
+  dspine::testing::StepRecorder steps(trainer);
+  const auto result = trainer.run();
+  EXPECT_EQ(result.final_step, 5);
+  EXPECT_EQ(result.nonfinite_skipped, 1);
+  EXPECT_EQ(steps.changed, (std::vector<bool>{true, true, false, true, true}));
+  for (size_t i = 0; i < result.losses.size(); ++i) {
+    EXPECT_EQ(std::isfinite(result.losses[i]), i != 2) << "step " << i;
+  }
+  // Every weight stays finite, and the metrics count the skipped step from then on.
+  for (const auto& [name, tensor] : dspine::testing::weights_of(trainer.module())) {
+    EXPECT_TRUE(torch::isfinite(tensor).all().item<bool>()) << name;
+  }
+  std::ifstream metrics(config.logging.metrics_file);
+  std::string line;
+  for (int step = 1; std::getline(metrics, line); ++step) {
+    const std::string expected = step > 2 ? "\"nonfinite_skipped\":1" : "\"nonfinite_skipped\":0";
+    EXPECT_NE(line.find(expected), std::string::npos) << line;
+  }
+}
+
+// training.on_nonfinite: stop. The run saves the state before the bad step and ends with an
+// error naming the setting and the checkpoint; resuming it starts from exactly that state.
+TEST(Trainer, NonFiniteStepStopsAfterSavingTheStateBeforeIt) {
+  auto dir = fresh_dir("nonfinite_stop");
+  auto config = small_config(dir, 5);
+  config.training.on_nonfinite = "stop";
+  dspine::train::Trainer trainer(config, dspine::dist::make_single_process_communicator());
+  trainer.set_batch_hook(dspine::testing::nan_at(2, 0));
+  dspine::testing::StepRecorder steps(trainer);
+  try {
+    trainer.run();
+    FAIL() << "a non-finite step did not stop the run";
+  } catch (const dspine::Error& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("step 3: the loss or gradient is not finite"), std::string::npos)
+        << message;
+    EXPECT_NE(message.find("training.on_nonfinite: stop"), std::string::npos) << message;
+    EXPECT_NE(message.find("step-000002"), std::string::npos) << message;
+  }
+  ASSERT_EQ(steps.before.size(), 3u);
+  config.checkpoint.resume = "auto";
+  dspine::train::Trainer resumed(config, dspine::dist::make_single_process_communicator());
+  const auto again = resumed.run(/*stop_after=*/0);
+  EXPECT_EQ(again.first_step, 2);
+  EXPECT_TRUE(dspine::testing::same_weights(steps.before[2],
+                                            dspine::testing::weights_of(resumed.module())));
 }
