@@ -299,6 +299,8 @@ std::string unknown_name_message(const std::string& key, const std::vector<std::
   }
   if (!elsewhere.empty()) {
     message += fmt::format(" ({} belongs to another section: {})", leaf_of(key), join(elsewhere));
+  } else if (closest.empty() && siblings.empty()) {
+    message += fmt::format("; {} takes no keys", map);
   } else if (closest.empty()) {
     message += "; allowed: " + join(siblings);
   } else if (map.empty()) {  // the few sections are always worth listing
@@ -888,7 +890,8 @@ void read_objective_section(const Config& config, const std::string& section,
   for (const SettingKey& key : keys) {
     full_keys.push_back({path + "." + key.name, key.target, key.choices, key.accepts_bool});
   }
-  Reader(context, std::move(full_keys), {}).read_section(node, path);
+  // The section itself is a known map even when it takes no keys (ce).
+  Reader(context, std::move(full_keys), {path}).read_section(node, path);
 }
 
 void objective_range_error(const Config& config, const std::string& key, const std::string& value,

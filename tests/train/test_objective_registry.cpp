@@ -69,7 +69,9 @@ TEST(ObjectiveRegistry, UnknownSectionGetsDidYouMean) {
 TEST(ObjectiveRegistry, CeHasNoSettings) {
   core::Config config;
   config.objective.sections["ce"] = "weight: 1";
-  expect_objective_error(config, {"objective.ce.weight: unknown key in objective.ce"});
+  expect_objective_error(config,
+                         {"objective.ce.weight: unknown key in objective.ce; objective.ce takes "
+                          "no keys"});
 }
 
 TEST(DSpineSettings, DefaultsAndOverrides) {
