@@ -50,18 +50,23 @@ BuiltModel build_ce(const core::Config& config, const data::BatchSource& source,
   return built;
 }
 
-void validate_dspine(const core::Config& config) { objectives::read_dspine_settings(config); }
-
-BuiltModel build_dspine(const core::Config& config, const data::BatchSource& source,
-                        torch::Device device, torch::Dtype dtype) {
-  auto objective =
-      objectives::make_dspine_objective(config, objectives::read_dspine_settings(config),
-                                        source.embed_tokens(), source.lm_head(), device, dtype);
+// A DSpine-draft objective (it owns its draft) as the trainer's BuiltModel.
+template <typename DraftObjective>
+BuiltModel built_from(std::unique_ptr<DraftObjective> objective) {
   BuiltModel built;
   built.module = objective->module();
   built.hf_config = objective->hf_config();
   built.objective = std::move(objective);
   return built;
+}
+
+void validate_dspine(const core::Config& config) { objectives::read_dspine_settings(config); }
+
+BuiltModel build_dspine(const core::Config& config, const data::BatchSource& source,
+                        torch::Device device, torch::Dtype dtype) {
+  return built_from(
+      objectives::make_dspine_objective(config, objectives::read_dspine_settings(config),
+                                        source.embed_tokens(), source.lm_head(), device, dtype));
 }
 
 // GSPO samples its anchor blocks as the DSpine objective does: it reads both sections.
@@ -72,14 +77,9 @@ void validate_gspo(const core::Config& config) {
 
 BuiltModel build_gspo(const core::Config& config, const data::BatchSource& source,
                       torch::Device device, torch::Dtype dtype) {
-  auto objective = objectives::make_gspo_objective(
+  return built_from(objectives::make_gspo_objective(
       config, objectives::read_dspine_settings(config), objectives::read_gspo_settings(config),
-      source.embed_tokens(), source.lm_head(), device, dtype);
-  BuiltModel built;
-  built.module = objective->module();
-  built.hf_config = objective->hf_config();
-  built.objective = std::move(objective);
-  return built;
+      source.embed_tokens(), source.lm_head(), device, dtype));
 }
 
 const std::vector<ObjectiveEntry>& registry() {
