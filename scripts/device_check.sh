@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Builds and runs every GPU test and benchmark on the GPU machine in one go; logs under $OUT.
 # Uses the machine's torch 2.11 and packages (installs nothing); carry .whl for Liger-Kernel.
+# Usage: scripts/device_check.sh [all|gspo]  (gspo: only the GSPO policy test and the RL step)
 set -uo pipefail
+PHASE="${1:-all}"
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/dspine-out}"; mkdir -p "$OUT"
 BUILD_DIR=build-device
@@ -15,20 +17,33 @@ fi
 command -v nvcc >/dev/null || export PATH="/usr/local/cuda/bin:$PATH"
 TORCH_PREFIX=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null)
 { cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$TORCH_PREFIX" &&
-  ninja -C "$BUILD_DIR" -j "$(nproc)" test_fused_norm_mlp test_gspo_gpu test_dspine_fused_step \
-    test_random_source_gpu test_dspine_objective test_trainer dspine-bench; } > "$OUT/build.log" 2>&1 ||
+  ninja -C "$BUILD_DIR" -j "$(nproc)" test_fused_norm_mlp test_gspo_gpu test_gspo_policy_gpu \
+    test_dspine_fused_step test_random_source_gpu test_dspine_objective test_trainer dspine-bench; } > "$OUT/build.log" 2>&1 ||
   { grep -E -A12 "error|FAILED" "$OUT/build.log" | head -80; exit 1; }
 echo "build ok in $(( $(date +%s) - start )) s"
 
 status=0
+# The recipe-size RL step (docs/benchmarks.md, "GSPO RL step") from random inputs; no checkpoint.
+gspo_rl_step() {
+  "$BUILD_DIR/bin/dspine-bench" step --config configs/qwen3-8b-gspo.yaml --set data.source=random \
+    --set objective.gspo.init_from= --steps 6 > "$OUT/bench_gspo_rl_step.log" 2>&1 || status=1
+  tail -30 "$OUT/bench_gspo_rl_step.log"
+}
+tests=(test_fused_norm_mlp test_gspo_gpu test_gspo_policy_gpu test_dspine_fused_step
+  test_random_source_gpu test_dspine_objective test_trainer)
+[[ $PHASE == gspo ]] && tests=(test_gspo_policy_gpu)
 # test_trainer trains on the device `auto` picks: the GPU here.
-for test in test_fused_norm_mlp test_gspo_gpu test_dspine_fused_step test_random_source_gpu \
-  test_dspine_objective test_trainer; do
+for test in "${tests[@]}"; do
   "$BUILD_DIR/tests/$test" > "$OUT/$test.log" 2>&1 || status=1
   echo "$test: $(grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/$test.log" | tr '\n' ' ')"
   grep -E "^\[  FAILED  \]|Failure|Expected|Which is|fused vs reference" "$OUT/$test.log" | head -20
 done
 echo "tests done at $(( $(date +%s) - start )) s"
+if [[ $PHASE == gspo ]]; then
+  gspo_rl_step
+  echo "done in $(( $(date +%s) - start )) s, status $status"
+  exit $status
+fi
 
 scripts/bench_kernels.sh "$BUILD_DIR" "$OUT" > "$OUT/bench_kernels.log" 2>&1 || status=1
 grep -E "^\||copy bandwidth" "$OUT/bench_kernels.log" | head -40
@@ -40,5 +55,6 @@ cat "$OUT/gspo_file.log"
 "$BUILD_DIR/bin/dspine-bench" step --config configs/tiny.yaml --set training.device=cuda --steps 6 \
   > "$OUT/bench_step.log" 2>&1 || status=1
 tail -30 "$OUT/bench_step.log"
+gspo_rl_step
 echo "done in $(( $(date +%s) - start )) s, status $status"
 exit $status
