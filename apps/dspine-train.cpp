@@ -8,6 +8,7 @@
 #include "core/log.h"
 
 #include "core/config.h"
+#include "core/config_reference.h"
 #include "dist/launch.h"
 #include "dist/mpi_context.h"
 #include "train/objective_registry.h"
@@ -19,15 +20,24 @@ int main(int argc, char** argv) {
   std::vector<std::string> overrides;
   std::string resume;
   bool print_config = false;
+  bool config_reference = false;
   app.add_option("-c,--config", config_path, "YAML run configuration (default: the embedded one)");
   app.add_option("--set", overrides, "override a key, e.g. --set training.learning_rate=3e-4")
       ->type_name("KEY=VALUE");
   app.add_option("--resume", resume, "none | auto | <checkpoint dir> (same as checkpoint.resume)");
   app.add_flag("--print-config", print_config, "print the resolved configuration and exit");
+  app.add_flag("--config-reference", config_reference,
+               "print every configuration key as Markdown (docs/config.md) and exit");
   CLI11_PARSE(app, argc, argv);
 
   dspine::dist::MpiContext mpi(&argc, &argv);
   try {
+    if (config_reference) {
+      const auto text = dspine::core::config_reference_markdown(
+          dspine::train::objective_names(), dspine::train::objective_key_facts());
+      if (mpi.rank() == 0) std::fputs(text.c_str(), stdout);
+      return 0;
+    }
     if (!resume.empty()) overrides.push_back("checkpoint.resume=" + resume);
     const auto config = dspine::core::load_config(config_path, overrides);
     dspine::train::find_objective(config);  // a bad objective fails here, before any set-up

@@ -245,6 +245,13 @@ class Context {
 
   void note_override(const std::string& key, const std::string& text) { overrides_[key] = text; }
 
+  // What validate() accepts for a key, in the words of its error message; kept only while the
+  // configuration reference is being generated (rules_ set).
+  void allow(const std::string& key, const std::string& rule) const {
+    if (rules_ != nullptr) (*rules_)[key] = rule;
+  }
+  void record_rules_into(std::map<std::string, std::string>* rules) { rules_ = rules; }
+
   [[noreturn]] void fail_value(const std::string& key, const std::string& value,
                                const std::string& problem) const {
     fail("config error in {}: {} = {}: {}{}", source_, key, value, problem, origin(key));
@@ -272,6 +279,7 @@ class Context {
 
   std::string source_;
   std::map<std::string, std::string> overrides_;
+  std::map<std::string, std::string>* rules_ = nullptr;
 };
 
 // The closest of `candidates` to `name` by edit distance; "" when none is close enough.
@@ -651,18 +659,24 @@ void apply_override(YAML::Node& root, const std::string& text, Context& context,
 // Range and cross-key checks on a fully read configuration.
 void validate(const Context& ctx, const Config& c) {
   auto at_least = [&](const std::string& key, int64_t value, int64_t low) {
-    if (value < low) ctx.fail_range(key, show(value), fmt::format("integer >= {}", low));
+    const std::string rule = fmt::format("integer >= {}", low);
+    ctx.allow(key, rule);
+    if (value < low) ctx.fail_range(key, show(value), rule);
   };
   auto positive = [&](const std::string& key, double value) {
+    ctx.allow(key, "number > 0");
     if (!(value > 0)) ctx.fail_range(key, show(value), "number > 0");
   };
   auto nonnegative = [&](const std::string& key, double value) {
+    ctx.allow(key, "number >= 0");
     if (!(value >= 0)) ctx.fail_range(key, show(value), "number >= 0");
   };
   auto fraction = [&](const std::string& key, double value) {  // [0, 1)
+    ctx.allow(key, "number in [0, 1)");
     if (!(value >= 0 && value < 1)) ctx.fail_range(key, show(value), "number in [0, 1)");
   };
   auto non_empty = [&](const std::string& key, const std::string& value) {
+    ctx.allow(key, "not empty");
     if (value.empty()) ctx.fail_value(key, show(value), "must not be empty");
   };
 
@@ -674,6 +688,7 @@ void validate(const Context& ctx, const Config& c) {
   at_least("model.num_key_value_heads", m.num_key_value_heads, 1);
   at_least("model.head_dim", m.head_dim, 1);
   at_least("model.vocab_size", m.vocab_size, 1);
+  ctx.allow("model.num_attention_heads", "integer >= 1, a multiple of model.num_key_value_heads");
   if (m.num_attention_heads % m.num_key_value_heads != 0) {
     ctx.fail_range("model.num_attention_heads", show(m.num_attention_heads),
                    fmt::format("a multiple of model.num_key_value_heads = {}",
@@ -683,11 +698,14 @@ void validate(const Context& ctx, const Config& c) {
   positive("model.rope_theta", m.rope_theta);
   nonnegative("model.initializer_range", m.initializer_range);
   at_least("model.block_size", m.block_size, 2);
+  ctx.allow("model.mask_token_id", "-1 (the last vocabulary id) or an id in [0, model.vocab_size)");
   if (m.mask_token_id < -1 || m.mask_token_id >= m.vocab_size) {
     ctx.fail_range("model.mask_token_id", show(m.mask_token_id),
                    fmt::format("-1 (the last vocabulary id) or an id in [0, model.vocab_size = {})",
                                m.vocab_size));
   }
+  ctx.allow("model.target_layer_ids",
+            "at least one layer id >= 0; with data.source synthetic, each < data.synthetic.num_layers");
   if (m.target_layer_ids.empty()) {
     ctx.fail_value("model.target_layer_ids", "[]", "must list at least one target layer");
   }
@@ -711,6 +729,10 @@ void validate(const Context& ctx, const Config& c) {
   const DSpineConfig& d = m.dspine;
   const bool dspine = m.architecture == "dspine";
   const int64_t max_rank = std::min(m.hidden_size, m.vocab_size - 1);
+  ctx.allow("model.dspine.transfer_rank", "integer in [1, min(hidden_size, vocab_size - 1)]");
+  ctx.allow("model.dspine.message_size", "integer >= 1");
+  ctx.allow("model.dspine.top_k", "integer in [1, vocab_size]");
+  ctx.allow("model.dspine.replacement_layers", "integer >= 0");
   if (d.transfer_rank < 1 || (dspine && d.transfer_rank > max_rank)) {
     ctx.fail_dspine("model.dspine.transfer_rank", show(d.transfer_rank),
                     fmt::format("transfer_rank must be in [1, min(hidden_size, vocab_size - 1)] "
@@ -733,6 +755,7 @@ void validate(const Context& ctx, const Config& c) {
   }
 
   const DataConfig& data = c.data;
+  ctx.allow("data.shards_dir", "a directory written by dspine-data generate; needed when data.source is shards");
   if (data.source == "shards" && data.shards_dir.empty()) {
     ctx.fail_value("data.shards_dir", show(data.shards_dir),
                    "data.source is shards, which needs the directory written by dspine-data "
@@ -746,6 +769,8 @@ void validate(const Context& ctx, const Config& c) {
   at_least("data.synthetic.num_key_value_heads", s.num_key_value_heads, 1);
   at_least("data.synthetic.head_dim", s.head_dim, 1);
   at_least("data.synthetic.intermediate_size", s.intermediate_size, 1);
+  ctx.allow("data.synthetic.num_attention_heads",
+            "integer >= 1, a multiple of data.synthetic.num_key_value_heads");
   if (s.num_attention_heads % s.num_key_value_heads != 0) {
     ctx.fail_range("data.synthetic.num_attention_heads", show(s.num_attention_heads),
                    fmt::format("a multiple of data.synthetic.num_key_value_heads = {}",
@@ -753,6 +778,7 @@ void validate(const Context& ctx, const Config& c) {
   }
   positive("data.synthetic.logit_scale", s.logit_scale);
   positive("data.synthetic.temperature", s.temperature);
+  ctx.allow("data.synthetic.prompt_length", "integer in [0, data.seq_len)");
   if (s.prompt_length < 0 || s.prompt_length >= data.seq_len) {
     ctx.fail_range("data.synthetic.prompt_length", show(s.prompt_length),
                    fmt::format("integer in [0, data.seq_len = {})", data.seq_len));
@@ -865,8 +891,73 @@ std::string to_yaml(const Config& config) {
   return std::string(out.c_str()) + "\n";
 }
 
+namespace {
+
+std::string type_name(const Target& target) {
+  return std::visit(
+      [](auto* value) -> std::string {
+        using T = std::decay_t<decltype(*value)>;
+        if constexpr (std::is_same_v<T, int64_t>) {
+          return "integer";
+        } else if constexpr (std::is_same_v<T, double>) {
+          return "number";
+        } else if constexpr (std::is_same_v<T, bool>) {
+          return "boolean";
+        } else if constexpr (std::is_same_v<T, std::string>) {
+          return "string";
+        } else {
+          return "list of integers";
+        }
+      },
+      target);
+}
+
+std::string value_text(const Target& target) {
+  return std::visit(
+      [](auto* value) -> std::string {
+        using T = std::decay_t<decltype(*value)>;
+        if constexpr (std::is_same_v<T, bool>) {
+          return *value ? "true" : "false";
+        } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
+          std::vector<std::string> items;
+          for (int64_t v : *value) items.push_back(show(v));
+          return "[" + join(items) + "]";
+        } else {
+          return show(*value);
+        }
+      },
+      target);
+}
+
+KeyFacts facts_of(const Key& key, const std::string& rule) {
+  std::string allowed = rule;
+  if (!key.choices.empty()) {
+    allowed.clear();
+    for (const auto& choice : key.choices) allowed += (allowed.empty() ? "" : ", ") + choice;
+  }
+  return {key.name, type_name(key.target), value_text(key.target), allowed, ""};
+}
+
+}  // namespace
+
+std::vector<KeyFacts> core_key_facts() {
+  Config defaults;
+  std::map<std::string, std::string> rules;
+  Context context("<defaults>");
+  context.record_rules_into(&rules);
+  validate(context, defaults);
+  std::vector<KeyFacts> facts;
+  for (const Key& key : keys_of(defaults)) {
+    auto rule = rules.find(key.name);
+    facts.push_back(facts_of(key, rule == rules.end() ? "" : rule->second));
+  }
+  return facts;
+}
+
 // config_section.h: an objective's own map, read with the same Reader as every other key.
 namespace {
+
+thread_local SettingsRecorder* active_recorder = nullptr;
 
 Context context_of(const Config& config) {
   return Context(config.source.empty() ? "<config>" : config.source);
@@ -874,8 +965,20 @@ Context context_of(const Config& config) {
 
 }  // namespace
 
+SettingsRecorder::SettingsRecorder() : previous_(active_recorder) { active_recorder = this; }
+
+SettingsRecorder::~SettingsRecorder() { active_recorder = previous_; }
+
 void read_objective_section(const Config& config, const std::string& section,
                             const std::vector<SettingKey>& keys) {
+  if (active_recorder != nullptr) {
+    for (const SettingKey& key : keys) {
+      Key full{"objective." + section + "." + key.name, key.target, key.choices, key.accepts_bool};
+      KeyFacts facts = facts_of(full, "");
+      facts.description = key.description;
+      active_recorder->facts_.push_back(std::move(facts));
+    }
+  }
   const auto text = config.objective.sections.find(section);
   if (text == config.objective.sections.end()) return;
   const Context context = context_of(config);
@@ -897,6 +1000,16 @@ void read_objective_section(const Config& config, const std::string& section,
 void objective_range_error(const Config& config, const std::string& key, const std::string& value,
                            const std::string& allowed) {
   context_of(config).fail_range(key, value, allowed);
+}
+
+void check_setting(const Config& config, const std::string& key, bool ok, const std::string& value,
+                   const std::string& allowed) {
+  if (active_recorder != nullptr) {
+    for (KeyFacts& facts : active_recorder->facts_) {
+      if (facts.key == key && facts.allowed.empty()) facts.allowed = allowed;
+    }
+  }
+  if (!ok) objective_range_error(config, key, value, allowed);
 }
 
 std::string closest_name(const std::string& name, const std::vector<std::string>& candidates) {

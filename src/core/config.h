@@ -144,4 +144,17 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 // Serializes every key (the resolved configuration) as YAML; parse_config(to_yaml(c)) == c.
 std::string to_yaml(const Config& config);
 
+// One settable key as the configuration reference (docs/config.md) shows it. Generated from the
+// key table and the validation itself, so the reference cannot drift from what is accepted.
+struct KeyFacts {
+  std::string key;            // full dotted name
+  std::string type;           // integer | number | string | boolean | list of integers
+  std::string default_value;  // YAML text of the default
+  std::string allowed;        // the choices, or the rule validation enforces ("" = any value)
+  std::string description;    // objective keys: from the objective; core keys: config_reference
+};
+
+// Every key of the sections above (not the objectives' own maps), in to_yaml order.
+std::vector<KeyFacts> core_key_facts();
+
 }  // namespace dspine::core

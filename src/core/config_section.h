@@ -19,6 +19,7 @@ struct SettingKey {
   SettingTarget target;
   std::vector<std::string> choices = {};  // enumeration; empty = any string
   bool accepts_bool = false;              // auto|true|false style keys
+  std::string description = "";           // one line for the configuration reference
 };
 
 // Reads config.objective.sections[section] (absent = all defaults) into the targets: type checks
@@ -32,6 +33,32 @@ void read_objective_section(const Config& config, const std::string& section,
 // "config error in <source>: <key> = <value> is out of range; allowed: <allowed>".
 [[noreturn]] void objective_range_error(const Config& config, const std::string& key,
                                         const std::string& value, const std::string& allowed);
+
+// A range check of one setting: when !ok, throws core's range error
+// ("config error in <source>: <key> = <value> is out of range; allowed: <allowed>"). Either way
+// `allowed` is what the configuration reference lists for the key.
+void check_setting(const Config& config, const std::string& key, bool ok, const std::string& value,
+                   const std::string& allowed);
+
+// While one is alive on a thread, read_objective_section and check_setting on that thread also
+// record each key's type, default, allowed values and description: running an objective's
+// validation on a default configuration lists its settings for the reference.
+class SettingsRecorder {
+ public:
+  SettingsRecorder();
+  ~SettingsRecorder();
+  SettingsRecorder(const SettingsRecorder&) = delete;
+  SettingsRecorder& operator=(const SettingsRecorder&) = delete;
+  const std::vector<KeyFacts>& facts() const { return facts_; }
+
+ private:
+  friend void read_objective_section(const Config&, const std::string&,
+                                     const std::vector<SettingKey>&);
+  friend void check_setting(const Config&, const std::string&, bool, const std::string&,
+                            const std::string&);
+  std::vector<KeyFacts> facts_;
+  SettingsRecorder* previous_;
+};
 
 // For the registry's own checks of objective.name and the section names.
 // The closest of `candidates` to `name` when close enough to suggest, else "".

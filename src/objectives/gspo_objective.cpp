@@ -153,19 +153,24 @@ GspoSettings read_gspo_settings(const core::Config& config) {
   std::string sampling = "backbone", reward = "greedy_match", norm = "group_std";
   core::read_objective_section(
       config, "gspo",
-      {{"group_size", &r.group_size},
-       {"temperature", &r.temperature},
-       {"sampling", &sampling, {"backbone", "refinement"}},
-       {"reward", &reward, {"greedy_match", "expected_acceptance"}},
-       {"advantage_norm", &norm, {"group_std", "group_mean"}},
-       {"eps_low", &s.eps_low},
-       {"eps_high", &s.eps_high},
-       {"logits_scale", &r.logits_scale},
-       {"updates_per_rollout", &s.updates_per_rollout},
-       {"ce_weight", &s.ce_weight},
-       {"init_from", &s.init_from}});
+      {{"group_size", &r.group_size, {}, false, "blocks sampled per kept anchor (G)"},
+       {"temperature", &r.temperature, {}, false, "sampling temperature of the rollout"},
+       {"sampling", &sampling, {"backbone", "refinement"}, false,
+        "sample the backbone's slots, or walk the refinement head"},
+       {"reward", &reward, {"greedy_match", "expected_acceptance"}, false,
+        "accepted prefix vs the data, or expected acceptance under the teacher"},
+       {"advantage_norm", &norm, {"group_std", "group_mean"}, false,
+        "rewards minus the group mean (group_std: then over the std)"},
+       {"eps_low", &s.eps_low, {}, false, "clip range below 1 of the segment ratio"},
+       {"eps_high", &s.eps_high, {}, false, "clip range above 1 of the segment ratio"},
+       {"logits_scale", &r.logits_scale, {}, false, "multiplies the logits of the policy"},
+       {"updates_per_rollout", &s.updates_per_rollout, {}, false,
+        "optimizer updates per rollout"},
+       {"ce_weight", &s.ce_weight, {}, false, "weight of the supervised DSpine loss beside RL"},
+       {"init_from", &s.init_from, {}, false,
+        "checkpoint dir or draft weights to start from (\"\" = fresh)"}});
   auto range = [&](const char* key, bool ok, const std::string& value, const char* allowed) {
-    if (!ok) core::objective_range_error(config, std::string("objective.gspo.") + key, value, allowed);
+    core::check_setting(config, std::string("objective.gspo.") + key, ok, value, allowed);
   };
   range("group_size", r.group_size >= 2, std::to_string(r.group_size),
         "integer >= 2 (advantages compare the blocks of a group)");

@@ -105,6 +105,24 @@ std::vector<std::string> objective_names() {
   return names;
 }
 
+std::vector<core::KeyFacts> objective_key_facts() {
+  std::vector<core::KeyFacts> facts;
+  for (const ObjectiveEntry& entry : registry()) {
+    core::Config defaults;
+    defaults.objective.name = entry.name;
+    defaults.model.architecture = entry.architecture;
+    core::SettingsRecorder recorder;
+    entry.validate(defaults);
+    for (const core::KeyFacts& key : recorder.facts()) {
+      // An objective may read another's map too (gspo reads objective.dspine): list it once.
+      const bool listed = std::any_of(facts.begin(), facts.end(),
+                                      [&](const core::KeyFacts& f) { return f.key == key.key; });
+      if (!listed) facts.push_back(key);
+    }
+  }
+  return facts;
+}
+
 const ObjectiveEntry& find_objective(const core::Config& config) {
   const std::vector<std::string> names = objective_names();
   const std::string& name = config.objective.name;

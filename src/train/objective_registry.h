@@ -32,4 +32,8 @@ const ObjectiveEntry& find_objective(const core::Config& config);
 // Every registered objective.name, in registry order.
 std::vector<std::string> objective_names();
 
+// The settings of every objective's map objective.<name> (type, default, allowed values,
+// description), read by running each entry's validation on a default configuration.
+std::vector<core::KeyFacts> objective_key_facts();
+
 }  // namespace dspine::train
