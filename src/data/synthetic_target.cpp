@@ -2,10 +2,10 @@
 
 #include <limits>
 
+#include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/grad_mode.h>
 #include <c10/util/ParallelGuard.h>
-#include <ATen/ATen.h>
 
 #include "core/error.h"
 #include "data/seeding.h"
@@ -135,28 +135,55 @@ DraftBatch SyntheticTarget::sample(int64_t index, int64_t seq_len) const {
     fail("data.seq_len ({}) must exceed data.synthetic.prompt_length ({}) so that some tokens are "
          "supervised", seq_len, target_.prompt_length);
   }
+  const int64_t group = index / kSampleGroup;
+  std::lock_guard<std::mutex> lock(memo_->mutex);
+  if (memo_->group != group || memo_->seq_len != seq_len) {
+    memo_->samples = decode_group(group, seq_len);
+    memo_->group = group;
+    memo_->seq_len = seq_len;
+  }
+  return memo_->samples[static_cast<size_t>(index % kSampleGroup)];
+}
+
+std::vector<DraftBatch> SyntheticTarget::decode_group(int64_t group, int64_t seq_len) const {
   at::NoGradGuard no_grad;
   SerialCompute serial;
-  const int64_t vocab = model_.vocab_size;
+  const int64_t vocab = model_.vocab_size, rows = kSampleGroup;
   // The draft fills its proposal slots with the mask token; keep it out of the data, as a real
   // tokenizer's reserved mask id would be.
   const int64_t mask_id = model_.mask_token_id < 0 ? vocab - 1 : model_.mask_token_id;
-  at::Generator gen = seeded_generator(stream_seed(target_.seed, index));
 
-  auto ids = at::zeros({1, seq_len}, at::TensorOptions().dtype(at::kLong));
-  auto ids_acc = ids.accessor<int64_t, 2>();
-  int64_t first = at::randint(vocab - 1, {1}, gen, at::TensorOptions().dtype(at::kLong)).item<int64_t>();
-  ids_acc[0][0] = first >= mask_id ? first + 1 : first;
-  // Incremental decoding: each position runs only its newest token against the cached keys and
-  // values of the prefix. The returned batch then comes from one full forward, as run() gives.
-  Qwen3Model::KvCache cache = target_model_.new_cache(1, seq_len);
-  for (int64_t t = 1; t < seq_len; ++t) {
-    auto last = target_model_.step(ids.narrow(1, t - 1, 1), cache).last_hidden_state.select(1, 0);
-    auto logits_t = at::matmul(last, lm_head_.t()).div_(target_.temperature);
-    logits_t.select(1, mask_id).fill_(-std::numeric_limits<float>::infinity());
-    ids_acc[0][t] = at::multinomial(at::softmax(logits_t, -1), 1, false, gen).item<int64_t>();
+  // Every random number of sample i comes from its own stream: the first token and one uniform
+  // per position, which picks the next token by inverting the row's cumulative distribution.
+  auto ids = at::zeros({rows, seq_len}, at::TensorOptions().dtype(at::kLong));
+  std::vector<at::Tensor> uniforms;
+  for (int64_t r = 0; r < rows; ++r) {
+    at::Generator gen = seeded_generator(stream_seed(target_.seed, group * rows + r));
+    const int64_t first =
+        at::randint(vocab - 1, {1}, gen, at::TensorOptions().dtype(at::kLong)).item<int64_t>();
+    ids[r][0] = first >= mask_id ? first + 1 : first;
+    uniforms.push_back(at::rand({seq_len}, gen, at::TensorOptions().dtype(at::kDouble)));
   }
-  return run(ids);
+  const auto uniform = at::stack(uniforms);  // [rows, seq_len]
+
+  // Incremental decoding of the whole group: each position runs only the newest tokens against
+  // the cached keys and values of the prefixes.
+  Qwen3Model::KvCache cache = target_model_.new_cache(rows, seq_len);
+  for (int64_t t = 1; t < seq_len; ++t) {
+    const auto last =
+        target_model_.step(ids.narrow(1, t - 1, 1), cache).last_hidden_state.select(1, 0);
+    auto logits = at::matmul(last, lm_head_.t()).div_(target_.temperature);
+    logits.select(1, mask_id).fill_(-std::numeric_limits<float>::infinity());
+    // The first token whose cumulative probability exceeds u * total has a non-zero probability,
+    // so the mask token (probability 0) is never drawn. Double keeps the sums exact enough.
+    const auto cdf = at::softmax(logits, -1).to(at::kDouble).cumsum(-1);
+    const auto threshold = uniform.select(1, t).mul(cdf.select(1, vocab - 1)).unsqueeze(1);
+    ids.select(1, t).copy_(cdf.le(threshold).sum(-1).clamp_max(vocab - 1));
+  }
+  // Each sample's batch comes from its own full forward, exactly as run() gives it.
+  std::vector<DraftBatch> samples;
+  for (int64_t r = 0; r < rows; ++r) samples.push_back(run(ids.narrow(0, r, 1).clone()));
+  return samples;
 }
 
 }  // namespace dspine::data

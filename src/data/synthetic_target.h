@@ -4,6 +4,9 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 
@@ -20,7 +23,12 @@ class SyntheticTarget {
   SyntheticTarget(const core::ModelConfig& model, const core::SyntheticTargetConfig& target);
 
   // Sample number `index` (a pure function of seed and index): a sequence of `seq_len` tokens
-  // drawn from the target itself, with a batch dimension of 1.
+  // drawn from the target itself, with a batch dimension of 1. Samples are decoded in groups of
+  // kSampleGroup consecutive indices (one batched, KV-cached decode: per-token op overhead, not
+  // arithmetic, is the cost at these sizes); sample i is row i % kSampleGroup of group
+  // i / kSampleGroup, whoever asks and in whatever order. The last group is kept, so reading
+  // consecutive indices decodes each group once. Thread-safe.
+  static constexpr int64_t kSampleGroup = 8;
   DraftBatch sample(int64_t index, int64_t seq_len) const;
 
   // Runs the target on given ids [B, S]: fills hidden_states and target_last_hidden_states.
@@ -33,10 +41,19 @@ class SyntheticTarget {
   const at::Tensor& lm_head() const { return lm_head_; }  // [V, H], logit_scale folded in
 
  private:
+  std::vector<DraftBatch> decode_group(int64_t group, int64_t seq_len) const;
+
+  struct GroupMemo {
+    std::mutex mutex;
+    int64_t group = -1, seq_len = 0;
+    std::vector<DraftBatch> samples;
+  };
+
   core::ModelConfig model_;
   core::SyntheticTargetConfig target_;
   Qwen3Model target_model_;
   at::Tensor lm_head_;
+  std::unique_ptr<GroupMemo> memo_ = std::make_unique<GroupMemo>();  // the last group decoded
 };
 
 }  // namespace dspine::data
