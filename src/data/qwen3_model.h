@@ -25,7 +25,7 @@ struct Qwen3Dims {
   int64_t head_dim = 0;
   int64_t vocab_size = 0;
   double rms_norm_eps = 1e-6;
-  double rope_theta = 1e6;
+  double rope_theta = 10000.0;  // transformers Qwen3Config defaults
   bool tie_word_embeddings = false;
 };
 
