@@ -18,7 +18,7 @@ command -v nvcc >/dev/null || export PATH="/usr/local/cuda/bin:$PATH"
 TORCH_PREFIX=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null)
 { cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$TORCH_PREFIX" &&
   ninja -C "$BUILD_DIR" -j "$(nproc)" test_fused_norm_mlp test_gspo_gpu test_gspo_policy_gpu \
-    test_dspine_fused_step test_random_source_gpu test_dspine_objective test_trainer dspine-bench; } > "$OUT/build.log" 2>&1 ||
+    test_dspine_fused_step test_random_source_gpu test_qwen3_model_gpu test_dspine_objective test_trainer dspine-bench; } > "$OUT/build.log" 2>&1 ||
   { grep -E -A12 "error|FAILED" "$OUT/build.log" | head -80; exit 1; }
 echo "build ok in $(( $(date +%s) - start )) s"
 
@@ -30,7 +30,7 @@ gspo_rl_step() {
   tail -30 "$OUT/bench_gspo_rl_step.log"
 }
 tests=(test_fused_norm_mlp test_gspo_gpu test_gspo_policy_gpu test_dspine_fused_step
-  test_random_source_gpu test_dspine_objective test_trainer)
+  test_random_source_gpu test_qwen3_model_gpu test_dspine_objective test_trainer)
 [[ $PHASE == gspo ]] && tests=(test_gspo_policy_gpu)
 # test_trainer trains on the device `auto` picks: the GPU here.
 for test in "${tests[@]}"; do

@@ -1,15 +1,18 @@
-// A small seeded "target model": a few Qwen3-style decoder layers (RMSNorm, GQA attention with
-// RoPE and q/k norms, SwiGLU MLP) with random weights and its own embedding / lm_head. It samples
-// token sequences autoregressively and exposes the hidden states a draft model trains on.
+// A small seeded "target model": a Qwen3Model with random weights (Qwen3Model::random) whose
+// logits are scaled by data.synthetic.logit_scale. It samples token sequences autoregressively
+// (KV-cached decoding) and exposes the hidden states a draft model trains on.
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <mutex>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
 
 #include "core/config.h"
 #include "data/batch.h"
+#include "data/qwen3_model.h"
 
 namespace dspine::data {
 
@@ -20,7 +23,12 @@ class SyntheticTarget {
   SyntheticTarget(const core::ModelConfig& model, const core::SyntheticTargetConfig& target);
 
   // Sample number `index` (a pure function of seed and index): a sequence of `seq_len` tokens
-  // drawn from the target itself, with a batch dimension of 1.
+  // drawn from the target itself, with a batch dimension of 1. Samples are decoded in groups of
+  // kSampleGroup consecutive indices (one batched, KV-cached decode: per-token op overhead, not
+  // arithmetic, is the cost at these sizes); sample i is row i % kSampleGroup of group
+  // i / kSampleGroup, whoever asks and in whatever order. The last group is kept, so reading
+  // consecutive indices decodes each group once. Thread-safe.
+  static constexpr int64_t kSampleGroup = 8;
   DraftBatch sample(int64_t index, int64_t seq_len) const;
 
   // Runs the target on given ids [B, S]: fills hidden_states and target_last_hidden_states.
@@ -29,20 +37,23 @@ class SyntheticTarget {
   // Next-token logits [B, S, V] (after logit_scale) for given ids; used by tests.
   at::Tensor logits(const at::Tensor& input_ids) const;
 
-  const at::Tensor& embed_tokens() const { return embed_tokens_; }  // [V, H]
-  const at::Tensor& lm_head() const { return lm_head_; }            // [V, H]
+  const at::Tensor& embed_tokens() const { return target_model_.embed_tokens(); }  // [V, H]
+  const at::Tensor& lm_head() const { return lm_head_; }  // [V, H], logit_scale folded in
 
  private:
-  struct Layer {
-    at::Tensor input_norm, q_proj, k_proj, v_proj, o_proj, q_norm, k_norm;
-    at::Tensor post_attention_norm, gate_proj, up_proj, down_proj;
+  std::vector<DraftBatch> decode_group(int64_t group, int64_t seq_len) const;
+
+  struct GroupMemo {
+    std::mutex mutex;
+    int64_t group = -1, seq_len = 0;
+    std::vector<DraftBatch> samples;
   };
-  at::Tensor layer_forward(const Layer& layer, const at::Tensor& x) const;
 
   core::ModelConfig model_;
   core::SyntheticTargetConfig target_;
-  at::Tensor embed_tokens_, lm_head_, final_norm_;
-  std::vector<Layer> layers_;
+  Qwen3Model target_model_;
+  at::Tensor lm_head_;
+  std::unique_ptr<GroupMemo> memo_ = std::make_unique<GroupMemo>();  // the last group decoded
 };
 
 }  // namespace dspine::data

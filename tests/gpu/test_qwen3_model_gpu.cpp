@@ -1,0 +1,107 @@
+// Qwen3Model on CUDA: the same checkpoint loaded on the GPU (fp32 and bf16) matches the CPU fp32
+// forward, cached decoding matches the full forward there too, and an 8B-shaped random target
+// runs in bf16 (its time is printed for docs/benchmarks.md).
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "core/files.h"
+#include "core/safetensors.h"
+#include "data/qwen3_model.h"
+
+namespace dspine::data {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A tiny random Qwen3 checkpoint written as a HF directory (untied, GQA 4/2, head_dim 16).
+std::string write_checkpoint() {
+  const fs::path dir = fs::temp_directory_path() / "dspine_qwen3_gpu";
+  core::remove_tree(dir.string());
+  fs::create_directories(dir);
+  std::ofstream(dir / "config.json") << R"({"model_type": "qwen3", "hidden_size": 64,
+    "intermediate_size": 96, "num_hidden_layers": 3, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 120, "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0, "tie_word_embeddings": false})";
+  torch::manual_seed(3);
+  core::NamedTensors tensors = {{"model.embed_tokens.weight", torch::randn({120, 64})},
+                                {"model.norm.weight", 1 + 0.2 * torch::randn({64})},
+                                {"lm_head.weight", 0.2 * torch::randn({120, 64})}};
+  for (int l = 0; l < 3; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    for (const auto& [name, shape] : std::vector<std::pair<std::string, std::vector<int64_t>>>{
+             {"self_attn.q_proj.weight", {64, 64}}, {"self_attn.k_proj.weight", {32, 64}},
+             {"self_attn.v_proj.weight", {32, 64}}, {"self_attn.o_proj.weight", {64, 64}},
+             {"mlp.gate_proj.weight", {96, 64}}, {"mlp.up_proj.weight", {96, 64}},
+             {"mlp.down_proj.weight", {64, 96}}}) {
+      tensors.emplace_back(p + name, 0.15 * torch::randn(shape));
+    }
+    for (const auto& [name, size] : std::vector<std::pair<std::string, int64_t>>{
+             {"self_attn.q_norm.weight", 16}, {"self_attn.k_norm.weight", 16},
+             {"input_layernorm.weight", 64}, {"post_attention_layernorm.weight", 64}}) {
+      tensors.emplace_back(p + name, 1 + 0.2 * torch::randn({size}));
+    }
+  }
+  core::save_safetensors((dir / "model.safetensors").string(), tensors);
+  return dir.string();
+}
+
+double relative_diff(const torch::Tensor& a, const torch::Tensor& reference) {
+  const auto ref = reference.cpu().to(torch::kFloat);
+  return (a.cpu().to(torch::kFloat) - ref).abs().max().item<double>() /
+         std::max(1.0, ref.abs().max().item<double>());
+}
+
+TEST(Qwen3ModelGpu, CudaForwardMatchesCpuInFp32AndBf16) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const std::string dir = write_checkpoint();
+  const auto ids = torch::randint(120, {2, 37}, torch::kLong);
+  const std::vector<int64_t> layers = {0, 2};
+  const auto cpu = Qwen3Model::load_hf(dir, torch::kFloat, torch::kCPU).forward(ids, layers);
+  const torch::Device cuda(torch::kCUDA, 0);
+  for (const auto dtype : {torch::kFloat, torch::kBFloat16}) {
+    const auto model = Qwen3Model::load_hf(dir, dtype, cuda);
+    const auto out = model.forward(ids, layers);
+    EXPECT_TRUE(out.hidden_states.is_cuda());
+    const double tolerance = dtype == torch::kFloat ? 1e-4 : 5e-2;
+    EXPECT_LE(relative_diff(out.hidden_states, cpu.hidden_states), tolerance) << dtype;
+    EXPECT_LE(relative_diff(out.last_hidden_state, cpu.last_hidden_state), tolerance) << dtype;
+
+    auto cache = model.new_cache(2, 37);
+    std::vector<torch::Tensor> last;
+    last.push_back(model.step(ids.narrow(1, 0, 30), cache).last_hidden_state);
+    last.push_back(model.step(ids.narrow(1, 30, 5), cache).last_hidden_state);
+    last.push_back(model.step(ids.narrow(1, 35, 1), cache).last_hidden_state);
+    last.push_back(model.step(ids.narrow(1, 36, 1), cache).last_hidden_state);
+    EXPECT_LE(relative_diff(torch::cat(last, 1), out.last_hidden_state), tolerance) << dtype;
+  }
+  core::remove_tree(dir);
+}
+
+TEST(Qwen3ModelGpu, EightBShapedRandomTargetRunsInBf16) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  // Qwen3-8B's shape.
+  const Qwen3Dims dims{4096, 12288, 36, 32, 8, 128, 151936, 1e-6, 1e6, false};
+  const torch::Device cuda(torch::kCUDA, 0);
+  const auto model = Qwen3Model::random(dims, 1, torch::kBFloat16, cuda);
+  const auto ids = torch::randint(dims.vocab_size, {1, 4096}, torch::kLong);
+  const std::vector<int64_t> layers = {1, 9, 17, 25, 33};
+  model.forward(ids, layers);  // warm-up
+  torch::cuda::synchronize();
+  const auto start = std::chrono::steady_clock::now();
+  const auto out = model.forward(ids, layers);
+  torch::cuda::synchronize();
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  std::printf("8B-shaped bf16 forward, 1 x 4096 tokens, 5 layers captured: %.1f ms (%.0f tokens/s)\n",
+              ms, 4096 / ms * 1e3);
+  EXPECT_EQ(out.hidden_states.sizes(), torch::IntArrayRef({1, 4096, 5 * 4096}));
+  EXPECT_TRUE(torch::isfinite(out.last_hidden_state).all().item<bool>());
+  EXPECT_TRUE(torch::isfinite(model.logits(out.last_hidden_state.narrow(1, 0, 8))).all().item<bool>());
+}
+
+}  // namespace
+}  // namespace dspine::data
