@@ -34,7 +34,8 @@ json training_settings(const json& hf, const std::string& path) {
   json settings = objectives::dspine_settings_json(objectives::DSpineSettings{});
   const std::set<std::string> model_keys = {"transfer_rank", "message_size", "top_k",
                                             "replacement_layers"};
-  for (const auto& [key, value] : hf.value("dspine_config", json::object()).items()) {
+  const json saved = hf.value("dspine_config", json::object());
+  for (const auto& [key, value] : saved.items()) {
     if (model_keys.count(key)) continue;
     if (!settings.contains(key)) fail("{}: dspine_config has an unknown key {}", path, key);
     if (!value.is_number() || !std::isfinite(value.get<double>())) {
