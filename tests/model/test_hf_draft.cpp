@@ -8,11 +8,10 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
-#include <unistd.h>
 
 #include "common/dspine_tiny.h"
 #include "common/expect_error.h"
-#include "core/files.h"
+#include "common/fresh_dir.h"
 #include "core/safetensors.h"
 #include "model/draft_loading.h"
 #include "model/dspine_config.h"
@@ -28,18 +27,12 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 using testing::expect_error;
 using testing::expect_error_mentioning;
+using testing::fresh_dir;
 
 core::ModelConfig tiny_config() { return testing::tiny_model_config(); }
 
 json tiny_hf_config() {
   return dspine_hf_config(tiny_config(), HfConfigContext{"fp32", {{"ce_weight", 0.25}}, 8, 12});
-}
-
-fs::path fresh_dir(const std::string& name) {
-  auto dir = fs::temp_directory_path() / ("dspine_test_" + name + "_" + std::to_string(::getpid()));
-  core::remove_tree(dir.string());
-  fs::create_directories(dir);
-  return dir;
 }
 
 // A draft directory as an export holds it: config.json and model.safetensors.

@@ -5,15 +5,15 @@
 // the key and both values.
 #include <filesystem>
 #include <fstream>
-#include <unistd.h>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include "common/expect_error.h"
+#include "common/fresh_dir.h"
+#include "common/small_run.h"
 #include "core/config.h"
-#include "core/files.h"
 #include "core/safetensors.h"
 #include "data/batch_source.h"
 #include "dist/communicator.h"
@@ -32,23 +32,12 @@ using nlohmann::json;
 
 namespace {
 
-fs::path fresh_dir(const std::string& name) {
-  auto dir = fs::temp_directory_path() / ("dspine_test_" + name + "_" + std::to_string(::getpid()));
-  dspine::core::remove_tree(dir.string());
-  fs::create_directories(dir);
-  return dir;
-}
+using dspine::testing::fresh_dir;
 
-// The embedded tiny DSpine configuration (configs/tiny.yaml), quiet, checkpoints under `dir`.
+// The embedded tiny DSpine configuration (configs/tiny.yaml) on the CPU.
 Config tiny_dspine_config(const fs::path& dir, int64_t total_steps) {
-  Config config = dspine::core::load_config("");
-  config.training.total_steps = total_steps;
+  Config config = dspine::testing::tiny_dspine_run_config(dir, total_steps);
   config.training.device = "cpu";
-  config.checkpoint.dir = (dir / "checkpoints").string();
-  config.checkpoint.resume = "none";
-  config.logging.metrics_file = "";
-  config.logging.progress = "false";
-  config.logging.level = "warn";
   return config;
 }
 
