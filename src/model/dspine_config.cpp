@@ -81,7 +81,7 @@ nlohmann::json dspine_hf_config(const core::ModelConfig& c, const HfConfigContex
       {"top_k", d.top_k},
       {"replacement_layers", d.replacement_layers},
   });
-  return {
+  nlohmann::json config = {
       {"architectures", {"DSpineDraftModel"}},
       {"attention_bias", false},
       {"attention_dropout", 0.0},
@@ -119,6 +119,8 @@ nlohmann::json dspine_hf_config(const core::ModelConfig& c, const HfConfigContex
       {"use_sliding_window", false},
       {"vocab_size", c.vocab_size},
   };
+  if (context.max_position_embeddings <= 0) config.erase("max_position_embeddings");
+  return config;
 }
 
 }  // namespace dspine::model

@@ -24,7 +24,7 @@ struct HfConfigContext {
   // (objectives::dspine_settings_json); they join the model's four.
   nlohmann::json training_settings = nlohmann::json::object();
   int64_t num_target_layers = 0;        // depth of the target the hidden states come from
-  int64_t max_position_embeddings = 0;  // the longest sequence the draft was trained on
+  int64_t max_position_embeddings = 0;  // the longest sequence trained on; 0: unknown, left out
 };
 
 // The context of a training run: training.dtype, data.seq_len, and the target depth (the

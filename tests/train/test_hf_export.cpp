@@ -124,6 +124,47 @@ TEST(HfExport, HoldsTheCheckpointsTensorsBitwiseAndEveryReferenceConfigKey) {
   EXPECT_EQ(dspine::model::read_json_file((dir / "again" / "config.json").string()), config);
 }
 
+// A bf16 draft stays bf16 (its bytes unchanged), its transfer codes fp32, and config.json says so.
+// A config.json with only the keys a loader needs is completed.
+TEST(HfExport, CompletesAShortConfigAndKeepsTheDraftsDtype) {
+  const auto dir = fresh_dir("export_bf16");
+  const fs::path checkpoint = trained_checkpoint();
+  const auto source = dir / "bf16";
+  fs::create_directories(source);
+  json short_config = dspine::model::read_json_file((checkpoint / "config.json").string());
+  for (const char* key : {"num_target_layers", "max_position_embeddings", "bos_token_id",
+                          "eos_token_id", "layer_types", "block_size"}) {
+    short_config.erase(key);
+  }
+  short_config["dspine_config"] = {{"transfer_rank", 32}, {"message_size", 16}, {"top_k", 8},
+                                   {"ce_weight", 0.25}};
+  std::ofstream(source / "config.json") << short_config.dump();
+  auto tensors = dspine::core::load_safetensors((checkpoint / "model.safetensors").string()).tensors;
+  for (auto& [name, tensor] : tensors) {
+    if (name != "transfer_codes" && name != "transfer_ready") tensor = tensor.to(torch::kBFloat16);
+  }
+  dspine::core::save_safetensors((source / "model.safetensors").string(), tensors);
+
+  const auto summary = dspine::train::export_draft(source.string(), (dir / "draft").string());
+  EXPECT_EQ(summary.dtype, "bfloat16");
+  const auto exported = dspine::core::load_safetensors((dir / "draft" / "model.safetensors").string());
+  for (const auto& [name, tensor] : tensors) {
+    EXPECT_EQ(exported.at(name).scalar_type(), tensor.scalar_type()) << name;
+    EXPECT_TRUE(torch::equal(exported.at(name), tensor)) << name;
+  }
+  EXPECT_EQ(exported.at("transfer_codes").scalar_type(), torch::kFloat32);
+  const json config = dspine::model::read_json_file((dir / "draft" / "config.json").string());
+  EXPECT_EQ(config["dtype"], "bfloat16");
+  EXPECT_EQ(config["block_size"], 4);
+  EXPECT_EQ(config["layer_types"], json::array({"full_attention", "full_attention"}));
+  EXPECT_EQ(config["num_target_layers"], 3);  // the least depth holding target layers 0, 1, 2
+  EXPECT_FALSE(config.contains("max_position_embeddings"));  // unknown: transformers' default
+  EXPECT_EQ(config["dspine_config"].size(), 11u);
+  EXPECT_EQ(config["dspine_config"]["ce_weight"], 0.25);
+  EXPECT_EQ(config["dspine_config"]["replacement_layers"], 3);
+  EXPECT_EQ(config["dspine_config"]["alignment_warmup_steps"], 146);  // the reference default
+}
+
 TEST(HfExport, LoadedDraftGivesTheCheckpointsForwardOutputsBitwise) {
   const auto dir = fresh_dir("export_forward");
   const std::string checkpoint = trained_checkpoint();
