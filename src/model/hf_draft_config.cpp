@@ -16,6 +16,8 @@ namespace {
 
 using nlohmann::json;
 
+constexpr int64_t kLargest = (int64_t{1} << 31) - 1;
+
 // The value at `pointer` ("/dflash_config/block_size"), or null when absent.
 const json& value_at(const json& hf, const std::string& pointer) {
   static const json absent;
@@ -34,6 +36,14 @@ int64_t integer(const json& hf, const std::string& pointer, const std::string& p
   if (value.is_null()) fail("{}: has no key {}", path, key_name(pointer));
   if (!value.is_number_integer()) {
     fail("{}: {} must be an integer (got {})", path, key_name(pointer), value.dump());
+  }
+  // Sizes multiply into tensor shapes; a value past int32 is no draft's and would overflow.
+  const bool large = value.is_number_unsigned()
+                         ? value.get<uint64_t>() > static_cast<uint64_t>(kLargest)
+                         : value.get<int64_t>() < -kLargest || value.get<int64_t>() > kLargest;
+  if (large) {
+    fail("{}: {} is {}, beyond any draft's sizes (at most {})", path, key_name(pointer),
+         value.dump(), kLargest);
   }
   return value.get<int64_t>();
 }
@@ -76,10 +86,10 @@ void check_supported(const json& hf, const std::string& path) {
     fail("{}: hidden_act is {}, the draft's MLP is SiLU-gated (\"silu\")", path, hidden_act.dump());
   }
   const json& types = value_at(hf, "/layer_types");
-  if (!types.is_null() && !types.is_array()) {
-    fail("{}: layer_types must be a list (got {})", path, types.dump());
+  if (!types.is_array()) {
+    fail("{}: layer_types must be a list with one entry per layer (got {})", path, types.dump());
   }
-  for (const auto& type : types.is_array() ? types : json::array()) {
+  for (const auto& type : types) {
     if (type != "full_attention") {
       fail("{}: layer_types holds {}; only full_attention layers are supported", path, type.dump());
     }
@@ -96,6 +106,10 @@ json read_json_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in.is_open()) fail("{}: cannot be read", path);
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return parse_json_object(text, path);
+}
+
+json parse_json_object(const std::string& text, const std::string& path) {
   json value = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (value.is_discarded()) fail("{}: is not valid JSON", path);
   if (!value.is_object()) fail("{}: expected a JSON object", path);
@@ -135,7 +149,7 @@ core::ModelConfig model_config_from_hf(const json& hf, const std::string& path) 
   d.top_k = integer_or(hf, "/dspine_config/top_k", d.top_k, path);
   d.replacement_layers = integer_or(hf, "/dspine_config/replacement_layers", d.replacement_layers, path);
   const json& layer_types = value_at(hf, "/layer_types");
-  if (layer_types.is_array() && static_cast<int64_t>(layer_types.size()) != c.num_hidden_layers) {
+  if (static_cast<int64_t>(layer_types.size()) != c.num_hidden_layers) {
     fail("{}: layer_types has {} entries, num_hidden_layers is {}", path, layer_types.size(),
          c.num_hidden_layers);
   }

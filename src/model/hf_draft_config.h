@@ -11,13 +11,15 @@
 
 namespace dspine::model {
 
-// The JSON object in the file at `path`; errors name the file.
+// The JSON object in the file at `path`, or in `text` read from it; errors name the file.
 nlohmann::json read_json_file(const std::string& path);
+nlohmann::json parse_json_object(const std::string& text, const std::string& path);
 
 // The model section `hf` describes (architecture dspine). block_size may instead sit in
-// dflash_config; absent model keys of dspine_config take their defaults. Rejects what the draft
-// does not implement (another architecture, is_causal false, attention biases, sliding layers)
-// and sizes that fail validate_dspine_model_config; errors name `path` and the key.
+// dflash_config; absent model keys of dspine_config take their defaults; layer_types must list
+// every layer. Rejects what the draft does not implement (another architecture, is_causal false,
+// attention biases, sliding layers), integers past 2^31 - 1 and sizes that fail
+// validate_dspine_model_config; errors name `path` and the key.
 core::ModelConfig model_config_from_hf(const nlohmann::json& hf, const std::string& path);
 
 // Throws naming `path` and, for every key whose value differs, the key, the saved value and the

@@ -118,6 +118,10 @@ TEST(HfDraftConfig, RefusesWhatTheDraftDoesNotImplementNamingTheKey) {
   expect_error_mentioning([&] {
     model_config_from_hf(with("/dspine_config/transfer_rank", 17), "c.json");
   }, {"c.json", "DSpine transfer_rank"});
+  expect_error_mentioning([&] { model_config_from_hf(with("/vocab_size", 1ull << 40), "c.json"); },
+                          {"c.json", "vocab_size is 1099511627776, beyond any draft's sizes"});
+  expect_error([&] { model_config_from_hf(with("/layer_types", nullptr), "c.json"); },
+               "layer_types must be a list with one entry per layer");
   auto missing = tiny_hf_config();
   missing.erase("vocab_size");
   expect_error([&] { model_config_from_hf(missing, "c.json"); }, "c.json: has no key vocab_size");

@@ -133,7 +133,7 @@ TEST(HfExport, CompletesAShortConfigAndKeepsTheDraftsDtype) {
   fs::create_directories(source);
   json short_config = dspine::model::read_json_file((checkpoint / "config.json").string());
   for (const char* key : {"num_target_layers", "max_position_embeddings", "bos_token_id",
-                          "eos_token_id", "layer_types", "block_size"}) {
+                          "eos_token_id", "block_size"}) {
     short_config.erase(key);
   }
   short_config["dspine_config"] = {{"transfer_rank", 32}, {"message_size", 16}, {"top_k", 8},
@@ -156,7 +156,6 @@ TEST(HfExport, CompletesAShortConfigAndKeepsTheDraftsDtype) {
   const json config = dspine::model::read_json_file((dir / "draft" / "config.json").string());
   EXPECT_EQ(config["dtype"], "bfloat16");
   EXPECT_EQ(config["block_size"], 4);
-  EXPECT_EQ(config["layer_types"], json::array({"full_attention", "full_attention"}));
   EXPECT_EQ(config["num_target_layers"], 3);  // the least depth holding target layers 0, 1, 2
   EXPECT_FALSE(config.contains("max_position_embeddings"));  // unknown: transformers' default
   EXPECT_EQ(config["dspine_config"].size(), 11u);
