@@ -81,7 +81,7 @@ int main(int argc, char** argv) {
   bool training = false;
   app.add_option("-c,--config", config_path, "YAML run configuration (model.architecture dspine)")
       ->required();
-  app.add_option("-w,--weights", weights_path, "checkpoint directory or draft .safetensors")
+  app.add_option("-w,--weights", weights_path, "checkpoint or export directory, or a draft .safetensors")
       ->required();
   app.add_option("-b,--batch", batch_path,
                  "safetensors with input_ids, loss_mask, hidden_states, "

@@ -104,11 +104,11 @@ json complete_config(const json& hf, const core::ModelConfig& model, const std::
   context.dtype = dtype;
   context.training_settings = training_settings(hf, path);
   const auto& ids = model.target_layer_ids;
-  const json& depth = hf.value("num_target_layers", json());
+  const json depth = hf.value("num_target_layers", json());
   context.num_target_layers = depth.is_number_integer()
                                   ? depth.get<int64_t>()
                                   : *std::max_element(ids.begin(), ids.end()) + 1;
-  const json& positions = hf.value("max_position_embeddings", json());
+  const json positions = hf.value("max_position_embeddings", json());
   if (positions.is_number_integer()) context.max_position_embeddings = positions.get<int64_t>();
   json config = hf;
   config.update(model::dspine_hf_config(model, context), /*merge_objects=*/true);
