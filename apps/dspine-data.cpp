@@ -1,6 +1,7 @@
-// dspine-data: writes the embedded synthetic target's samples as safetensors shards (`generate`)
-// and summarizes a shard directory (`inspect`), including how peaked the target's next-token
-// distributions are — the property that makes the data learnable by a draft.
+// dspine-data: writes the embedded synthetic target's samples as safetensors shards (`generate`),
+// summarizes a shard directory (`inspect`), including how peaked the target's next-token
+// distributions are — the property that makes the data learnable by a draft — and exports a
+// trained draft in the Hugging Face layout SpecForge reads (`export`).
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -16,6 +17,7 @@
 #include "core/config.h"
 #include "core/error.h"
 #include "data/shards.h"
+#include "train/hf_export.h"
 
 namespace {
 
@@ -64,6 +66,12 @@ void inspect(const std::string& dir, int64_t samples) {
              100.0 * supervised.to(torch::kDouble).mean().item<double>());
 }
 
+void export_draft(const std::string& source, const std::string& out) {
+  const auto summary = dspine::train::export_draft(source, out);
+  fmt::print("exported {} ({} tensors, {}) to {}: config.json, model.safetensors\n", source,
+             summary.tensors, summary.dtype, out);
+}
+
 // CLI11's PositiveNumber answers -3 with a range up to a 309-digit number.
 const CLI::Validator kAtLeastOne(
     [](std::string& value) {
@@ -78,7 +86,7 @@ const CLI::Validator kAtLeastOne(
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"dspine-data: synthetic-target training data as safetensors shards"};
+  CLI::App app{"dspine-data: synthetic-target training data as safetensors shards; draft export"};
   app.require_subcommand(1);
 
   GenerateArgs gen;
@@ -106,10 +114,19 @@ int main(int argc, char** argv) {
       ->check(kAtLeastOne)
       ->capture_default_str();
 
+  std::string export_source, export_out;
+  auto* export_cmd = app.add_subcommand(
+      "export", "write a trained DSpine draft in the Hugging Face layout (config.json, "
+                "model.safetensors) that SpecForge and serving engines read");
+  export_cmd->add_option("checkpoint", export_source, "checkpoint directory (or an export)")
+      ->required();
+  export_cmd->add_option("out", export_out, "output directory (must not exist)")->required();
+
   try {
     app.parse(argc, argv);
     if (*generate_cmd) generate(gen);
     if (*inspect_cmd) inspect(inspect_dir, inspect_samples);
+    if (*export_cmd) export_draft(export_source, export_out);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   } catch (const std::exception& e) {

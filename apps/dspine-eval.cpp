@@ -17,7 +17,7 @@
 #include "core/safetensors.h"
 #include "data/batch_source.h"
 #include "dist/communicator.h"
-#include "model/module_state.h"
+#include "model/draft_loading.h"
 #include "objectives/acceptance.h"
 #include "objectives/dspine_objective.h"
 #include "objectives/dspine_settings.h"
@@ -81,7 +81,7 @@ int main(int argc, char** argv) {
   bool training = false;
   app.add_option("-c,--config", config_path, "YAML run configuration (model.architecture dspine)")
       ->required();
-  app.add_option("-w,--weights", weights_path, "checkpoint directory or draft .safetensors")
+  app.add_option("-w,--weights", weights_path, "checkpoint or export directory, or a draft .safetensors")
       ->required();
   app.add_option("-b,--batch", batch_path,
                  "safetensors with input_ids, loss_mask, hidden_states, "
@@ -136,8 +136,7 @@ int main(int argc, char** argv) {
     }
     auto objective = objectives::make_dspine_objective(
         config, objectives::read_dspine_settings(config), embed, head, device, dtype);
-    dspine::model::load_module_state(*objective->module(),
-                                     core::load_safetensors(dspine::model::weights_file(weights_path)));
+    dspine::model::load_draft(*objective->draft(), weights_path);
 
     if (acceptance) {
       if (!source) fail("dspine-eval: --acceptance reads the config's data source, not --target");

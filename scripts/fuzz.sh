@@ -3,7 +3,7 @@
 # runs each in turn for a number of executions (default 1,000,000), then prints the executions
 # of each. See docs/fuzzing.md.
 #   scripts/fuzz.sh [executions] [target...]      targets: config safetensors shard_index shard
-#                                                  checkpoint (default: all)
+#                                                  checkpoint hf_config (default: all)
 # DSPINE_FUZZ_MAX_TIME caps the seconds per target (default 1800).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 RUNS=${1:-1000000}
 shift $(($# > 0 ? 1 : 0))
 TARGETS=("$@")
-((${#TARGETS[@]})) || TARGETS=(config safetensors shard_index shard checkpoint)
+((${#TARGETS[@]})) || TARGETS=(config safetensors shard_index shard checkpoint hf_config)
 MAX_TIME=${DSPINE_FUZZ_MAX_TIME:-1800}
 BUILD=build-fuzz
 log() { echo "[fuzz] $*" >&2; }

@@ -55,26 +55,47 @@ int64_t resolved_mask_token_id(const core::ModelConfig& config) {
   return config.mask_token_id < 0 ? config.vocab_size - 1 : config.mask_token_id;
 }
 
-nlohmann::json dspine_hf_config(const core::ModelConfig& c, const std::string& dtype,
-                                const nlohmann::json& training_settings) {
+HfConfigContext hf_config_context(const core::Config& run, const nlohmann::json& training_settings) {
+  HfConfigContext context;
+  context.dtype = run.training.dtype;
+  context.training_settings = training_settings;
+  const auto& ids = run.model.target_layer_ids;
+  const bool synthetic = run.data.source == "synthetic" || run.data.source == "random";
+  context.num_target_layers = synthetic || ids.empty()
+                                  ? run.data.synthetic.num_layers
+                                  : *std::max_element(ids.begin(), ids.end()) + 1;
+  context.max_position_embeddings = run.data.seq_len;
+  return context;
+}
+
+nlohmann::json dspine_hf_config(const core::Config& run, const nlohmann::json& training_settings) {
+  return dspine_hf_config(run.model, hf_config_context(run, training_settings));
+}
+
+nlohmann::json dspine_hf_config(const core::ModelConfig& c, const HfConfigContext& context) {
   const auto& d = c.dspine;
-  nlohmann::json dspine = training_settings;
+  nlohmann::json dspine = context.training_settings;
   dspine.update({
       {"transfer_rank", d.transfer_rank},
       {"message_size", d.message_size},
       {"top_k", d.top_k},
       {"replacement_layers", d.replacement_layers},
   });
-  return {
+  nlohmann::json config = {
       {"architectures", {"DSpineDraftModel"}},
       {"attention_bias", false},
       {"attention_dropout", 0.0},
       {"auto_map", {{"AutoModel", "dspine.DSpineDraftModel"}}},
       {"block_size", c.block_size},
+      // The synthetic target has no special tokens; a loader reads null as "not set".
+      {"bos_token_id", nullptr},
       {"dflash_config",
-       {{"mask_token_id", resolved_mask_token_id(c)}, {"target_layer_ids", c.target_layer_ids}}},
+       {{"block_size", c.block_size},
+        {"mask_token_id", resolved_mask_token_id(c)},
+        {"target_layer_ids", c.target_layer_ids}}},
       {"dspine_config", dspine},
-      {"dtype", dtype == "bf16" ? "bfloat16" : "float32"},
+      {"dtype", context.dtype == "bf16" ? "bfloat16" : "float32"},
+      {"eos_token_id", nullptr},
       {"head_dim", c.head_dim},
       {"hidden_act", "silu"},
       {"hidden_size", c.hidden_size},
@@ -82,11 +103,13 @@ nlohmann::json dspine_hf_config(const core::ModelConfig& c, const std::string& d
       {"intermediate_size", c.intermediate_size},
       {"is_causal", true},
       {"layer_types", std::vector<std::string>(c.num_hidden_layers, "full_attention")},
+      {"max_position_embeddings", context.max_position_embeddings},
       {"max_window_layers", c.num_hidden_layers},
       {"model_type", "qwen3"},
       {"num_attention_heads", c.num_attention_heads},
       {"num_hidden_layers", c.num_hidden_layers},
       {"num_key_value_heads", c.num_key_value_heads},
+      {"num_target_layers", context.num_target_layers},
       {"rms_norm_eps", c.rms_norm_eps},
       {"rope_scaling", nullptr},
       {"rope_theta", c.rope_theta},
@@ -96,6 +119,8 @@ nlohmann::json dspine_hf_config(const core::ModelConfig& c, const std::string& d
       {"use_sliding_window", false},
       {"vocab_size", c.vocab_size},
   };
+  if (context.max_position_embeddings <= 0) config.erase("max_position_embeddings");
+  return config;
 }
 
 }  // namespace dspine::model

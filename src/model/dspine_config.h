@@ -17,10 +17,23 @@ void validate_dspine_model_config(const core::ModelConfig& config);
 // model.mask_token_id with -1 resolved to the last vocabulary id.
 int64_t resolved_mask_token_id(const core::ModelConfig& config);
 
-// The Qwen3Config-style config.json of dspine.md §2.1, with the complete dspine_config (§2.2):
-// the model's keys plus `training_settings`, the objective's keys under their reference names
-// (objectives::dspine_settings_json). `dtype` is training.dtype (fp32 | bf16).
-nlohmann::json dspine_hf_config(const core::ModelConfig& config, const std::string& dtype,
-                                const nlohmann::json& training_settings);
+// What config.json records beyond the draft's own sizes (informational for loaders).
+struct HfConfigContext {
+  std::string dtype = "fp32";  // fp32 | bf16, the dtype of the saved parameters
+  // The objective's dspine_config keys under their reference names
+  // (objectives::dspine_settings_json); they join the model's four.
+  nlohmann::json training_settings = nlohmann::json::object();
+  int64_t num_target_layers = 0;        // depth of the target the hidden states come from
+  int64_t max_position_embeddings = 0;  // the longest sequence trained on; 0: unknown, left out
+};
+
+// The context of a training run: training.dtype, data.seq_len, and the target depth (the
+// synthetic target's layers; for other sources the least depth holding every target layer id).
+HfConfigContext hf_config_context(const core::Config& run, const nlohmann::json& training_settings);
+
+// The Qwen3Config-style config.json of the draft (docs/model.md#configjson): every key of the
+// reference draft config, with the complete dspine_config.
+nlohmann::json dspine_hf_config(const core::ModelConfig& config, const HfConfigContext& context);
+nlohmann::json dspine_hf_config(const core::Config& run, const nlohmann::json& training_settings);
 
 }  // namespace dspine::model

@@ -45,8 +45,7 @@ DSpineObjective::DSpineObjective(const core::Config& config, const DSpineSetting
 }
 
 nlohmann::json DSpineObjective::hf_config() const {
-  return model::dspine_hf_config(config_.model, config_.training.dtype,
-                                 dspine_settings_json(settings_));
+  return model::dspine_hf_config(config_, dspine_settings_json(settings_));
 }
 
 void DSpineObjective::on_fresh_start() { draft_->initialize_transfer_space(model_.lm_head()); }

@@ -10,7 +10,7 @@
 #include "core/config_section.h"
 #include "core/error.h"
 #include "model/dspine_config.h"
-#include "model/module_state.h"
+#include "model/draft_loading.h"
 #include "objectives/dspine_terms.h"
 #include "objectives/gspo_policy_loss.h"
 
@@ -208,8 +208,7 @@ GspoObjective::GspoObjective(const core::Config& config, const DSpineSettings& d
 }
 
 nlohmann::json GspoObjective::hf_config() const {
-  return model::dspine_hf_config(config_.model, config_.training.dtype,
-                                 dspine_settings_json(dspine_));
+  return model::dspine_hf_config(config_, dspine_settings_json(dspine_));
 }
 
 void GspoObjective::on_fresh_start() {
@@ -217,11 +216,7 @@ void GspoObjective::on_fresh_start() {
     draft_->initialize_transfer_space(model_.lm_head());
     return;
   }
-  const auto file = core::load_safetensors(model::weights_file(settings_.init_from));
-  model::load_module_state(*draft_, file);
-  if (!draft_->transfer_ready())
-    fail("objective.gspo.init_from: {} holds a draft whose transfer space was never built",
-         file.path);
+  model::load_draft(*draft_, settings_.init_from);
 }
 
 DraftPass GspoObjective::pass(const data::DraftBatch& batch, StepContext& context,

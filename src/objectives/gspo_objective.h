@@ -36,7 +36,7 @@ struct GspoSettings {
   double eps_high = 4e-4;
   int64_t updates_per_rollout = 1;
   double ce_weight = 0.0;
-  std::string init_from;  // checkpoint directory or a draft model.safetensors; "" = fresh draft
+  std::string init_from;  // checkpoint or export directory, or a draft .safetensors; "" = fresh draft
 };
 
 // Reads and range-checks objective.gspo (errors name the full key, e.g.

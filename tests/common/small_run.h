@@ -1,4 +1,5 @@
-// A small, fast trainer configuration for CPU tests: the simple draft on the synthetic target.
+// Small, fast trainer configurations for CPU tests: the simple draft, and the embedded tiny DSpine
+// configuration, on the synthetic target.
 #pragma once
 
 #include <filesystem>
@@ -24,6 +25,19 @@ inline core::Config small_run_config(const std::filesystem::path& dir, int64_t t
   config.checkpoint.save_every = 0;
   config.checkpoint.resume = "none";
   config.logging.metrics_file = (dir / "metrics.jsonl").string();
+  config.logging.progress = "false";
+  config.logging.level = "warn";
+  return config;
+}
+
+// The embedded tiny DSpine configuration (configs/tiny.yaml), checkpoints under `dir`, quiet, no
+// metrics file.
+inline core::Config tiny_dspine_run_config(const std::filesystem::path& dir, int64_t total_steps) {
+  core::Config config = core::load_config("");
+  config.training.total_steps = total_steps;
+  config.checkpoint.dir = (dir / "checkpoints").string();
+  config.checkpoint.resume = "none";
+  config.logging.metrics_file = "";
   config.logging.progress = "false";
   config.logging.level = "warn";
   return config;

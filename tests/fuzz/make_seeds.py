@@ -45,6 +45,49 @@ INDEX = {"format": "dspine-shards", "version": 1, "seq_len": 4, "hidden_size": 3
          "shards": [{"file": "shard-00000.safetensors", "first_sample": 0, "samples": 2},
                     {"file": "shard-00001.safetensors", "first_sample": 2, "samples": 3}]}
 
+# A tiny DSpine draft's config.json as `dspine-data export` writes it.
+HF_CONFIG = {'architectures': ['DSpineDraftModel'],
+             'attention_bias': False,
+             'attention_dropout': 0.0,
+             'auto_map': {'AutoModel': 'dspine.DSpineDraftModel'},
+             'block_size': 4,
+             'bos_token_id': None,
+             'dflash_config': {'block_size': 4, 'mask_token_id': 255, 'target_layer_ids': [0, 1, 2]},
+             'dspine_config': {'alignment_warmup_steps': 0,
+                               'alignment_weight': 0.5,
+                               'candidate_mass_threshold': 0.0001,
+                               'ce_weight': 0.1,
+                               'message_size': 16,
+                               'replacement_end_ratio': 0.3333333333333333,
+                               'replacement_hold_ratio': 0.16666666666666666,
+                               'replacement_layers': 3,
+                               'replacement_probability': 0.5,
+                               'top_k': 8,
+                               'transfer_rank': 32},
+             'dtype': 'float32',
+             'eos_token_id': None,
+             'head_dim': 16,
+             'hidden_act': 'silu',
+             'hidden_size': 64,
+             'initializer_range': 0.02,
+             'intermediate_size': 128,
+             'is_causal': True,
+             'layer_types': ['full_attention', 'full_attention'],
+             'max_position_embeddings': 64,
+             'max_window_layers': 2,
+             'model_type': 'qwen3',
+             'num_attention_heads': 4,
+             'num_hidden_layers': 2,
+             'num_key_value_heads': 2,
+             'num_target_layers': 4,
+             'rms_norm_eps': 1e-06,
+             'rope_scaling': None,
+             'rope_theta': 10000.0,
+             'sliding_window': None,
+             'tie_word_embeddings': False,
+             'use_cache': True,
+             'use_sliding_window': False,
+             'vocab_size': 256}
 TRAINER_STATE = {"step": 3, "data_cursor": 24, "config": "training:\n  total_steps: 3\n",
                  "world_size": 2, "optimizer_shards": 2}
 
@@ -63,6 +106,7 @@ def main(repo, out):
         "shard_index": {"index.json": json.dumps(INDEX, indent=2).encode()},
         "shard": {"shard-00000.safetensors": SHARD},
         "checkpoint": {"trainer_state.json": json.dumps(TRAINER_STATE, indent=2).encode()},
+        "hf_config": {"config.json": json.dumps(HF_CONFIG, indent=2).encode()},
     }
     for target, files in seeds.items():
         directory = out / target

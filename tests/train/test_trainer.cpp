@@ -8,7 +8,6 @@
 #include "core/checksum.h"
 #include "core/config.h"
 #include "core/error.h"
-#include "core/files.h"
 #include "core/safetensors.h"
 #include "data/batch_source.h"
 #include "dist/communicator.h"
@@ -17,6 +16,7 @@
 #include "train/checkpoint.h"
 #include "train/lr_schedule.h"
 #include "common/nonfinite.h"
+#include "common/fresh_dir.h"
 #include "common/small_run.h"
 #include "train/trainer.h"
 
@@ -25,27 +25,14 @@ using dspine::core::Config;
 
 namespace {
 
-fs::path fresh_dir(const std::string& name) {
-  auto dir = fs::temp_directory_path() / ("dspine_test_" + name + "_" + std::to_string(::getpid()));
-  dspine::core::remove_tree(dir.string());
-  fs::create_directories(dir);
-  return dir;
-}
+using dspine::testing::fresh_dir;
 
 Config small_config(const fs::path& dir, int64_t total_steps) {
   return dspine::testing::small_run_config(dir, total_steps);
 }
 
-// The embedded tiny DSpine configuration, checkpoints under `dir`, quiet, no metrics file.
 Config tiny_dspine_config(const fs::path& dir, int64_t total_steps) {
-  Config config = dspine::core::load_config("");
-  config.training.total_steps = total_steps;
-  config.checkpoint.dir = (dir / "checkpoints").string();
-  config.checkpoint.resume = "none";
-  config.logging.metrics_file = "";
-  config.logging.progress = "false";
-  config.logging.level = "warn";
-  return config;
+  return dspine::testing::tiny_dspine_run_config(dir, total_steps);
 }
 
 std::map<std::string, torch::Tensor> parameters_of(torch::nn::Module& module) {
