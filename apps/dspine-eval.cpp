@@ -1,8 +1,9 @@
 // dspine-eval: evaluates a DSpine draft on one batch file and prints every loss term and metric
-// (dspine.md §7); --dump-grads writes d(loss)/d(parameter) of every trainable parameter. Used for
-// parity checks against the reference implementation: explicit anchors / keep / replace_mask in
-// the batch file override sampling. --acceptance instead measures the mean accepted length of the
-// draft on held-out samples of the config's data source (DSpine and GSPO checkpoints alike).
+// (docs/model.md, "The supervised objective"); --dump-grads writes d(loss)/d(parameter) of every
+// trainable parameter. Used for parity checks against the reference implementation: explicit
+// anchors / keep / replace_mask in the batch file override sampling. --acceptance instead measures
+// the mean accepted length of the draft on held-out samples of the config's data source (DSpine and
+// GSPO checkpoints alike).
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 

@@ -261,7 +261,7 @@ class Context {
     fail("config error in {}: {} = {} is out of range; allowed: {}{}", source_, key, value,
          allowed, origin(key));
   }
-  // dspine.md §2.2: every DSpine message contains "DSpine" and the rule it broke.
+  // docs/model.md ("config.json"): every DSpine message contains "DSpine" and the rule it broke.
   [[noreturn]] void fail_dspine(const std::string& key, const std::string& value,
                                 const std::string& rule) const {
     fail("config error in {}: {} = {} is out of range: DSpine {}{}", source_, key, value, rule,
@@ -456,7 +456,7 @@ class Reader {
   }
 
   int64_t parse_int(const Key& key, const std::string& name, const YAML::Node& node) const {
-    // dspine.md §2.2 rule 1: integers and not bools, so 2.5 and 1024.0 fail.
+    // The reference's first DSpine rule: integers and not bools, so 2.5 and 1024.0 fail.
     const std::string expected =
         is_dspine_key(key.name) ? fmt::format("DSpine {} must be an integer", leaf_of(key.name))
                                 : "expected an integer";
@@ -722,9 +722,9 @@ void validate(const Context& ctx, const Config& c) {
     }
   }
 
-  // dspine.md §2.2, in its order (integer and finiteness checks happened while reading); the
-  // training settings are objective.dspine's (objectives/dspine_settings.cpp). The bounds that
-  // involve hidden_size / vocab_size apply when the model is a DSpine model: the simple
+  // The reference's DSpine checks, in its order (integer and finiteness checks happened while
+  // reading); the training settings are objective.dspine's (objectives/dspine_settings.cpp). The
+  // bounds that involve hidden_size / vocab_size apply when the model is a DSpine model: the simple
   // architecture ignores these fields, and their reference defaults exceed tiny models.
   const DSpineConfig& d = m.dspine;
   const bool dspine = m.architecture == "dspine";

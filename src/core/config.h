@@ -10,8 +10,8 @@
 
 namespace dspine::core {
 
-// dspine.md §2.2: the DSpine draft's architecture / inference hyper-parameters (the reference's
-// dspine_config, same names/defaults). Its training settings are objective.dspine
+// docs/model.md ("config.json"): the DSpine draft's architecture / inference hyper-parameters (the
+// reference's dspine_config, same names/defaults). Its training settings are objective.dspine
 // (objectives/dspine_settings.h).
 struct DSpineConfig {
   int64_t transfer_rank = 1024;

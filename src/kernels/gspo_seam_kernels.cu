@@ -1,4 +1,5 @@
-// Fused GSPO seam: see gspo_seam_kernels.h for the contract and gspo.md §2 for the math.
+// Fused GSPO seam: see gspo_seam_kernels.h for the contract and docs/gspo.md ("The seam") for the
+// math.
 //
 // Reduce runs one wave (as many blocks as fit on the device at once), each block owning a
 // contiguous range of tokens that it walks in tiles of kTile: block 1 per token, then a
@@ -254,8 +255,8 @@ __device__ __forceinline__ int store_segment(float* ws, const Layout& layout, in
   return atomicAdd(reinterpret_cast<int*>(ws + layout.writers()) + key, 1);
 }
 
-// A segment's share of the loss and metric sums, gspo.md §2: n·ℓ, W·[R outside the clip range],
-// W·R, with R = exp(U) and Ā = V (d unused).
+// A segment's share of the loss and metric sums (docs/gspo.md, "The seam"): n·ℓ, W·[R outside the
+// clip range], W·R, with R = exp(U) and Ā = V (d unused).
 __device__ __forceinline__ Quad segment_terms(float u, float advantage, float weight, float n,
                                               const GspoSeamScalars& scalars) {
   const float ratio = expf(u);

@@ -1,4 +1,4 @@
-// Fused GSPO segment seam (gspo.md §2-3) on raw device pointers, in two forms:
+// Fused GSPO segment seam (docs/gspo.md, "The seam") on raw device pointers, in two forms:
 // - local (no segment spans ranks): gspo_seam_local, two launches — a kernel zeroing the
 //   workspace's head, then one cooperative kernel doing block 1, the deterministic segmented
 //   reduction into the fp32 [2, S] buffer and block 2 (c_t, loss and metric sums);

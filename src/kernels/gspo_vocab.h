@@ -1,8 +1,9 @@
-// Vocab-level halves of the monolithic GSPO path (gspo.md §2-3), on raw device pointers: the
-// forward reads each labelled row of logits once (max, log-sum-exp, log-prob of the sampled
-// token, with the logits scale λ); the backward reads it again and writes c_t·(p − δ) straight
-// into the logits gradient. One block per row, statistics in fp32: no [N, V] fp32 intermediate
-// exists. The seam (gspo_seam_kernels.h) runs between the two on the forward's log-probs.
+// Vocab-level halves of the monolithic GSPO path (docs/gspo.md, "The seam"), on raw device
+// pointers: the forward reads each labelled row of logits once (max, log-sum-exp, log-prob of the
+// sampled token, with the logits scale λ); the backward reads it again and writes c_t·(p − δ)
+// straight into the logits gradient. One block per row, statistics in fp32: no [N, V] fp32
+// intermediate exists. The seam (gspo_seam_kernels.h) runs between the two on the forward's
+// log-probs.
 #pragma once
 
 #include <cstdint>

@@ -1,6 +1,7 @@
-// AdjacentInjection (dspine.md §4): after every decoder layer each proposal slot receives a gated
-// low-rank message computed from its predecessor (previous slot's feature, or the anchor token's
-// transfer code for the first proposal), in the rank-r transfer space.
+// AdjacentInjection (docs/model.md, "Adjacent injection and the transfer space"): after every
+// decoder layer each proposal slot receives a gated low-rank message computed from its predecessor
+// (previous slot's feature, or the anchor token's transfer code for the first proposal), in the
+// rank-r transfer space.
 #pragma once
 
 #include <torch/nn/module.h>

@@ -1,5 +1,6 @@
-// DSpine block attention (dspine.md §4): queries are the block tokens, keys/values are
-// [projected target context | block tokens]; q/k RMSNorm per head, RoPE, GQA, boolean mask.
+// DSpine block attention (docs/model.md, "The block attention mask"): queries are the block tokens,
+// keys/values are [projected target context | block tokens]; q/k RMSNorm per head, RoPE, GQA,
+// boolean mask.
 #pragma once
 
 #include <torch/nn/module.h>

@@ -1,4 +1,5 @@
-// The DSpine block attention mask (dspine.md §5.6, full-attention layers).
+// The DSpine block attention mask (docs/model.md, "The block attention mask"; full-attention
+// layers).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -14,10 +15,10 @@ namespace dspine::model {
 at::Tensor block_attention_mask(const at::Tensor& anchors, const at::Tensor& keep, int64_t seq_len,
                                 int64_t block_size);
 
-// The mask as the attention layers consume it, prepared once per forward. Fully masked query
-// rows (dropped blocks) must produce zeros (dspine.md §4 step 7, §13): they are let see every key
-// so that no backend produces NaN, and their output is multiplied by `rows_visible` = 0, which
-// also stops their gradient.
+// The mask as the attention layers consume it, prepared once per forward. Fully masked query rows
+// (dropped blocks) must produce zeros (docs/model.md, "The block attention mask"): they are let see
+// every key so that no backend produces NaN, and their output is multiplied by `rows_visible` = 0,
+// which also stops their gradient.
 struct AttentionMask {
   at::Tensor keys;          // [B, 1, Q, S+Q] bool
   at::Tensor rows_visible;  // [B, 1, Q, 1] bool: the query row sees at least one key

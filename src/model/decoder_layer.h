@@ -1,5 +1,5 @@
-// One pre-norm Qwen3 decoder layer of the DSpine draft (dspine.md §4): the context is already
-// normed by hidden_norm and does not pass through input_layernorm.
+// One pre-norm Qwen3 decoder layer of the DSpine draft (docs/model.md, "Backbone layers"): the
+// context is already normed by hidden_norm and does not pass through input_layernorm.
 #pragma once
 
 #include <torch/nn/module.h>

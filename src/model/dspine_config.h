@@ -1,5 +1,5 @@
-// DSpine draft configuration: the checks of dspine.md §2.2/§2.3 applied to the typed config, and
-// the Hugging Face `config.json` of §2.1 that accompanies every checkpoint.
+// DSpine draft configuration: the checks of docs/model.md ("config.json") applied to the typed
+// config, and the Hugging Face `config.json` of §2.1 that accompanies every checkpoint.
 #pragma once
 
 #include <cstdint>
@@ -11,7 +11,7 @@
 namespace dspine::model {
 
 // Throws dspine::Error (every message contains "DSpine") when the draft sizes or dspine_config
-// violate dspine.md §2.2/§2.3.
+// violate docs/model.md ("config.json").
 void validate_dspine_model_config(const core::ModelConfig& config);
 
 // model.mask_token_id with -1 resolved to the last vocabulary id.

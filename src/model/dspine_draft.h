@@ -1,7 +1,8 @@
-// The DSpine draft model (dspine.md §3.1, §5.8): context projection of the K target layers, L
-// decoder layers over [context | block tokens] with an AdjacentInjection after each, the final
-// norm, the refinement head, and the fixed transfer space (buffers `transfer_codes` [V, r] fp32 and
-// `transfer_ready` 0-d bool). named_parameters()/named_buffers() are the reference state-dict keys.
+// The DSpine draft model (docs/model.md, "Backbone layers", "State-dict keys"): context projection
+// of the K target layers, L decoder layers over [context | block tokens] with an AdjacentInjection
+// after each, the final norm, the refinement head, and the fixed transfer space (buffers
+// `transfer_codes` [V, r] fp32 and `transfer_ready` 0-d bool). named_parameters()/named_buffers()
+// are the reference state-dict keys.
 #pragma once
 
 #include <torch/nn/module.h>
@@ -43,11 +44,13 @@ class DSpineDraftImpl : public torch::nn::Module, public ObservableUnits {
   // hidden_norm(fc(target_hidden)): [B, S, H].
   torch::Tensor context(const torch::Tensor& target_hidden);
 
-  // norm(write(h, feature(h, L-1), sqrt(r) * codes[pred_ids], L-1)) (dspine.md §4 refine).
+  // norm(write(h, feature(h, L-1), sqrt(r) * codes[pred_ids], L-1)) (docs/model.md, "Refinement
+  // head").
   torch::Tensor refine(const torch::Tensor& h, const torch::Tensor& pred_ids);
 
-  // Sets the codes and every readout from the frozen head [V, H] (dspine.md §6) and marks the
-  // space ready. Call once on a fresh draft; a loaded checkpoint carries its buffers instead.
+  // Sets the codes and every readout from the frozen head [V, H] (docs/model.md, "Adjacent
+  // injection and the transfer space") and marks the space ready. Call once on a fresh draft; a
+  // loaded checkpoint carries its buffers instead.
   void initialize_transfer_space(const torch::Tensor& head, int64_t chunk_size = 4096);
   bool transfer_ready() const;
 

@@ -1,4 +1,4 @@
-// The kernel factory (dspine.md, issue "fused kernels"): RMSNorm and SwiGLU MLP modules built
+// The kernel factory (docs/model.md, "Backbone layers"): RMSNorm and SwiGLU MLP modules built
 // either as reference ATen modules or as fused CUDA autograd functions. Parameter names are
 // identical either way (`weight`; `gate_proj.weight`, `up_proj.weight`, `down_proj.weight`), so
 // checkpoints interoperate; nothing global is patched.

@@ -1,4 +1,4 @@
-// Default (unscaled) rotary position embedding of dspine.md §4.
+// Default (unscaled) rotary position embedding (docs/model.md, "Backbone layers").
 #pragma once
 
 #include <ATen/core/Tensor.h>

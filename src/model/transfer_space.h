@@ -1,5 +1,6 @@
-// The fixed DSpine transfer space (dspine.md §6): PCA of the row-normalized target lm_head,
-// whitened per component and unit-normalized into one code per vocabulary token.
+// The fixed DSpine transfer space (docs/model.md, "Adjacent injection and the transfer space"): PCA
+// of the row-normalized target lm_head, whitened per component and unit-normalized into one code
+// per vocabulary token.
 #pragma once
 
 #include <ATen/core/Tensor.h>

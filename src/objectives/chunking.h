@@ -1,8 +1,8 @@
-// Chunked objective evaluation (dspine.md §9): aligned tensors are split along dim 0 into
-// consecutive chunks, fn runs on each, and the returned scalars are summed element-wise. With a
-// positive chunk size and autograd on, every chunk is activation-checkpointed: its forward runs
-// without a graph (only the chunk inputs are kept) and its backward recomputes the chunk with
-// grad, so the [c, T, V] logits of at most one chunk are alive at a time.
+// Chunked objective evaluation (docs/model.md, "Chunking"): aligned tensors are split along dim 0
+// into consecutive chunks, fn runs on each, and the returned scalars are summed element-wise. With
+// a positive chunk size and autograd on, every chunk is activation-checkpointed: its forward runs
+// without a graph (only the chunk inputs are kept) and its backward recomputes the chunk with grad,
+// so the [c, T, V] logits of at most one chunk are alive at a time.
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -1,4 +1,4 @@
-// DSpine block construction (dspine.md §5.2–5.5, §5.7, §5.9): anchor sampling, labels, the
+// DSpine block construction (docs/model.md, "Anchors and blocks"): anchor sampling, labels, the
 // cumulative supervision chain with decayed weights, replacement draws, position ids, block input
 // ids, and the [M = B*N, T] layout the objective consumes.
 #pragma once

@@ -1,6 +1,7 @@
-// The DSpine training forward (dspine.md §5, §7.2–7.3, §7.7): owns the draft plus the frozen
-// target embed_tokens / lm_head [V, H], turns a DraftBatch into anchor blocks, runs the draft and
-// evaluates the full objective (or only its CE in the graph-free prepass) in chunks.
+// The DSpine training forward (docs/model.md, "Anchors and blocks" to "CE-only prepass and
+// replay"): owns the draft plus the frozen target embed_tokens / lm_head [V, H], turns a DraftBatch
+// into anchor blocks, runs the draft and evaluates the full objective (or only its CE in the
+// graph-free prepass) in chunks.
 #pragma once
 
 #include <ATen/core/Generator.h>

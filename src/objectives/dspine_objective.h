@@ -1,4 +1,5 @@
-// The DSpine objective as the trainer drives it (objective.name: dspine; dspine.md §7–8).
+// The DSpine objective as the trainer drives it (objective.name: dspine; docs/model.md, "The
+// supervised objective").
 //
 // Trainer usage:
 //   auto objective = make_dspine_objective(config, read_dspine_settings(config),

@@ -1,5 +1,5 @@
-// DSpine schedules (dspine.md §7.6): alignment weight β with linear warmup and the replacement
-// probability p, held until hold_ratio of the horizon, linear to 0 at end_ratio.
+// DSpine schedules (docs/model.md, "Schedules"): alignment weight β with linear warmup and the
+// replacement probability p, held until hold_ratio of the horizon, linear to 0 at end_ratio.
 #pragma once
 
 #include <cstdint>

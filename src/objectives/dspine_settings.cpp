@@ -13,7 +13,7 @@ std::string key_of(const std::string& leaf) {
   return fmt::format("objective.{}.{}", kSection, leaf);
 }
 
-// The reference's checks in its order (docs/model.md, "Settings"); types and finiteness are
+// The reference's checks in its order (docs/config.md, objective.dspine); types and finiteness are
 // checked while reading. Each rule is also what docs/config.md lists for its key.
 void check_ranges(const core::Config& config, const DSpineSettings& s) {
   auto require = [&](const std::string& leaf, bool ok, auto value, const std::string& allowed) {

@@ -1,5 +1,6 @@
-// The DSpine objective's training settings, the map objective.dspine (dspine.md §2.2, §7; the
-// reference's names and defaults). The draft's own keys stay in model.dspine.
+// The DSpine objective's training settings, the map objective.dspine (docs/config.md, docs/model.md
+// "The supervised objective"; the reference's names and defaults). The draft's own keys stay in
+// model.dspine.
 #pragma once
 
 #include <cstdint>

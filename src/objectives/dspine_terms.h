@@ -1,5 +1,6 @@
-// Per-chunk DSpine objective terms (dspine.md §7.1) and the CE-only terms of the prepass (§7.7),
-// over blocks laid out as [c, T, ...] (c blocks of T proposals).
+// Per-chunk DSpine objective terms (docs/model.md, "The supervised objective") and the CE-only
+// terms of the prepass ("CE-only prepass and replay"), over blocks laid out as [c, T, ...] (c
+// blocks of T proposals).
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -1,7 +1,8 @@
-// The accumulation window of dspine.md §8: every micro-batch first runs a graph-free CE-only
-// prepass (RNG state saved just before it), the window's [ΣCE, ΣD] is reduced once over ranks,
-// then every micro-batch is replayed with grad under the RNG state its prepass had, so anchors and
-// replacement draws are identical. WindowReplay is the bookkeeping; GeneratorFork the RNG part.
+// The accumulation window (docs/model.md, "CE-only prepass and replay"): every micro-batch first
+// runs a graph-free CE-only prepass (RNG state saved just before it), the window's [ΣCE, ΣD] is
+// reduced once over ranks, then every micro-batch is replayed with grad under the RNG state its
+// prepass had, so anchors and replacement draws are identical. WindowReplay is the bookkeeping;
+// GeneratorFork the RNG part.
 #pragma once
 
 #include <ATen/core/Generator.h>

@@ -23,7 +23,7 @@ struct GspoSeamArgs {
   int64_t num_segments = 0;
 };
 
-// Block-2 scalars, in the spec's terms (gspo.md §1-2).
+// Block-2 scalars, in the terms of docs/gspo.md ("The seam").
 struct GspoFinishArgs {
   double eps_low = 0.0;
   double eps_high = 0.0;

@@ -61,8 +61,8 @@ bool use_fused(GspoBackend backend, const at::Tensor& on) {
   return false;
 }
 
-// Reference seam: gspo.md §2 op by op, in fp32; masking by select so that non-finite values at
-// masked positions never reach a sum.
+// Reference seam: docs/gspo.md ("The seam") op by op, in fp32; masking by select so that non-finite
+// values at masked positions never reach a sum.
 GspoSeamResult seam_reference(const at::Tensor& logprobs, const GspoTokens& tokens,
                               const GspoSeamParams& params, dist::Communicator& comm) {
   const auto f32 = logprobs.options().dtype(at::kFloat);

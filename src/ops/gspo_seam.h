@@ -1,9 +1,9 @@
-// The GSPO segment seam (gspo.md §1-4): per-token weights, the per-segment sums (one all-reduce
-// of the [2, S] buffer when segments span ranks), the loss, metrics and the per-token gradient
-// coefficient c_t. Two back ends with one contract: the reference (ATen ops mirroring the spec
-// op by op; CPU and CUDA; the oracle) and the fused CUDA kernels (3 launches, deterministic).
-// The monolithic entry point adds the vocab level around the seam (log-softmax forward and the
-// c·(p − δ) backward into the logits gradient) without storing any [N, V] fp32 tensor.
+// The GSPO segment seam (docs/gspo.md, "The seam"): per-token weights, the per-segment sums (one
+// all-reduce of the [2, S] buffer when segments span ranks), the loss, metrics and the per-token
+// gradient coefficient c_t. Two back ends with one contract: the reference (ATen ops mirroring the
+// spec op by op; CPU and CUDA; the oracle) and the fused CUDA kernels (3 launches, deterministic).
+// The monolithic entry point adds the vocab level around the seam (log-softmax forward and the c·(p
+// − δ) backward into the logits gradient) without storing any [N, V] fp32 tensor.
 #pragma once
 
 #include <cstdint>

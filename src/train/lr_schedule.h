@@ -1,5 +1,6 @@
-// dspine.md §2.4: linear warmup over int(warmup_ratio * total_steps) steps, then cosine annealing
-// from the base rate to 0 over the remaining steps (or a constant rate after warmup).
+// training.lr_scheduler cosine (docs/config.md): linear warmup over int(warmup_ratio * total_steps)
+// steps, then cosine annealing from the base rate to 0 over the remaining steps (or a constant rate
+// after warmup).
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,4 @@
-// AdamW over fp32 master weights (dspine.md §2.4, the reference's BF16Optimizer), stepped on the
+// AdamW over fp32 master weights (as the reference's BF16Optimizer), stepped on the
 // slices of the sharding units this rank owns (docs/distributed.md): the units' reduced fp32
 // gradients are clipped by their global norm over all shards, torch::optim::AdamW steps the
 // masters, and the sharding publishes them back into the model in its dtype.

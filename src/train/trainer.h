@@ -1,7 +1,8 @@
-// The training loop (dspine.md §2.4, §8): optimizer windows of accumulation_steps micro-batches,
-// AdamW on fp32 masters with warmup + cosine LR and global-norm clipping, gradients reduced over
-// ranks and parameters sharded by distributed.sharding (docs/distributed.md), metrics to JSONL,
-// sharded checkpoints with exact resume (and resharding to another world size).
+// The training loop (docs/model.md, "Normalisation over a window"): optimizer windows of
+// accumulation_steps micro-batches, AdamW on fp32 masters with warmup + cosine LR and global-norm
+// clipping, gradients reduced over ranks and parameters sharded by distributed.sharding
+// (docs/distributed.md), metrics to JSONL, sharded checkpoints with exact resume (and resharding to
+// another world size).
 #pragma once
 
 #include <cstdint>

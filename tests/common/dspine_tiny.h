@@ -1,5 +1,5 @@
-// The tiny DSpine test configuration of dspine.md §12 and the fixtures built on it (shared by
-// the model, objective and multi-rank tests).
+// The tiny DSpine test configuration of the reference's worked example and the fixtures built on it
+// (shared by the model, objective and multi-rank tests).
 #pragma once
 
 #include <vector>

@@ -1,5 +1,5 @@
 // Configuration parsing: defaults, every class of error message, overrides, to_yaml round trip
-// and the DSpine option checks of dspine.md §2.2 (T10).
+// and the DSpine option checks of docs/model.md ("config.json"; the reference's test T10).
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -41,7 +41,7 @@ std::string write_temp(const std::string& name, const std::string& text) {
   return path;
 }
 
-// A tiny DSpine model as in dspine.md §0 (H = 16, V = 32, r = 8, m = 4, k = 3).
+// A tiny DSpine model as in the reference's unit tests (H = 16, V = 32, r = 8, m = 4, k = 3).
 const char* const kTinyDSpine = R"(
 model:
   architecture: dspine
@@ -375,7 +375,7 @@ TEST(Config, TinyDSpineConfigIsValid) {
   EXPECT_EQ(c.objective.name, "dspine");
 }
 
-// dspine.md T10: invalid options are rejected with messages containing "DSpine".
+// The reference's test T10: invalid options are rejected with messages containing "DSpine".
 TEST(Config, DSpineTransferRankAboveHiddenAndVocabBoundIsRejected) {
   const std::string message = tiny_dspine_with("transfer_rank", "17");
   EXPECT_NE(message.find("model.dspine.transfer_rank = 17"), std::string::npos) << message;

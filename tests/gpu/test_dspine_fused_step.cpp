@@ -1,6 +1,6 @@
 // A full DSpine window (CE-only prepass + replay, A = 2) with fused CUDA RMSNorm/SwiGLU equals the
-// same window with the reference ATen modules (dspine.md T34): loss, every gradient (cosine and
-// relative norm error), for fp32 and bf16, at two points of the replacement schedule.
+// same window with the reference ATen modules (the reference's test T34): loss, every gradient
+// (cosine and relative norm error), for fp32 and bf16, at two points of the replacement schedule.
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>

@@ -1,5 +1,5 @@
-// Fused GSPO seam and monolithic vocab path against the reference (gspo.md §3-4) on CUDA:
-// fp32 to 1e-5, bf16 logits to 5e-3, bitwise-equal repeated runs, and clear errors.
+// Fused GSPO seam and monolithic vocab path against the reference (docs/gspo.md, "The seam") on
+// CUDA: fp32 to 1e-5, bf16 logits to 5e-3, bitwise-equal repeated runs, and clear errors.
 #include <gtest/gtest.h>
 
 #include <string>

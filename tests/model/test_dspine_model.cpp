@@ -1,5 +1,5 @@
 // DSpine draft model: state-dict layout, identity at init, block mask, causality, injection with
-// replacement, transfer space (dspine.md §3, §4, §5.6, §5.8, §6; tests T1–T3, T6, T7, T10).
+// replacement, transfer space (docs/model.md; the reference's tests T1–T3, T6, T7, T10).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 

@@ -1,8 +1,8 @@
-// dspine.md T29 on two CPU ranks (MPI back end): rank r takes rows 2·micro + r of a combined
-// batch; after an accumulation window and the trainer's gradient SUM all-reduce, every rank's
-// gradients equal the single-process gradients of the combined batch. The same holds for the
-// reduced gradient slices of every sharding mode, zero3 gathering each unit (again in the
-// backward and in the objective's checkpointed recompute).
+// The reference's test T29 on two CPU ranks (MPI back end): rank r takes rows 2·micro + r of a
+// combined batch; after an accumulation window and the trainer's gradient SUM all-reduce, every
+// rank's gradients equal the single-process gradients of the combined batch. The same holds for the
+// reduced gradient slices of every sharding mode, zero3 gathering each unit (again in the backward
+// and in the objective's checkpointed recompute).
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>

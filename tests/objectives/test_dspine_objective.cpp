@@ -1,5 +1,5 @@
 // DSpine objective: blocks and weights, hand-computed terms, refinement gating, chunked
-// checkpointing, the CE-only prepass, and the accumulation window with replay (dspine.md §5, §7–9;
+// checkpointing, the CE-only prepass, and the accumulation window with replay (docs/model.md;
 // tests T10b–T13, T21–T24, T26–T28).
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>

@@ -1,5 +1,5 @@
 // The reference GSPO seam and monolithic path (CPU) against an independent oracle: a plain loop
-// over segments in fp64 with autograd (gspo.md §2), over the edge cases of gspo.md §4.
+// over segments in fp64 with autograd (docs/gspo.md, "The seam"), over its edge cases.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -26,9 +26,9 @@ struct Layout {
   std::set<int64_t> fully_masked;
 };
 
-// Layouts of gspo.md §4: uneven lengths; one segment; segments never used (1, 4, 7, 8, 11, 13,
-// 14) and a fully masked one (6); a padded tail. Layout "rows" is a [2, 33] batch flattened, so
-// segment 6 spans the two rows.
+// Edge-case layouts (docs/gspo.md, "The seam"): uneven lengths; one segment; segments never used
+// (1, 4, 7, 8, 11, 13, 14) and a fully masked one (6); a padded tail. Layout "rows" is a [2, 33]
+// batch flattened, so segment 6 spans the two rows.
 std::vector<Layout> layouts() {
   return {
       {"uneven", {17, 31, 58, 94}, {0, 1, 2, 3}, 4, 0, {}},
@@ -95,7 +95,7 @@ struct Oracle {
   double new_logprobs = 0, clipped = 0, ratio = 0;
 };
 
-// gspo.md §2 written per segment, in fp64, straight from the definitions.
+// The seam's math (docs/gspo.md) written per segment, in fp64, straight from the definitions.
 Oracle segment_loop(const at::Tensor& lp, const GspoTokens& tokens, const GspoSeamParams& p) {
   const auto target = tokens.target.accessor<int64_t, 1>();
   const auto segment = tokens.segment.to(torch::kInt64);
@@ -179,7 +179,7 @@ TEST(GspoSeam, ReferenceMatchesSegmentLoopWithAutograd) {
           continue;
         }
         o.loss.backward();
-        // c_t = −λ·∂(g·L)/∂lp_t (gspo.md §2: ∂L/∂lp_t = −c_t/λ).
+        // c_t = −λ·∂(g·L)/∂lp_t (∂L/∂lp_t = −c_t/λ).
         const auto expected = -scale * *g * lp.grad();
         expect_close(r.coefficient, expected, 1e-5, 1e-8, what + " coefficient");
         EXPECT_EQ(comm->collective_count(), 0) << "no collective without segments_span_ranks";
