@@ -35,7 +35,7 @@ struct StepOptions {
   int64_t steps = 6;
 };
 
-constexpr const char* kPhases[] = {"prepass", "replay", "optimizer"};
+constexpr const char* kPhases[] = {"data", "prepass", "replay", "optimizer"};
 
 // Fed by the trainer's phase hook. The whole-window peak is taken from the first window's
 // prepass on (model set-up and the final checkpoint are not a training step); collective
@@ -79,7 +79,7 @@ struct PhaseMeter {
       const double elapsed = std::chrono::duration<double>(now - started).count();
       seconds[current].push_back(elapsed);
       peak_mib[current].push_back(static_cast<double>(peak_bytes() - phase_base) / (1 << 20));
-      if (current == "prepass") window_seconds.push_back(0);
+      if (current == "data") window_seconds.push_back(0);  // a window: data, prepass, replay...
       window_seconds.back() += elapsed;
     }
     if (next == "prepass") {

@@ -252,6 +252,7 @@ TrainResult Trainer::run(int64_t stop_after) {
   };
   while (s.step < last) {
     context.step = s.step;
+    if (s.phase_hook) s.phase_hook("data");
     const auto data_start = std::chrono::steady_clock::now();
     std::vector<data::DraftBatch> window;
     for (int64_t micro = 0; micro < accumulation; ++micro) {

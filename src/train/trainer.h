@@ -52,8 +52,9 @@ class Trainer {
 
   torch::nn::Module& module();
 
-  // Called when a phase of a window starts ("prepass": begin_window, i.e. the CE-only prepass
-  // and the global normalizers; "replay": the micro-steps with backward; "optimizer") and with
+  // Called when a phase of a window starts ("data": reading the window's batches, including an
+  // online target's forward; "prepass": begin_window, i.e. the CE-only prepass and the global
+  // normalizers; "replay": the micro-steps with backward; "optimizer") and with
   // "end" after the optimizer step. Benchmarks use it to measure each phase.
   using PhaseHook = std::function<void(const std::string& phase)>;
   void set_phase_hook(PhaseHook hook);
