@@ -23,18 +23,18 @@ std::vector<int64_t> histogram_of(const torch::Tensor& tokens, const torch::Tens
 }
 
 // block_size 5: T = 4 proposals per block, labels 5 6 7 8.
-const torch::Tensor kLabels = torch::tensor({{5, 6, 7, 8}}, torch::kInt64);
-const torch::Tensor kAllReal = torch::ones({1, 4}, torch::kBool);
+torch::Tensor labels() { return torch::tensor({{5, 6, 7, 8}}, torch::kInt64); }
+torch::Tensor all_real() { return torch::ones({1, 4}, torch::kBool); }
 
 TEST(AcceptedLength, AllAcceptedIsBlockSize) {
-  auto h = histogram_of(kLabels.clone(), kLabels, kAllReal);
+  auto h = histogram_of(labels(), labels(), all_real());
   EXPECT_EQ(h, (std::vector<int64_t>{0, 0, 0, 0, 1}));
   EXPECT_DOUBLE_EQ(mean_accepted_length(h), 5.0);  // T accepted + the target's own token
 }
 
 TEST(AcceptedLength, FirstSlotMissIsOne) {
   auto tokens = torch::tensor({{4, 6, 7, 8}}, torch::kInt64);  // later slots match, too late
-  auto h = histogram_of(tokens, kLabels, kAllReal);
+  auto h = histogram_of(tokens, labels(), all_real());
   EXPECT_EQ(h, (std::vector<int64_t>{1, 0, 0, 0, 0}));
   EXPECT_DOUBLE_EQ(mean_accepted_length(h), 1.0);
 }
@@ -43,14 +43,14 @@ TEST(AcceptedLength, SequenceEndCountsOnlyRealPositions) {
   // The block runs past the end of its sequence after two slots (padding labels 0 equal the
   // drafted 0s), and another runs into masked positions: only the real slots count.
   auto tokens = torch::tensor({{5, 6, 0, 0}, {5, 6, 7, 8}}, torch::kInt64);
-  auto labels = torch::tensor({{5, 6, 0, 0}, {5, 6, 7, 8}}, torch::kInt64);
+  auto target = torch::tensor({{5, 6, 0, 0}, {5, 6, 7, 8}}, torch::kInt64);
   auto supervised = torch::tensor({{true, true, false, false}, {true, true, true, false}});
-  auto h = histogram_of(tokens, labels, supervised);
+  auto h = histogram_of(tokens, target, supervised);
   EXPECT_EQ(h, (std::vector<int64_t>{0, 0, 1, 1, 0}));
   EXPECT_DOUBLE_EQ(mean_accepted_length(h), (3.0 + 4.0) / 2);
   // A masked slot in the middle ends the accepted prefix, though later slots match.
   auto gap = torch::tensor({{true, false, true, true}});
-  EXPECT_EQ(histogram_of(kLabels.clone(), kLabels, gap), (std::vector<int64_t>{0, 1, 0, 0, 0}));
+  EXPECT_EQ(histogram_of(labels(), labels(), gap), (std::vector<int64_t>{0, 1, 0, 0, 0}));
 }
 
 TEST(AcceptedLength, AcceptanceByPositionOnAHandBuiltSet) {
@@ -60,8 +60,7 @@ TEST(AcceptedLength, AcceptanceByPositionOnAHandBuiltSet) {
                                {0, 6, 7, 8},    // 0
                                {5, 6, 0, 8}},   // 2
                               torch::kInt64);
-  auto labels = kLabels.expand({5, 4}).contiguous();
-  auto h = histogram_of(tokens, labels, torch::ones({5, 4}, torch::kBool));
+  auto h = histogram_of(tokens, labels().expand({5, 4}), torch::ones({5, 4}, torch::kBool));
   EXPECT_EQ(h, (std::vector<int64_t>{1, 1, 1, 1, 1}));
   EXPECT_DOUBLE_EQ(mean_accepted_length(h), 3.0);
   const auto by_position = acceptance_by_position(h);
