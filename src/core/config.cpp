@@ -743,7 +743,10 @@ void validate(const Context& ctx, const Config& c) {
   }
   at_least("data.seq_len", data.seq_len, 2);
   at_least("data.eval_samples", data.eval_samples, 1);
-  at_least("data.eval_offset", data.eval_offset, -1);
+  if (data.eval_offset < -1) {
+    ctx.fail_range("data.eval_offset", show(data.eval_offset),
+                   "integer >= 0, or -1 for the first sample past the training data");
+  }
   const SyntheticTargetConfig& s = data.synthetic;
   at_least("data.synthetic.seed", s.seed, 0);
   at_least("data.synthetic.num_layers", s.num_layers, 1);

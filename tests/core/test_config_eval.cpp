@@ -46,7 +46,9 @@ TEST(ConfigEval, RangeErrorsNameKeyAndValue) {
   expect_contains(parse_error({"training.eval_every=-1"}),
                   "training.eval_every = -1 is out of range");
   expect_contains(parse_error({"data.eval_samples=0"}), "data.eval_samples = 0 is out of range");
-  expect_contains(parse_error({"data.eval_offset=-2"}), "data.eval_offset = -2 is out of range");
+  expect_contains(parse_error({"data.eval_offset=-2"}),
+                  "data.eval_offset = -2 is out of range; allowed: integer >= 0, or -1 for the "
+                  "first sample past the training data");
   expect_contains(parse_error({"data.eval_samples=many"}),
                   "data.eval_samples = many: expected an integer");
 }
