@@ -780,11 +780,6 @@ void validate(const Context& ctx, const Config& c) {
   at_least("training.seed", t.seed, 0);
   at_least("training.cpu_threads", t.cpu_threads, 0);
   at_least("training.eval_every", t.eval_every, 0);
-  if (t.eval_every > 0 && m.architecture != "dspine") {
-    ctx.fail_value("training.eval_every", show(t.eval_every),
-                   "the acceptance evaluation measures DSpine drafts (model.architecture: "
-                   "dspine); 0 turns it off");
-  }
 
   non_empty("checkpoint.dir", c.checkpoint.dir);
   at_least("checkpoint.save_every", c.checkpoint.save_every, 0);

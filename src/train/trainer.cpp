@@ -215,12 +215,15 @@ TrainResult Trainer::run(int64_t stop_after) {
 
   // The acceptance evaluation (training.eval_every): every rank measures an equal share of the
   // held-out samples (zero3 gathers need every rank in each forward) and the counts are summed.
-  const int64_t eval_every = cfg.training.eval_every;
-  const int64_t eval_share = cfg.data.eval_samples / world;
-  if (eval_every > 0 && !s.built.acceptance) {
-    fail("training.eval_every = {}: the acceptance evaluation measures DSpine drafts, not "
-         "model.architecture {}; 0 turns it off", eval_every, cfg.model.architecture);
+  // It measures DSpine drafts only: other drafts (the default configuration switched to
+  // model.architecture: simple) train without it, with a warning.
+  const int64_t eval_every = s.built.acceptance ? cfg.training.eval_every : 0;
+  if (leader && eval_every != cfg.training.eval_every) {
+    log::warn("training.eval_every = {} is ignored: the acceptance evaluation measures DSpine "
+              "drafts, not model.architecture {}", cfg.training.eval_every,
+              cfg.model.architecture);
   }
+  const int64_t eval_share = cfg.data.eval_samples / world;
   if (eval_every > 0 && eval_share * world != cfg.data.eval_samples) {
     fail("data.eval_samples = {} must be a multiple of the {} ranks: each rank measures an equal "
          "share", cfg.data.eval_samples, world);

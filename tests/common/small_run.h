@@ -12,7 +12,6 @@ inline core::Config small_run_config(const std::filesystem::path& dir, int64_t t
   core::Config config = core::load_config("");
   config.model.architecture = "simple";
   config.objective.name = "ce";
-  config.training.eval_every = 0;  // the acceptance evaluation measures DSpine drafts only
   config.model.hidden_size = 32;
   config.model.intermediate_size = 64;
   config.model.vocab_size = 64;

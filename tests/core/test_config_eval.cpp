@@ -58,15 +58,5 @@ TEST(ConfigEval, MisspelledKeysGetDidYouMean) {
   expect_contains(parse_error({"data.eval_sample=5"}), "did you mean data.eval_samples?");
 }
 
-TEST(ConfigEval, OnlyDSpineDraftsAreEvaluated) {
-  try {
-    parse_config("model: {architecture: simple}\ntraining: {eval_every: 10}\n", "test.yaml");
-    ADD_FAILURE() << "no error";
-  } catch (const Error& e) {
-    expect_contains(e.what(), "training.eval_every = 10: the acceptance evaluation measures "
-                              "DSpine drafts");
-  }
-}
-
 }  // namespace
 }  // namespace dspine::core
