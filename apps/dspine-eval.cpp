@@ -2,8 +2,9 @@
 // (docs/model.md, "The supervised objective"); --dump-grads writes d(loss)/d(parameter) of every
 // trainable parameter. Used for parity checks against the reference implementation: explicit
 // anchors / keep / replace_mask in the batch file override sampling. --acceptance instead measures
-// the mean accepted length of the draft on held-out samples of the config's data source (DSpine and
-// GSPO checkpoints alike).
+// the draft's acceptance (mean τ of both walks, acceptance by block position, teacher-forced
+// accuracy) on held-out samples of the config's data source (DSpine and GSPO checkpoints alike;
+// docs/evaluation.md).
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
@@ -45,32 +46,55 @@ torch::Tensor optional_tensor(const core::SafetensorsFile& file, const std::stri
   return file.contains(name) ? file.at(name) : torch::Tensor();
 }
 
-// --acceptance: mean accepted length of the draft from every anchor of `samples` held-out samples
-// of the config's data source, starting at global sample index `offset`.
+// --acceptance: the acceptance figures of the draft from every anchor of `samples` held-out
+// samples of the config's data source, starting at global sample index `offset`.
 nlohmann::json acceptance_report(const core::Config& config,
                                  objectives::DSpineObjective& objective,
                                  dspine::data::BatchSource& source, int64_t samples,
                                  int64_t offset, const torch::Device& device) {
-  std::vector<dspine::data::DraftBatch> batches;
-  const int64_t rows = config.training.batch_size;
-  for (int64_t begin = 0; begin < samples; begin += rows) {
-    source.seek(offset + begin);
-    batches.push_back(source.next(std::min(rows, samples - begin)).to(device));
-  }
+  auto batches = objectives::held_out_batches(source, offset, samples,
+                                              config.training.batch_size, device);
+  objectives::AcceptanceEvaluator evaluator(
+      config, objectives::read_dspine_settings(config), objective.draft(),
+      objective.training_model().embed_tokens(), objective.training_model().lm_head());
   auto comm = dspine::dist::make_single_process_communicator();
-  auto generator = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(config.training.seed));
-  const auto stats = objectives::measure_acceptance(
-      objective.training_model(), batches, config.model.dspine.top_k,
-      objectives::read_dspine_settings(config).objective_chunk_blocks, generator, *comm);
-  return {{"samples", samples},
-          {"offset", offset},
-          {"blocks", stats.blocks},
-          {"block_size", config.model.block_size},
-          {"accepted_length_backbone", stats.backbone_length},
-          {"accepted_length_refinement", stats.refinement_length},
-          {"accepted_length_sampled", stats.sampled_length},
-          {"accepted_histogram_backbone", stats.backbone_histogram},
-          {"accepted_histogram_refinement", stats.refinement_histogram}};
+  const auto stats = evaluator.measure(batches, *comm);
+  nlohmann::json report = {{"samples", samples},
+                           {"offset", offset},
+                           {"continuation", stats.continuation},
+                           {"block_size", config.model.block_size},
+                           {"supervised_slots", stats.supervised_slots},
+                           {"accepted_histogram", stats.backbone_histogram},
+                           {"accepted_histogram_refine", stats.refinement_histogram},
+                           {"accept_by_position", stats.backbone_by_position},
+                           {"accept_by_position_refine", stats.refinement_by_position}};
+  for (const auto& [name, value] : objectives::acceptance_metrics(stats)) report[name] = value;
+  report["blocks"] = stats.blocks;
+  return report;
+}
+
+// The report for a reader: τ of both walks, accuracy, acceptance by block position.
+void print_acceptance(const nlohmann::json& r) {
+  std::printf("acceptance on %lld held-out samples from index %lld (continuation: %s): %lld "
+              "blocks of %lld proposals\n",
+              r["samples"].get<long long>(), r["offset"].get<long long>(),
+              r["continuation"].get<std::string>().c_str(), r["blocks"].get<long long>(),
+              r["block_size"].get<long long>() - 1);
+  std::printf("  mean tau (accepted + 1): backbone argmax %.4f, refinement walk %.4f, "
+              "speculative sampling %.4f\n",
+              r["tau"].get<double>(), r["tau_refine"].get<double>(),
+              r["tau_sampled"].get<double>());
+  std::printf("  teacher-forced accuracy: %.4f over %lld supervised proposals\n",
+              r["accuracy"].get<double>(), r["supervised_slots"].get<long long>());
+  std::printf("  first k accepted    k:");
+  const auto& backbone = r["accept_by_position"];
+  const auto& refine = r["accept_by_position_refine"];
+  for (size_t k = 1; k <= backbone.size(); ++k) std::printf(" %7zu", k);
+  std::printf("\n    backbone argmax     ");
+  for (const auto& v : backbone) std::printf(" %7.4f", v.get<double>());
+  std::printf("\n    refinement walk     ");
+  for (const auto& v : refine) std::printf(" %7.4f", v.get<double>());
+  std::printf("\n");
 }
 
 }  // namespace
@@ -87,15 +111,18 @@ int main(int argc, char** argv) {
   app.add_option("-b,--batch", batch_path,
                  "safetensors with input_ids, loss_mask, hidden_states, "
                  "target_last_hidden_states [, anchors, keep, replace_mask]");
-  bool acceptance = false;
-  int64_t samples = 64, offset = 1000000;
+  bool acceptance = false, json = false;
+  int64_t samples = -1, offset = -1;
   app.add_flag("--acceptance", acceptance,
-               "instead of one batch's loss terms: the mean accepted length (backbone argmax and "
-               "refinement walk) from every anchor of held-out samples of the data source");
-  app.add_option("--samples", samples, "--acceptance: samples to measure")
+               "instead of one batch's loss terms: mean accepted length (backbone argmax and "
+               "refinement walk), acceptance by block position and teacher-forced accuracy from "
+               "every anchor of held-out samples of the data source");
+  app.add_flag("--json", json, "--acceptance: print the report as one JSON line");
+  app.add_option("--samples", samples, "--acceptance: samples to measure (default: data.eval_samples)")
       ->check(CLI::Range(int64_t(1), int64_t(1) << 40));
   app.add_option("--offset", offset,
-                 "--acceptance: global index of the first sample (past the training data)")
+                 "--acceptance: global index of the first sample (default: data.eval_offset, "
+                 "or past the training data of a one-rank run)")
       ->check(CLI::Range(int64_t(0), int64_t(1) << 50));
   app.add_option("--target", target_path,
                  "safetensors with model.embed_tokens.weight and lm_head.weight "
@@ -115,10 +142,6 @@ int main(int argc, char** argv) {
            config.objective.name);
     }
     if (!acceptance && batch_path.empty()) fail("dspine-eval: --batch is required (or --acceptance)");
-    if (acceptance) {  // every valid anchor of a row is measured
-      config = core::parse_config(core::to_yaml(config), config_path,
-                                  {fmt::format("objective.dspine.num_anchors={}", config.data.seq_len)});
-    }
     const bool cuda = config.training.device == "cuda" ||
                       (config.training.device == "auto" && torch::cuda::is_available());
     const torch::Device device(cuda ? torch::kCUDA : torch::kCPU);
@@ -141,9 +164,14 @@ int main(int argc, char** argv) {
 
     if (acceptance) {
       if (!source) fail("dspine-eval: --acceptance reads the config's data source, not --target");
-      std::printf("%s\n", acceptance_report(config, *objective, *source, samples, offset, device)
-                              .dump(2)
-                              .c_str());
+      if (samples < 0) samples = config.data.eval_samples;
+      if (offset < 0) offset = core::eval_offset(config, /*world_size=*/1);
+      const auto report = acceptance_report(config, *objective, *source, samples, offset, device);
+      if (json) {
+        std::printf("%s\n", report.dump().c_str());
+      } else {
+        print_acceptance(report);
+      }
       return 0;
     }
     auto file = core::load_safetensors(batch_path);

@@ -88,6 +88,8 @@ std::vector<Key> keys_of(Config& c) {
       {"data.source", &data.source, {"synthetic", "shards", "random"}},
       {"data.shards_dir", &data.shards_dir},
       {"data.seq_len", &data.seq_len},
+      {"data.eval_samples", &data.eval_samples},
+      {"data.eval_offset", &data.eval_offset},
       {"data.synthetic.seed", &s.seed},
       {"data.synthetic.num_layers", &s.num_layers},
       {"data.synthetic.num_attention_heads", &s.num_attention_heads},
@@ -113,6 +115,7 @@ std::vector<Key> keys_of(Config& c) {
       {"training.device", &t.device, {"auto", "cpu", "cuda"}},
       {"training.cpu_threads", &t.cpu_threads},
       {"training.on_nonfinite", &t.on_nonfinite, {"skip", "stop"}},
+      {"training.eval_every", &t.eval_every},
       {"objective.name", &c.objective.name},
       {"checkpoint.dir", &c.checkpoint.dir},
       {"checkpoint.save_every", &c.checkpoint.save_every},
@@ -762,6 +765,11 @@ void validate(const Context& ctx, const Config& c) {
                    "generate");
   }
   at_least("data.seq_len", data.seq_len, 2);
+  at_least("data.eval_samples", data.eval_samples, 1);
+  if (data.eval_offset < -1) {
+    ctx.fail_range("data.eval_offset", show(data.eval_offset),
+                   "integer >= 0, or -1 for the first sample past the training data");
+  }
   const SyntheticTargetConfig& s = data.synthetic;
   at_least("data.synthetic.seed", s.seed, 0);
   at_least("data.synthetic.num_layers", s.num_layers, 1);
@@ -797,6 +805,7 @@ void validate(const Context& ctx, const Config& c) {
   positive("training.adam_eps", t.adam_eps);
   at_least("training.seed", t.seed, 0);
   at_least("training.cpu_threads", t.cpu_threads, 0);
+  at_least("training.eval_every", t.eval_every, 0);
 
   non_empty("checkpoint.dir", c.checkpoint.dir);
   at_least("checkpoint.save_every", c.checkpoint.save_every, 0);
@@ -840,6 +849,12 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   text << file.rdbuf();
   if (file.bad()) fail("config error: cannot read config file '{}': read failed", path);
   return parse_config(text.str(), path, overrides);
+}
+
+int64_t eval_offset(const Config& config, int64_t world_size) {
+  if (config.data.eval_offset >= 0) return config.data.eval_offset;
+  const TrainingConfig& t = config.training;
+  return t.total_steps * t.accumulation_steps * t.batch_size * world_size;
 }
 
 std::string to_yaml(const Config& config) {

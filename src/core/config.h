@@ -60,6 +60,10 @@ struct DataConfig {
   std::string source = "synthetic";
   std::string shards_dir;            // directory written by `dspine-data generate`
   int64_t seq_len = 64;
+  // Held-out samples of the acceptance evaluation (training.eval_every, dspine-eval --acceptance):
+  // eval_samples from global index eval_offset; -1 = the first sample past the run's training data.
+  int64_t eval_samples = 64;
+  int64_t eval_offset = -1;
   SyntheticTargetConfig synthetic;
 };
 
@@ -84,6 +88,8 @@ struct TrainingConfig {
   // A step whose loss or gradient is not finite (on any rank) is never applied: skip drops it
   // and trains on, stop saves the state before it and ends the run with an error.
   std::string on_nonfinite = "skip";  // skip | stop
+  // Optimizer steps between acceptance evaluations (and one at the end); 0 = off.
+  int64_t eval_every = 0;
 };
 
 // The objective is chosen by name from the trainer's registry (train/objective_registry.h), which
@@ -140,6 +146,10 @@ Config parse_config(const std::string& yaml_text, const std::string& source,
 
 // Reads `path` (error naming the file if missing/unreadable), or the embedded default when empty.
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+
+// First held-out sample of the acceptance evaluation: data.eval_offset, or for -1 the sample right
+// past the training data of a run of `world_size` ranks.
+int64_t eval_offset(const Config& config, int64_t world_size);
 
 // Serializes every key (the resolved configuration) as YAML; parse_config(to_yaml(c)) == c.
 std::string to_yaml(const Config& config);

@@ -1,6 +1,9 @@
 #include "objectives/acceptance.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
+
+#include <fmt/format.h>
 
 #include "objectives/dspine_terms.h"
 #include "objectives/gspo_rollout.h"
@@ -27,54 +30,132 @@ double expected_accepted(const DraftPass& pass, const at::Tensor& kept, const at
   return total;
 }
 
+std::vector<int64_t> to_vector(const at::Tensor& counts) {
+  auto cpu = counts.to(torch::kCPU, torch::kInt64).contiguous();
+  return {cpu.data_ptr<int64_t>(), cpu.data_ptr<int64_t>() + cpu.numel()};
+}
+
+DSpineSettings every_anchor(DSpineSettings settings, const core::Config& config) {
+  settings.num_anchors = config.data.seq_len;
+  return settings;
+}
+
 }  // namespace
 
-AcceptanceStats measure_acceptance(DSpineTrainingModel& model,
-                                   const std::vector<data::DraftBatch>& batches, int64_t top_k,
-                                   int64_t chunk_blocks, at::Generator& generator,
-                                   dist::Communicator& comm) {
+at::Tensor DataVerifier::continuation(const data::DraftBatch& /*batch*/, const DraftPass& pass,
+                                      const at::Tensor& kept, const at::Tensor& /*tokens*/) const {
+  return pass.labels.index_select(0, kept);
+}
+
+at::Tensor accepted_histogram(const at::Tensor& tokens, const at::Tensor& labels,
+                              const at::Tensor& supervised) {
+  const int64_t slots = tokens.size(1);
+  auto accepted = accepted_prefix(tokens.unsqueeze(1), labels, supervised.to(torch::kBool)).view(-1);
+  return torch::bincount(accepted.cpu(), {}, slots + 1).to(torch::kInt64);
+}
+
+double mean_accepted_length(const std::vector<int64_t>& histogram) {
+  double blocks = 0, accepted = 0;
+  for (size_t a = 0; a < histogram.size(); ++a) {
+    blocks += static_cast<double>(histogram[a]);
+    accepted += static_cast<double>(histogram[a]) * static_cast<double>(a);
+  }
+  return blocks > 0 ? accepted / blocks + 1.0 : 0.0;
+}
+
+std::vector<double> acceptance_by_position(const std::vector<int64_t>& histogram) {
+  double blocks = 0;
+  for (int64_t count : histogram) blocks += static_cast<double>(count);
+  std::vector<double> fractions(histogram.empty() ? 0 : histogram.size() - 1, 0.0);
+  double at_least = 0;  // blocks with at least k accepted, k running down from T
+  for (size_t k = fractions.size(); k >= 1; --k) {
+    at_least += static_cast<double>(histogram[k]);
+    fractions[k - 1] = blocks > 0 ? at_least / blocks : 0.0;
+  }
+  return fractions;
+}
+
+std::map<std::string, double> acceptance_metrics(const AcceptanceStats& stats) {
+  std::map<std::string, double> metrics = {{"blocks", static_cast<double>(stats.blocks)},
+                                           {"tau", stats.backbone_length},
+                                           {"tau_refine", stats.refinement_length},
+                                           {"tau_sampled", stats.sampled_length},
+                                           {"accuracy", stats.accuracy}};
+  for (size_t k = 0; k < stats.backbone_by_position.size(); ++k) {
+    metrics[fmt::format("accept_{}", k + 1)] = stats.backbone_by_position[k];
+    metrics[fmt::format("accept_refine_{}", k + 1)] = stats.refinement_by_position[k];
+  }
+  return metrics;
+}
+
+std::vector<data::DraftBatch> held_out_batches(data::BatchSource& source, int64_t offset,
+                                               int64_t samples, int64_t rows,
+                                               const c10::Device& device) {
+  std::vector<data::DraftBatch> batches;
+  for (int64_t begin = 0; begin < samples; begin += rows) {
+    source.seek(offset + begin);
+    batches.push_back(source.next(std::min(rows, samples - begin)).to(device));
+  }
+  return batches;
+}
+
+AcceptanceEvaluator::AcceptanceEvaluator(const core::Config& config, DSpineSettings settings,
+                                         model::DSpineDraft draft, at::Tensor embed_tokens,
+                                         at::Tensor lm_head)
+    : model_(config, every_anchor(settings, config), std::move(draft), std::move(embed_tokens),
+             std::move(lm_head)),
+      top_k_(config.model.dspine.top_k),
+      chunk_blocks_(settings.objective_chunk_blocks),
+      seed_(static_cast<uint64_t>(config.training.seed)) {}
+
+AcceptanceStats AcceptanceEvaluator::measure(const std::vector<data::DraftBatch>& batches,
+                                             dist::Communicator& comm,
+                                             const BlockVerifier& verifier) {
   torch::NoGradGuard no_grad;
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(seed_);
   GspoRolloutSettings settings;
-  settings.top_k = top_k;
-  settings.chunk_blocks = chunk_blocks;
-  const int64_t slots = model.draft()->config().block_size - 1;
-  // Histograms of accepted counts 0..T for both walks, summed over batches and ranks.
-  auto counts = torch::zeros({2, slots + 1}, torch::kFloat64);
-  double sampled = 0;
+  settings.top_k = top_k_;
+  settings.chunk_blocks = chunk_blocks_;
+  const int64_t slots = model_.draft()->config().block_size - 1;
+  // Histograms of accepted counts 0..T of both walks, then [correct, supervised, Σ expected].
+  auto counts = torch::zeros({2 * (slots + 1) + 3}, torch::kFloat64);
+  auto histogram = [&](int row) { return counts.narrow(0, row * (slots + 1), slots + 1); };
+  auto totals = counts.narrow(0, 2 * (slots + 1), 3);
   for (const auto& batch : batches) {
     DSpineForwardOptions options;
     options.training = false;
-    auto pass = model.draft_pass(batch, generator, options, /*full_rows=*/true);
+    auto pass = model_.draft_pass(batch, generator, options, /*full_rows=*/true);
     auto kept = pass.blocks.keep.reshape(-1).nonzero().squeeze(1);
-    auto labels = pass.labels.index_select(0, kept);
     auto supervised = pass.supervised.index_select(0, kept);
     int row = 0;
     for (auto sampling : {GspoSampling::kBackbone, GspoSampling::kRefinement}) {
       settings.sampling = sampling;
-      auto tokens = gspo_greedy_tokens(pass, kept, *model.draft(), model.lm_head(), settings);
-      auto accepted = accepted_prefix(tokens.unsqueeze(1), labels, supervised).view(-1);
-      counts[row++] += torch::bincount(accepted.cpu(), {}, slots + 1).to(torch::kFloat64);
+      auto tokens = gspo_greedy_tokens(pass, kept, *model_.draft(), model_.lm_head(), settings);
+      auto target = verifier.continuation(batch, pass, kept, tokens);
+      histogram(row++).add_(accepted_histogram(tokens, target, supervised).to(torch::kFloat64));
+      if (sampling == GspoSampling::kBackbone) {  // teacher-forced: against the data's tokens
+        auto labels = pass.labels.index_select(0, kept);
+        totals[0].add_((tokens.eq(labels) & supervised).sum().item<double>());
+        totals[1].add_(supervised.sum().item<double>());
+      }
     }
-    sampled += expected_accepted(pass, kept, model.lm_head(), chunk_blocks);
+    totals[2].add_(expected_accepted(pass, kept, model_.lm_head(), chunk_blocks_));
   }
-  auto sampled_total = torch::tensor({sampled}, torch::kFloat64);
-  counts = counts.contiguous();
   comm.all_reduce(counts);
-  comm.all_reduce(sampled_total);
   AcceptanceStats stats;
-  auto values = torch::arange(slots + 1, torch::kFloat64);
-  const double blocks = counts[0].sum().item<double>();
-  stats.blocks = static_cast<int64_t>(blocks);
-  auto mean_length = [&](int row) {
-    return blocks > 0 ? (counts[row] * values).sum().item<double>() / blocks + 1.0 : 0.0;
-  };
-  stats.backbone_length = mean_length(0);
-  stats.refinement_length = mean_length(1);
-  stats.sampled_length = blocks > 0 ? sampled_total.item<double>() / blocks + 1.0 : 0.0;
-  for (int64_t i = 0; i <= slots; ++i) {
-    stats.backbone_histogram.push_back(static_cast<int64_t>(counts[0][i].item<double>()));
-    stats.refinement_histogram.push_back(static_cast<int64_t>(counts[1][i].item<double>()));
-  }
+  stats.continuation = verifier.name();
+  stats.backbone_histogram = to_vector(histogram(0));
+  stats.refinement_histogram = to_vector(histogram(1));
+  for (int64_t count : stats.backbone_histogram) stats.blocks += count;
+  stats.supervised_slots = static_cast<int64_t>(totals[1].item<double>());
+  stats.backbone_length = mean_accepted_length(stats.backbone_histogram);
+  stats.refinement_length = mean_accepted_length(stats.refinement_histogram);
+  stats.backbone_by_position = acceptance_by_position(stats.backbone_histogram);
+  stats.refinement_by_position = acceptance_by_position(stats.refinement_histogram);
+  stats.sampled_length = stats.blocks > 0 ? totals[2].item<double>() / stats.blocks + 1.0 : 0.0;
+  stats.accuracy = stats.supervised_slots > 0
+                       ? totals[0].item<double>() / static_cast<double>(stats.supervised_slots)
+                       : 0.0;
   return stats;
 }
 

@@ -52,6 +52,7 @@ class GspoObjective final : public Objective {
   std::string name() const override { return "gspo"; }
   std::shared_ptr<torch::nn::Module> module() { return draft_.ptr(); }
   model::DSpineDraft draft() { return draft_; }
+  DSpineTrainingModel& training_model() { return model_; }
   nlohmann::json hf_config() const;
   int64_t updates_per_window() const override { return settings_.updates_per_rollout; }
 

@@ -11,6 +11,7 @@
 
 #include "core/config.h"
 #include "data/batch_source.h"
+#include "objectives/acceptance.h"
 #include "objectives/objective.h"
 
 namespace dspine::train {
@@ -19,6 +20,8 @@ struct BuiltModel {
   std::shared_ptr<torch::nn::Module> module;  // trainable parameters + buffers (checkpoint keys)
   std::unique_ptr<objectives::Objective> objective;
   nlohmann::json hf_config;                   // written as config.json
+  // Measures acceptance on held-out samples (training.eval_every); null for non-DSpine drafts.
+  std::unique_ptr<objectives::AcceptanceEvaluator> acceptance;
 };
 
 // Parameters are created in `dtype`; buffers keep their own dtype (e.g. fp32 transfer codes).

@@ -50,12 +50,17 @@ BuiltModel build_ce(const core::Config& config, const data::BatchSource& source,
   return built;
 }
 
-// A DSpine-draft objective (it owns its draft) as the trainer's BuiltModel.
+// A DSpine-draft objective (it owns its draft) as the trainer's BuiltModel, with an acceptance
+// evaluator sharing that draft and its target tables.
 template <typename DraftObjective>
-BuiltModel built_from(std::unique_ptr<DraftObjective> objective) {
+BuiltModel built_from(const core::Config& config, std::unique_ptr<DraftObjective> objective) {
   BuiltModel built;
   built.module = objective->module();
   built.hf_config = objective->hf_config();
+  auto& model = objective->training_model();
+  built.acceptance = std::make_unique<objectives::AcceptanceEvaluator>(
+      config, objectives::read_dspine_settings(config), objective->draft(), model.embed_tokens(),
+      model.lm_head());
   built.objective = std::move(objective);
   return built;
 }
@@ -65,7 +70,7 @@ void validate_dspine(const core::Config& config) { objectives::read_dspine_setti
 BuiltModel build_dspine(const core::Config& config, const data::BatchSource& source,
                         torch::Device device, torch::Dtype dtype) {
   return built_from(
-      objectives::make_dspine_objective(config, objectives::read_dspine_settings(config),
+      config, objectives::make_dspine_objective(config, objectives::read_dspine_settings(config),
                                         source.embed_tokens(), source.lm_head(), device, dtype));
 }
 
@@ -77,7 +82,7 @@ void validate_gspo(const core::Config& config) {
 
 BuiltModel build_gspo(const core::Config& config, const data::BatchSource& source,
                       torch::Device device, torch::Dtype dtype) {
-  return built_from(objectives::make_gspo_objective(
+  return built_from(config, objectives::make_gspo_objective(
       config, objectives::read_dspine_settings(config), objectives::read_gspo_settings(config),
       source.embed_tokens(), source.lm_head(), device, dtype));
 }

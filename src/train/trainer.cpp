@@ -213,6 +213,41 @@ TrainResult Trainer::run(int64_t stop_after) {
     return path;
   };
 
+  // The acceptance evaluation (training.eval_every): every rank measures an equal share of the
+  // held-out samples (zero3 gathers need every rank in each forward) and the counts are summed.
+  // It measures DSpine drafts only: other drafts (the default configuration switched to
+  // model.architecture: simple) train without it, with a warning.
+  const int64_t eval_every = s.built.acceptance ? cfg.training.eval_every : 0;
+  if (leader && eval_every != cfg.training.eval_every) {
+    log::warn("training.eval_every = {} is ignored: the acceptance evaluation measures DSpine "
+              "drafts, not model.architecture {}", cfg.training.eval_every,
+              cfg.model.architecture);
+  }
+  const int64_t eval_share = cfg.data.eval_samples / world;
+  if (eval_every > 0 && eval_share * world != cfg.data.eval_samples) {
+    fail("data.eval_samples = {} must be a multiple of the {} ranks: each rank measures an equal "
+         "share", cfg.data.eval_samples, world);
+  }
+  const int64_t eval_start = core::eval_offset(cfg, world);
+  // The eval/... metrics of the model as it is now (logged with the step's record).
+  auto evaluate = [&]() {
+    auto batches = objectives::held_out_batches(*s.source, eval_start + rank * eval_share,
+                                                eval_share, rows, s.device);
+    const auto stats = s.built.acceptance->measure(batches, *s.comm);
+    std::map<std::string, double> record = {
+        {"eval/offset", static_cast<double>(eval_start)},
+        {"eval/samples", static_cast<double>(cfg.data.eval_samples)}};
+    for (const auto& [name, value] : objectives::acceptance_metrics(stats)) {
+      record["eval/" + name] = value;
+    }
+    if (leader) {
+      log::info("step {} eval: tau {:.3f} (refinement walk {:.3f}), accuracy {:.4f} on {} blocks",
+                s.step, stats.backbone_length, stats.refinement_length, stats.accuracy,
+                stats.blocks);
+    }
+    return record;
+  };
+
   TrainResult result;
   result.first_step = s.step;
   objectives::StepContext context;
@@ -329,7 +364,19 @@ TrainResult Trainer::run(int64_t stop_after) {
     result.losses.push_back(loss);
     result.terms.push_back(terms);
 
+    std::map<std::string, double> eval_record;
+    if (eval_every > 0 && (s.step % eval_every == 0 || s.step == total)) {
+      const auto eval_started = std::chrono::steady_clock::now();
+      eval_record = evaluate();
+      const auto eval_time = std::chrono::steady_clock::now() - eval_started;
+      eval_record["eval/time_s"] = std::chrono::duration<double>(eval_time).count();
+      window_started += eval_time;  // throughput counts training time only
+    }
     const bool log_now = s.step % cfg.logging.every == 0 || s.step == last;
+    if (!log_now && !eval_record.empty()) {
+      eval_record["step"] = static_cast<double>(s.step);
+      metrics.write(eval_record);
+    }
     if (log_now) {
       const auto now = std::chrono::steady_clock::now();
       const double seconds = std::chrono::duration<double>(now - window_started).count();
@@ -344,6 +391,7 @@ TrainResult Trainer::run(int64_t stop_after) {
       record["tokens_per_s"] = tokens_per_second;
       record["nonfinite_skipped"] = static_cast<double>(result.nonfinite_skipped);
       record["memory_bytes"] = static_cast<double>(peak_memory_bytes(s.device));
+      record.insert(eval_record.begin(), eval_record.end());
       metrics.write(record);
       if (leader && !progress.enabled()) {
         log::info("step {}/{} loss {:.4f} lr {:.3g} grad_norm {:.3f} {:.0f} tok/s", s.step,

@@ -1,0 +1,62 @@
+// The acceptance evaluation's keys (training.eval_every, data.eval_samples, data.eval_offset):
+// defaults, range errors naming key and value, "did you mean", and the resolved first sample.
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "core/config.h"
+#include "core/error.h"
+
+namespace dspine::core {
+namespace {
+
+std::string parse_error(const std::vector<std::string>& overrides) {
+  try {
+    parse_config("", "test.yaml", overrides);  // the simple draft: eval_every stays 0
+  } catch (const Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "no error";
+  return "";
+}
+
+void expect_contains(const std::string& text, const std::string& part) {
+  EXPECT_NE(text.find(part), std::string::npos) << text;
+}
+
+TEST(ConfigEval, DefaultsAreOffWithSamplesPastTheTrainingData) {
+  const Config c = parse_config("", "test.yaml");
+  EXPECT_EQ(c.training.eval_every, 0);
+  EXPECT_EQ(c.data.eval_samples, 64);
+  EXPECT_EQ(c.data.eval_offset, -1);
+  EXPECT_EQ(load_config("").training.eval_every, 50);  // configs/tiny.yaml measures its run
+}
+
+TEST(ConfigEval, OffsetDefaultsToTheFirstSampleNotTrainedOn) {
+  Config c = parse_config("training: {batch_size: 3, accumulation_steps: 2, total_steps: 10}\n",
+                          "test.yaml");
+  EXPECT_EQ(eval_offset(c, 1), 60);
+  EXPECT_EQ(eval_offset(c, 4), 240);
+  c.data.eval_offset = 7;
+  EXPECT_EQ(eval_offset(c, 4), 7);
+}
+
+TEST(ConfigEval, RangeErrorsNameKeyAndValue) {
+  expect_contains(parse_error({"training.eval_every=-1"}),
+                  "training.eval_every = -1 is out of range");
+  expect_contains(parse_error({"data.eval_samples=0"}), "data.eval_samples = 0 is out of range");
+  expect_contains(parse_error({"data.eval_offset=-2"}),
+                  "data.eval_offset = -2 is out of range; allowed: integer >= 0, or -1 for the "
+                  "first sample past the training data");
+  expect_contains(parse_error({"data.eval_samples=many"}),
+                  "data.eval_samples = many: expected an integer");
+}
+
+TEST(ConfigEval, MisspelledKeysGetDidYouMean) {
+  expect_contains(parse_error({"training.eval_evry=5"}), "did you mean training.eval_every?");
+  expect_contains(parse_error({"data.eval_sample=5"}), "did you mean data.eval_samples?");
+}
+
+}  // namespace
+}  // namespace dspine::core

@@ -1,0 +1,162 @@
+// Acceptance figures on hand-built blocks (τ when all are accepted, on a first-slot miss, at the
+// end of a sequence; acceptance by position), and the evaluator on a tiny draft with verifiers
+// whose answers are known: one that accepts every drafted token and one that accepts none.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "common/dspine_tiny.h"
+#include "dist/communicator.h"
+#include "objectives/acceptance.h"
+
+namespace dspine::objectives {
+namespace {
+
+using testing::mask_rows;
+using testing::random_batch;
+using testing::tiny_config;
+using testing::tiny_settings;
+
+std::vector<int64_t> histogram_of(const torch::Tensor& tokens, const torch::Tensor& labels,
+                                  const torch::Tensor& supervised) {
+  auto h = accepted_histogram(tokens, labels, supervised).contiguous();
+  return {h.data_ptr<int64_t>(), h.data_ptr<int64_t>() + h.numel()};
+}
+
+// block_size 5: T = 4 proposals per block, labels 5 6 7 8.
+torch::Tensor labels() { return torch::tensor({{5, 6, 7, 8}}, torch::kInt64); }
+torch::Tensor all_real() { return torch::ones({1, 4}, torch::kBool); }
+
+TEST(AcceptedLength, AllAcceptedIsBlockSize) {
+  auto h = histogram_of(labels(), labels(), all_real());
+  EXPECT_EQ(h, (std::vector<int64_t>{0, 0, 0, 0, 1}));
+  EXPECT_DOUBLE_EQ(mean_accepted_length(h), 5.0);  // T accepted + the target's own token
+}
+
+TEST(AcceptedLength, FirstSlotMissIsOne) {
+  auto tokens = torch::tensor({{4, 6, 7, 8}}, torch::kInt64);  // later slots match, too late
+  auto h = histogram_of(tokens, labels(), all_real());
+  EXPECT_EQ(h, (std::vector<int64_t>{1, 0, 0, 0, 0}));
+  EXPECT_DOUBLE_EQ(mean_accepted_length(h), 1.0);
+}
+
+TEST(AcceptedLength, SequenceEndCountsOnlyRealPositions) {
+  // The block runs past the end of its sequence after two slots (padding labels 0 equal the
+  // drafted 0s), and another runs into masked positions: only the real slots count.
+  auto tokens = torch::tensor({{5, 6, 0, 0}, {5, 6, 7, 8}}, torch::kInt64);
+  auto target = torch::tensor({{5, 6, 0, 0}, {5, 6, 7, 8}}, torch::kInt64);
+  auto supervised = torch::tensor({{true, true, false, false}, {true, true, true, false}});
+  auto h = histogram_of(tokens, target, supervised);
+  EXPECT_EQ(h, (std::vector<int64_t>{0, 0, 1, 1, 0}));
+  EXPECT_DOUBLE_EQ(mean_accepted_length(h), (3.0 + 4.0) / 2);
+  // A masked slot in the middle ends the accepted prefix, though later slots match.
+  auto gap = torch::tensor({{true, false, true, true}});
+  EXPECT_EQ(histogram_of(labels(), labels(), gap), (std::vector<int64_t>{0, 1, 0, 0, 0}));
+}
+
+TEST(AcceptedLength, AcceptanceByPositionOnAHandBuiltSet) {
+  auto tokens = torch::tensor({{5, 6, 7, 8},    // 4 accepted
+                               {5, 6, 7, 0},    // 3
+                               {5, 0, 7, 8},    // 1
+                               {0, 6, 7, 8},    // 0
+                               {5, 6, 0, 8}},   // 2
+                              torch::kInt64);
+  auto h = histogram_of(tokens, labels().expand({5, 4}), torch::ones({5, 4}, torch::kBool));
+  EXPECT_EQ(h, (std::vector<int64_t>{1, 1, 1, 1, 1}));
+  EXPECT_DOUBLE_EQ(mean_accepted_length(h), 3.0);
+  const auto by_position = acceptance_by_position(h);
+  ASSERT_EQ(by_position.size(), 4u);
+  const std::vector<double> expected = {0.8, 0.6, 0.4, 0.2};  // first k all accepted
+  for (size_t k = 0; k < 4; ++k) EXPECT_DOUBLE_EQ(by_position[k], expected[k]) << "k = " << k + 1;
+}
+
+TEST(AcceptedLength, NoBlocksGiveZeros) {
+  const std::vector<int64_t> empty = {0, 0, 0};
+  EXPECT_DOUBLE_EQ(mean_accepted_length(empty), 0.0);
+  EXPECT_EQ(acceptance_by_position(empty), (std::vector<double>{0.0, 0.0}));
+}
+
+TEST(AcceptanceMetrics, NamesEveryFigure) {
+  AcceptanceStats stats;
+  stats.blocks = 3;
+  stats.backbone_length = 2.5;
+  stats.refinement_length = 2.75;
+  stats.accuracy = 0.5;
+  stats.backbone_by_position = {0.9, 0.4};
+  stats.refinement_by_position = {0.95, 0.5};
+  auto m = acceptance_metrics(stats);
+  EXPECT_EQ(m.at("tau"), 2.5);
+  EXPECT_EQ(m.at("tau_refine"), 2.75);
+  EXPECT_EQ(m.at("accuracy"), 0.5);
+  EXPECT_EQ(m.at("accept_2"), 0.4);
+  EXPECT_EQ(m.at("accept_refine_1"), 0.95);
+  EXPECT_EQ(m.at("blocks"), 3);
+}
+
+// The target accepts whatever was drafted, or nothing (a token the draft never proposes).
+class EchoVerifier final : public BlockVerifier {
+ public:
+  explicit EchoVerifier(bool accept) : accept_(accept) {}
+  std::string name() const override { return accept_ ? "echo" : "never"; }
+  at::Tensor continuation(const data::DraftBatch&, const DraftPass&, const at::Tensor&,
+                          const at::Tensor& tokens) const override {
+    return accept_ ? tokens.clone() : torch::full_like(tokens, -1);
+  }
+
+ private:
+  bool accept_;
+};
+
+struct TinyEvaluation {
+  core::Config config = tiny_config();
+  std::unique_ptr<DSpineObjective> objective = testing::training_objective(config, tiny_settings());
+  AcceptanceEvaluator evaluator{config, tiny_settings(), objective->draft(),
+                                objective->training_model().embed_tokens(),
+                                objective->training_model().lm_head()};
+  // Row 0 supervised from position 2 to the end, row 1 from 1 to 8 of 12.
+  std::vector<data::DraftBatch> batches = {
+      random_batch(mask_rows({{0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1},
+                              {0, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0}}),
+                   5)};
+  std::shared_ptr<dist::Communicator> comm = dist::make_single_process_communicator();
+};
+
+TEST(AcceptanceEvaluator, EveryAcceptedTokenCountsUpToTheSequenceEnd) {
+  TinyEvaluation t;
+  auto stats = t.evaluator.measure(t.batches, *t.comm, EchoVerifier(true));
+  EXPECT_EQ(stats.continuation, "echo");
+  ASSERT_GT(stats.blocks, 0);
+  // Each block is accepted up to its last supervised slot: τ − 1 = supervised slots per block
+  // when the supervision is contiguous, as here.
+  EXPECT_DOUBLE_EQ(stats.backbone_length,
+                   static_cast<double>(stats.supervised_slots) / stats.blocks + 1.0);
+  EXPECT_DOUBLE_EQ(stats.refinement_length, stats.backbone_length);
+  EXPECT_GT(stats.backbone_by_position.front(), 0.99);
+  EXPECT_LT(stats.backbone_by_position.back(), 1.0);  // blocks near the end are cut short
+}
+
+TEST(AcceptanceEvaluator, NothingAcceptedIsTauOne) {
+  TinyEvaluation t;
+  auto stats = t.evaluator.measure(t.batches, *t.comm, EchoVerifier(false));
+  EXPECT_DOUBLE_EQ(stats.backbone_length, 1.0);
+  EXPECT_DOUBLE_EQ(stats.refinement_length, 1.0);
+  for (double fraction : stats.refinement_by_position) EXPECT_EQ(fraction, 0.0);
+  EXPECT_EQ(stats.backbone_histogram.front(), stats.blocks);
+}
+
+TEST(AcceptanceEvaluator, DataContinuationIsRepeatableAndMatchesTheAccuracy) {
+  TinyEvaluation t;
+  auto first = t.evaluator.measure(t.batches, *t.comm);
+  auto second = t.evaluator.measure(t.batches, *t.comm);
+  EXPECT_EQ(first.continuation, "data");
+  EXPECT_EQ(first.backbone_histogram, second.backbone_histogram);
+  EXPECT_EQ(first.refinement_histogram, second.refinement_histogram);
+  EXPECT_EQ(first.accuracy, second.accuracy);
+  // Blocks whose first proposal is accepted are at most the correct first slots.
+  EXPECT_LE(first.backbone_by_position.front() * first.blocks,
+            first.accuracy * first.supervised_slots + 1e-9);
+  EXPECT_GE(first.backbone_length, 1.0);
+  EXPECT_LE(first.backbone_length, 4.0);
+}
+
+}  // namespace
+}  // namespace dspine::objectives
