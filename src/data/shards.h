@@ -5,7 +5,8 @@
 //                                (F32 or BF16); metadata seq_len, hidden_size, num_target_layers,
 //                                target_layer_ids, sample_offset
 //   target.safetensors           model.embed_tokens.weight and lm_head.weight, [V, H] F32
-//   index.json                   layout, dtype and the shards in sample order
+//   index.json                   layout, dtype, the shards in sample order and the size and
+//                                SHA-256 of every file (version 2; docs/data.md)
 #pragma once
 
 #include <cstdint>
@@ -15,6 +16,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "core/checksum.h"
 #include "core/config.h"
 #include "core/safetensors.h"
 #include "data/batch_source.h"
@@ -34,6 +36,7 @@ struct ShardEntry {
   std::string file;          // name inside the directory
   int64_t first_sample = 0;  // global index of its first sample within an epoch
   int64_t samples = 0;
+  std::optional<core::FileDigest> digest;  // absent only in version 1 indexes
 };
 
 struct ShardIndex {
@@ -41,12 +44,17 @@ struct ShardIndex {
   std::string dtype;  // fp32 | bf16: storage of hidden_states / target_last_hidden_states
   int64_t num_samples = 0;
   std::vector<ShardEntry> shards;
+  std::optional<core::FileDigest> target_digest;  // of target.safetensors; absent in version 1
 };
 
 // Reads and checks dir/index.json (errors name the file and the bad entry).
 ShardIndex read_shard_index(const std::string& dir);
 // The same for index.json's text; `path` names it in errors.
 ShardIndex parse_shard_index(const std::string& text, const std::string& path);
+
+// Checks every file the index lists against its recorded size and SHA-256 (errors name the file:
+// missing, truncated or corrupt). A version 1 index records none: a warning says so.
+void verify_shard_files(const std::string& dir, const ShardIndex& index);
 
 // Checks shard `shard` of `index`, loaded from its file (tensor names, shapes, dtypes, sample
 // offset, token range; errors name the file), and returns it with floating tensors as fp32.
@@ -67,7 +75,8 @@ void write_shards(const core::Config& config, const std::string& out_dir,
                   const ShardWriteOptions& options);
 
 // Serves a shard directory in sample order, wrapping around at the end (epochs). The index and
-// target.safetensors are checked against `expected` up front; each shard is checked (names,
+// target.safetensors are checked against `expected` and every file against its checksum up
+// front, so a damaged directory stops the run before training; each shard is checked (names,
 // shapes, dtypes, sample count, token range) when first loaded, and only the current one is kept.
 class ShardReader : public BatchSource {
  public:
