@@ -73,20 +73,9 @@ ensure_nccl() {
   "$VENV/bin/pip" install -q --no-deps "nvidia-nccl-cu13==2.28.9"
 }
 
-# transformers (and tokenizers) for scripts/prepare_data.py and the tests that build tiny Hugging
-# Face tokenizers; installed into our venv only.
-ensure_transformers() {
-  local py=$1
-  "$py" -c "import transformers" 2>/dev/null && return
-  [[ $py == "$VENV/bin/python" ]] || { log "warning: python3 has no transformers; not installing"; return; }
-  log "installing transformers into $VENV"
-  "$VENV/bin/pip" install -q "transformers==4.57.1"
-}
-
 install_system_packages
 PY=$(torch_python)
 ensure_nccl "$PY"
-ensure_transformers "$PY"
 TORCH_PREFIX=$("$PY" -W ignore -c 'import torch; print(torch.utils.cmake_prefix_path)')
 log "torch from $PY ($TORCH_PREFIX)"
 
@@ -103,7 +92,7 @@ command -v nvcc >/dev/null || export PATH="/usr/local/cuda/bin:$PATH"
 # and is shown when configuring fails.
 configure() {
   local args=(-S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE="${DSPINE_BUILD_TYPE:-Release}"
-              -DCMAKE_PREFIX_PATH="$TORCH_PREFIX" -DDSPINE_PYTHON="$PY" "${launcher[@]}")
+              -DCMAKE_PREFIX_PATH="$TORCH_PREFIX" "${launcher[@]}")
   local stamp="$BUILD_DIR/configure-args"
   [[ -f $BUILD_DIR/build.ninja && -f $stamp && $(<"$stamp") == "${args[*]}" ]] && return
   mkdir -p "$BUILD_DIR"
