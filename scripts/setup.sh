@@ -73,9 +73,20 @@ ensure_nccl() {
   "$VENV/bin/pip" install -q --no-deps "nvidia-nccl-cu13==2.28.9"
 }
 
+# Python packages the scripts and tests use (tests/data/make_tiny_qwen3.py, plots), only into
+# our own venv: a GPU machine's python3 is used as it is.
+ensure_python_packages() {
+  local py=$1
+  [[ $py == "$VENV/bin/python" ]] || return 0
+  "$py" -c "import transformers, matplotlib" 2>/dev/null && return
+  log "installing transformers and matplotlib into $VENV"
+  "$VENV/bin/pip" install -q "transformers==4.57.1" "matplotlib==3.11.2"
+}
+
 install_system_packages
 PY=$(torch_python)
 ensure_nccl "$PY"
+ensure_python_packages "$PY"
 TORCH_PREFIX=$("$PY" -W ignore -c 'import torch; print(torch.utils.cmake_prefix_path)')
 log "torch from $PY ($TORCH_PREFIX)"
 
@@ -92,7 +103,7 @@ command -v nvcc >/dev/null || export PATH="/usr/local/cuda/bin:$PATH"
 # and is shown when configuring fails.
 configure() {
   local args=(-S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE="${DSPINE_BUILD_TYPE:-Release}"
-              -DCMAKE_PREFIX_PATH="$TORCH_PREFIX" "${launcher[@]}")
+              -DCMAKE_PREFIX_PATH="$TORCH_PREFIX" -DDSPINE_PYTHON="$PY" "${launcher[@]}")
   local stamp="$BUILD_DIR/configure-args"
   [[ -f $BUILD_DIR/build.ninja && -f $stamp && $(<"$stamp") == "${args[*]}" ]] && return
   mkdir -p "$BUILD_DIR"

@@ -1,0 +1,107 @@
+// A Qwen3 causal language model (inference only): the forward that real targets (Hugging Face
+// checkpoints) and the built-in synthetic target share. Decoder layers follow HF's Qwen3 exactly:
+// RMSNorm (fp32 variance, cast back, then weight), GQA attention with per-head q/k RMSNorm and
+// RoPE, SwiGLU MLP, final norm; lm_head tied to the embedding or not. docs/target.md describes
+// the layer-id convention and what a checkpoint must contain.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
+
+namespace dspine::data {
+
+// The dimensions of a Qwen3 model, from a HF config.json (model_type qwen3) or built in code.
+struct Qwen3Dims {
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;
+  int64_t num_hidden_layers = 0;
+  int64_t num_attention_heads = 0;
+  int64_t num_key_value_heads = 0;
+  int64_t head_dim = 0;
+  int64_t vocab_size = 0;
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 1e6;
+  bool tie_word_embeddings = false;
+};
+
+// Reads and checks a HF config.json. Unsupported settings (model_type other than qwen3,
+// attention_bias, rope_scaling, use_sliding_window) and missing or mistyped keys throw
+// dspine::Error naming the file and the key.
+Qwen3Dims read_qwen3_config(const std::string& config_json_path);
+
+// Throws dspine::Error (naming `where`) unless every size is positive, the heads divide evenly
+// and head_dim is even.
+void check_qwen3_dims(const Qwen3Dims& dims, const std::string& where);
+
+// Named weights with HF's names ("model.layers.0.self_attn.q_proj.weight", ...).
+using Qwen3Weights = std::vector<std::pair<std::string, at::Tensor>>;
+
+class Qwen3Model {
+ public:
+  // A HF Qwen3 directory: config.json, then model.safetensors or model.safetensors.index.json
+  // (sharded); tied or untied embeddings; loaded in `dtype` on `device`.
+  static Qwen3Model load_hf(const std::string& dir, at::ScalarType dtype,
+                            const c10::Device& device);
+
+  // From HF-named weights: every expected tensor exactly once with its HF shape, nothing else
+  // (lm_head.weight absent iff tied). `source` names where they came from in errors.
+  static Qwen3Model from_weights(const Qwen3Dims& dims, Qwen3Weights weights,
+                                 at::ScalarType dtype, const c10::Device& device,
+                                 const std::string& source);
+
+  // Seeded random weights of the given dims (a pure function of dims and seed, on any device of
+  // one type): norms at 1 (q_norm at 2 for sharper attention), projections N(0, 1/fan_in),
+  // embedding N(0, 1), an untied lm_head scaled so that the next-token distribution is peaked
+  // alike at any vocabulary size. For GPU benchmarks with a full-size target, and for tests.
+  static Qwen3Model random(const Qwen3Dims& dims, uint64_t seed, at::ScalarType dtype,
+                           const c10::Device& device);
+
+  struct Outputs {
+    at::Tensor hidden_states;      // [B, S, K*H]: outputs of decoder layers layer_ids, concatenated
+    at::Tensor last_hidden_state;  // [B, S, H]: after the final norm
+  };
+
+  // The whole sequence, causal, no gradients. hidden_states[..., i*H:(i+1)*H] is the output of
+  // decoder layer layer_ids[i] (0-based; HF's output_hidden_states[layer_ids[i] + 1]).
+  Outputs forward(const at::Tensor& input_ids, const std::vector<int64_t>& layer_ids) const;
+
+  // Keys and values of the positions run so far, per layer [B, kv_heads, capacity, head_dim].
+  struct KvCache {
+    std::vector<at::Tensor> keys, values;
+    int64_t length = 0;  // positions filled
+  };
+  KvCache new_cache(int64_t batch, int64_t capacity) const;
+
+  // Runs ids [B, T] at positions cache.length .. cache.length + T - 1, appending their keys and
+  // values; the outputs cover those T positions only. Equals forward() on the whole prefix.
+  Outputs step(const at::Tensor& input_ids, KvCache& cache,
+               const std::vector<int64_t>& layer_ids = {}) const;
+
+  // Next-token logits (in the model's dtype) of final-norm states [..., H]: [..., V].
+  at::Tensor logits(const at::Tensor& last_hidden_state) const;
+
+  const at::Tensor& embed_tokens() const { return embed_tokens_; }  // [V, H]
+  const at::Tensor& lm_head() const { return lm_head_; }  // [V, H]; embed_tokens' storage if tied
+  const Qwen3Dims& dims() const { return dims_; }
+
+ private:
+  struct Layer {
+    at::Tensor input_layernorm, q_proj, k_proj, v_proj, o_proj, q_norm, k_norm;
+    at::Tensor post_attention_layernorm, gate_proj, up_proj, down_proj;
+  };
+  Qwen3Model() = default;
+  Outputs run(const at::Tensor& input_ids, KvCache* cache,
+              const std::vector<int64_t>& layer_ids) const;
+
+  Qwen3Dims dims_;
+  at::Tensor embed_tokens_, lm_head_, final_norm_;
+  std::vector<Layer> layers_;
+};
+
+}  // namespace dspine::data
