@@ -16,7 +16,6 @@
 #include "core/files.h"
 #include "core/log.h"
 #include "data/json_integer.h"
-#include "data/synthetic_target.h"
 
 namespace dspine::data {
 namespace fs = std::filesystem;
@@ -226,72 +225,100 @@ ShardIndex parse_shard_index(const std::string& text, const std::string& path) {
   return index;
 }
 
-void write_shards(const core::Config& config, const std::string& out_dir,
-                  const ShardWriteOptions& options) {
+std::string partial_dir(const std::string& out_dir) {
+  fs::path out = fs::path(out_dir).lexically_normal();
+  if (!out.has_filename()) out = out.parent_path();
+  if (out.empty()) fail("write_shards: empty output directory");
+  return (out.parent_path() / (out.filename().string() + ".partial")).string();
+}
+
+std::string start_shards(const BatchSource& source, const std::string& out_dir,
+                         const ShardWriteOptions& options) {
   if (options.num_samples < 1 || options.samples_per_shard < 1) {
     fail("write_shards: samples ({}) and samples per shard ({}) must be >= 1", options.num_samples,
          options.samples_per_shard);
   }
+  storage_dtype(options.dtype, "write_shards");
+  const std::string partial = partial_dir(out_dir);
+  if (fs::exists(out_dir)) fail("{}: output directory already exists; choose a new one", out_dir);
+  core::remove_tree(partial);  // left over from an interrupted run
+  fs::create_directories(partial);
+  core::save_safetensors((fs::path(partial) / kTargetFile).string(),
+                         {{kEmbedKey, source.embed_tokens().to(at::kCPU, at::kFloat)},
+                          {kHeadKey, source.lm_head().to(at::kCPU, at::kFloat)}});
+  return partial;
+}
+
+void write_rank_shards(BatchSource& source, const ShardLayout& layout, const std::string& partial,
+                       const ShardWriteOptions& options, int rank, int world_size) {
   const at::ScalarType dtype = storage_dtype(options.dtype, "write_shards");
-  fs::path out = fs::path(out_dir).lexically_normal();
-  if (!out.has_filename()) out = out.parent_path();
-  if (out.empty()) fail("write_shards: empty output directory");
-  if (fs::exists(out)) fail("{}: output directory already exists; choose a new one", out.string());
-  const fs::path partial = out.parent_path() / (out.filename().string() + ".partial");
+  const std::string layer_ids = fmt::format("[{}]", fmt::join(layout.target_layer_ids, ","));
+  int64_t shard = 0;
+  for (int64_t first = 0; first < options.num_samples; first += options.samples_per_shard, ++shard) {
+    if (shard % world_size != rank) continue;
+    const int64_t count = std::min(options.samples_per_shard, options.num_samples - first);
+    source.seek(first);
+    const DraftBatch batch = source.next(count).to(at::kCPU);
+    const std::string name = shard_name(static_cast<size_t>(shard));
+    core::save_safetensors(
+        (fs::path(partial) / name).string(),
+        {{"input_ids", batch.input_ids},
+         {"loss_mask", batch.loss_mask},
+         {"hidden_states", batch.hidden_states.to(dtype)},
+         {"target_last_hidden_states", batch.target_last_hidden_states.to(dtype)}},
+        {{"seq_len", std::to_string(layout.seq_len)},
+         {"hidden_size", std::to_string(layout.hidden_size)},
+         {"num_target_layers", std::to_string(layout.target_layer_ids.size())},
+         {"target_layer_ids", layer_ids},
+         {"sample_offset", std::to_string(first)}});
+    log::info("wrote {} ({} samples from {}, of {})", name, count, first, options.num_samples);
+  }
+}
 
-  const SyntheticTarget target(config.model, config.data.synthetic);
+void finish_shards(const core::Config& config, const std::string& partial,
+                   const std::string& out_dir, const ShardWriteOptions& options) {
   const ShardLayout layout = layout_from_config(config);
+  nlohmann::json shards = nlohmann::json::array();
+  for (int64_t first = 0; first < options.num_samples; first += options.samples_per_shard) {
+    const int64_t count = std::min(options.samples_per_shard, options.num_samples - first);
+    const std::string name = shard_name(shards.size());
+    nlohmann::json entry = digest_json(core::digest_file((fs::path(partial) / name).string()));
+    entry.update({{"file", name}, {"first_sample", first}, {"samples", count}});
+    shards.push_back(std::move(entry));
+  }
+  nlohmann::json index = {{"format", kFormat},
+                          {"version", kFormatVersion},
+                          {"seq_len", layout.seq_len},
+                          {"hidden_size", layout.hidden_size},
+                          {"vocab_size", layout.vocab_size},
+                          {"target_layer_ids", layout.target_layer_ids},
+                          {"dtype", options.dtype},
+                          {"num_samples", options.num_samples},
+                          {"source", config.data.source},
+                          {"target", digest_json(core::digest_file(
+                                         (fs::path(partial) / kTargetFile).string()))},
+                          {"shards", shards}};
+  // Where the samples came from, for people reading the index.
+  if (config.data.source == "synthetic") index["synthetic_seed"] = config.data.synthetic.seed;
+  if (config.data.source == "target") {
+    index["target_path"] = config.data.target.path;
+    index["samples_file"] = config.data.samples;
+  }
+  std::ofstream((fs::path(partial) / kIndexFile).string()) << index.dump(2) << "\n";
+  fs::rename(partial, fs::path(out_dir).lexically_normal());
+}
+
+void write_shards(BatchSource& source, const core::Config& config, const std::string& out_dir,
+                  const ShardWriteOptions& options) {
+  const std::string partial = partial_dir(out_dir);
+  if (fs::exists(out_dir)) fail("{}: output directory already exists; choose a new one", out_dir);
   try {
-    core::remove_tree(partial.string());  // left over from an interrupted run
-    fs::create_directories(partial);
-    core::save_safetensors((partial / kTargetFile).string(),
-                           {{kEmbedKey, target.embed_tokens()}, {kHeadKey, target.lm_head()}});
-    const core::FileDigest target_digest = core::digest_file((partial / kTargetFile).string());
-
-    nlohmann::json shards = nlohmann::json::array();
-    const std::string layer_ids = fmt::format("[{}]", fmt::join(layout.target_layer_ids, ","));
-    for (int64_t first = 0; first < options.num_samples; first += options.samples_per_shard) {
-      const int64_t count = std::min(options.samples_per_shard, options.num_samples - first);
-      // Samples are independent: one per thread, each computed serially inside the region.
-      std::vector<DraftBatch> samples(static_cast<size_t>(count));
-      at::parallel_for(0, count, 1, [&](int64_t begin, int64_t end) {
-        for (int64_t i = begin; i < end; ++i) samples[i] = target.sample(first + i, layout.seq_len);
-      });
-      const DraftBatch batch = concat_rows(samples);
-      const std::string name = shard_name(shards.size());
-      core::save_safetensors(
-          (partial / name).string(),
-          {{"input_ids", batch.input_ids},
-           {"loss_mask", batch.loss_mask},
-           {"hidden_states", batch.hidden_states.to(dtype)},
-           {"target_last_hidden_states", batch.target_last_hidden_states.to(dtype)}},
-          {{"seq_len", std::to_string(layout.seq_len)},
-           {"hidden_size", std::to_string(layout.hidden_size)},
-           {"num_target_layers", std::to_string(layout.target_layer_ids.size())},
-           {"target_layer_ids", layer_ids},
-           {"sample_offset", std::to_string(first)}});
-      nlohmann::json entry = digest_json(core::digest_file((partial / name).string()));
-      entry.update({{"file", name}, {"first_sample", first}, {"samples", count}});
-      shards.push_back(std::move(entry));
-      log::info("wrote {} ({} samples, {}/{})", name, count, first + count, options.num_samples);
-    }
-
-    const nlohmann::json index = {{"format", kFormat},
-                                  {"version", kFormatVersion},
-                                  {"seq_len", layout.seq_len},
-                                  {"hidden_size", layout.hidden_size},
-                                  {"vocab_size", layout.vocab_size},
-                                  {"target_layer_ids", layout.target_layer_ids},
-                                  {"dtype", options.dtype},
-                                  {"num_samples", options.num_samples},
-                                  {"synthetic_seed", config.data.synthetic.seed},
-                                  {"target", digest_json(target_digest)},
-                                  {"shards", shards}};
-    std::ofstream((partial / kIndexFile).string()) << index.dump(2) << "\n";
-    fs::rename(partial, out);
+    start_shards(source, out_dir, options);
+    write_rank_shards(source, layout_from_config(config), partial, options, 0, 1);
+    finish_shards(config, partial, out_dir, options);
   } catch (...) {
     try {
-      core::remove_tree(partial.string());
+      core::remove_tree(partial);
     } catch (const fs::filesystem_error&) {  // keep the original error
     }
     throw;

@@ -67,12 +67,25 @@ struct ShardWriteOptions {
   std::string dtype = "fp32";  // fp32 | bf16
 };
 
-// Samples 0..num_samples-1 of the synthetic target described by config.model / config.data
-// (seq_len = config.data.seq_len), generated in parallel on ATen's intra-op threads and written
-// into `out_dir`, which must not exist yet. Everything goes to the sibling `out_dir`.partial
-// first, renamed to `out_dir` only when complete.
-void write_shards(const core::Config& config, const std::string& out_dir,
+// Samples 0..num_samples-1 of `source` (built from `config` by make_batch_source: the synthetic
+// target, or a real one with data.source target) written into `out_dir`, which must not exist
+// yet. Everything goes to the sibling `out_dir`.partial first, renamed to `out_dir` only when
+// complete. Several ranks share the work through the three steps below.
+void write_shards(BatchSource& source, const core::Config& config, const std::string& out_dir,
                   const ShardWriteOptions& options);
+
+// The steps of write_shards, for ranks sharing the work (dspine-data generate under mpirun):
+// rank 0 starts (checks `out_dir`, makes the .partial directory with target.safetensors, returns
+// its path); after a barrier every rank writes its shards (shard i belongs to rank i mod world);
+// after another barrier rank 0 finishes (checksums, index.json, rename).
+std::string start_shards(const BatchSource& source, const std::string& out_dir,
+                         const ShardWriteOptions& options);
+void write_rank_shards(BatchSource& source, const ShardLayout& layout, const std::string& partial,
+                       const ShardWriteOptions& options, int rank, int world_size);
+void finish_shards(const core::Config& config, const std::string& partial,
+                   const std::string& out_dir, const ShardWriteOptions& options);
+// The .partial sibling of `out_dir` that start_shards makes (errors: empty name).
+std::string partial_dir(const std::string& out_dir);
 
 // Serves a shard directory in sample order, wrapping around at the end (epochs). The index and
 // target.safetensors are checked against `expected` and every file against its checksum up

@@ -52,8 +52,13 @@ class Shards : public ::testing::Test {
   // Writes 5 samples in shards of 2 (3 shards, the last one short).
   std::string write(const std::string& dtype = "fp32") {
     const std::string dir = (root_ / "shards").string();
-    write_shards(small_config(), dir, ShardWriteOptions{5, 2, dtype});
+    write_into(dir, ShardWriteOptions{5, 2, dtype});
     return dir;
+  }
+
+  static void write_into(const std::string& dir, const ShardWriteOptions& options) {
+    const auto config = small_config();
+    write_shards(*make_batch_source(config, torch::kCPU), config, dir, options);
   }
 
   fs::path root_;
@@ -179,7 +184,7 @@ TEST_F(Shards, CorruptShardOrTargetStopsTheReaderBeforeTraining) {
   expect_error_mentioning([&] { ShardReader(dir, layout_from_config(small_config())); },
                           {"shard-00001.safetensors", "SHA-256", "corrupt"});
   const std::string other = (root_ / "other").string();
-  write_shards(small_config(), other, ShardWriteOptions{5, 2, "fp32"});
+  write_into(other, ShardWriteOptions{5, 2, "fp32"});
   flip_byte(fs::path(other) / "target.safetensors");
   expect_error_mentioning([&] { ShardReader(other, layout_from_config(small_config())); },
                           {"target.safetensors", "corrupt"});
@@ -236,9 +241,9 @@ TEST_F(Shards, MissingOrBrokenIndexIsNamed) {
 
 TEST_F(Shards, WriteRefusesAnExistingDirectory) {
   const std::string dir = write();
-  expect_error_mentioning([&] { write_shards(small_config(), dir, ShardWriteOptions{1, 1, "fp32"}); },
+  expect_error_mentioning([&] { write_into(dir, ShardWriteOptions{1, 1, "fp32"}); },
                           {dir, "already exists"});
-  EXPECT_THROW(write_shards(small_config(), (root_ / "other").string(), ShardWriteOptions{1, 1, "fp16"}),
+  EXPECT_THROW(write_into((root_ / "other").string(), ShardWriteOptions{1, 1, "fp16"}),
                Error);
   EXPECT_FALSE(fs::exists(root_ / "other"));
 }
