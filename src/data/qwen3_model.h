@@ -7,7 +7,6 @@
 
 #include <cstdint>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -39,8 +38,14 @@ Qwen3Dims read_qwen3_config(const std::string& config_json_path);
 // and head_dim is even.
 void check_qwen3_dims(const Qwen3Dims& dims, const std::string& where);
 
-// Named weights with HF's names ("model.layers.0.self_attn.q_proj.weight", ...).
-using Qwen3Weights = std::vector<std::pair<std::string, at::Tensor>>;
+// A weight under its HF name ("model.layers.0.self_attn.q_proj.weight", ...) and the file it
+// came from (named in errors).
+struct Qwen3Weight {
+  std::string name;
+  at::Tensor tensor;
+  std::string file;
+};
+using Qwen3Weights = std::vector<Qwen3Weight>;
 
 class Qwen3Model {
  public:
@@ -50,7 +55,7 @@ class Qwen3Model {
                             const c10::Device& device);
 
   // From HF-named weights: every expected tensor exactly once with its HF shape, nothing else
-  // (lm_head.weight absent iff tied). `source` names where they came from in errors.
+  // (lm_head.weight absent iff tied). `source` (a directory, say) is named when one is missing.
   static Qwen3Model from_weights(const Qwen3Dims& dims, Qwen3Weights weights,
                                  at::ScalarType dtype, const c10::Device& device,
                                  const std::string& source);
@@ -90,12 +95,16 @@ class Qwen3Model {
   const at::Tensor& lm_head() const { return lm_head_; }  // [V, H]; embed_tokens' storage if tied
   const Qwen3Dims& dims() const { return dims_; }
 
- private:
+  // One decoder layer's weights (HF names without "model.layers.{i}.").
   struct Layer {
     at::Tensor input_layernorm, q_proj, k_proj, v_proj, o_proj, q_norm, k_norm;
     at::Tensor post_attention_layernorm, gate_proj, up_proj, down_proj;
   };
+
+ private:
+  struct Slot;  // a weight's HF name, shape and member
   Qwen3Model() = default;
+  std::vector<Slot> slots();  // every weight of dims_ (lm_head only when untied)
   Outputs run(const at::Tensor& input_ids, KvCache* cache,
               const std::vector<int64_t>& layer_ids) const;
 

@@ -1,15 +1,15 @@
-// A small seeded "target model": a few Qwen3-style decoder layers (RMSNorm, GQA attention with
-// RoPE and q/k norms, SwiGLU MLP) with random weights and its own embedding / lm_head. It samples
-// token sequences autoregressively and exposes the hidden states a draft model trains on.
+// A small seeded "target model": a Qwen3Model with random weights (Qwen3Model::random) whose
+// logits are scaled by data.synthetic.logit_scale. It samples token sequences autoregressively
+// (KV-cached decoding) and exposes the hidden states a draft model trains on.
 #pragma once
 
 #include <cstdint>
-#include <vector>
 
 #include <ATen/core/Tensor.h>
 
 #include "core/config.h"
 #include "data/batch.h"
+#include "data/qwen3_model.h"
 
 namespace dspine::data {
 
@@ -29,20 +29,14 @@ class SyntheticTarget {
   // Next-token logits [B, S, V] (after logit_scale) for given ids; used by tests.
   at::Tensor logits(const at::Tensor& input_ids) const;
 
-  const at::Tensor& embed_tokens() const { return embed_tokens_; }  // [V, H]
-  const at::Tensor& lm_head() const { return lm_head_; }            // [V, H]
+  const at::Tensor& embed_tokens() const { return target_model_.embed_tokens(); }  // [V, H]
+  const at::Tensor& lm_head() const { return lm_head_; }  // [V, H], logit_scale folded in
 
  private:
-  struct Layer {
-    at::Tensor input_norm, q_proj, k_proj, v_proj, o_proj, q_norm, k_norm;
-    at::Tensor post_attention_norm, gate_proj, up_proj, down_proj;
-  };
-  at::Tensor layer_forward(const Layer& layer, const at::Tensor& x) const;
-
   core::ModelConfig model_;
   core::SyntheticTargetConfig target_;
-  at::Tensor embed_tokens_, lm_head_, final_norm_;
-  std::vector<Layer> layers_;
+  Qwen3Model target_model_;
+  at::Tensor lm_head_;
 };
 
 }  // namespace dspine::data

@@ -1,0 +1,17 @@
+// Reading a Hugging Face checkpoint directory: its config.json (read_qwen3_config, declared in
+// qwen3_model.h) and its weights, from one model.safetensors or from the shards listed by
+// model.safetensors.index.json.
+#pragma once
+
+#include <string>
+
+#include "data/qwen3_model.h"
+
+namespace dspine::data {
+
+// Every tensor of the directory's weights, on the CPU in the stored dtype, each with its file.
+// A sharded index must list each tensor in exactly the file that holds it; what does not match
+// throws dspine::Error naming the index, the file and the tensor.
+Qwen3Weights read_hf_weights(const std::string& dir);
+
+}  // namespace dspine::data

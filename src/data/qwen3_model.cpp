@@ -1,0 +1,329 @@
+#include "data/qwen3_model.h"
+
+#include <cmath>
+#include <optional>
+#include <unordered_map>
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/grad_mode.h>
+#include <ATen/detail/CUDAHooksInterface.h>
+#include <fmt/ranges.h>
+
+#include "core/error.h"
+#include "data/seeding.h"
+
+namespace dspine::data {
+
+struct Qwen3Model::Slot {
+  std::string name;
+  std::vector<int64_t> shape;
+  at::Tensor* tensor;
+};
+
+namespace {
+
+// random(): attention logits get this extra gain through q_norm's weight. With unit-RMS queries
+// and keys the scores would have std ~1 and attention would be nearly uniform; sharper attention
+// makes the next token depend on specific earlier tokens, not on a blurred average of the prefix.
+constexpr double kQueryNormGain = 2.0;
+// random(): lm_head rows are drawn so that the logits of a unit-RMS final state have std
+// kHeadGain * sqrt(2 ln V). The max of V Gaussians sits ~sqrt(2 ln V) std above the mean, so this
+// keeps the peakedness roughly independent of the vocabulary size; 1.5 gives a mean top-1
+// probability of ~0.6 (entropy ~1.3 nats, varying by context) at the tiny default sizes.
+constexpr double kHeadGain = 1.5;
+
+// HF's Qwen3RMSNorm: variance in fp32, normalised value cast back to the input dtype, then
+// multiplied by the weight (which sets the result dtype).
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  const auto x32 = x.to(at::kFloat);
+  const auto normed = x32 * at::rsqrt(x32.square().mean(-1, /*keepdim=*/true).add_(eps));
+  return weight * normed.to(x.scalar_type());
+}
+
+// RoPE tables and the attention mask of the positions past .. past + count - 1.
+struct Positions {
+  at::Tensor cos, sin;              // [count, head_dim] in the model's dtype
+  std::optional<at::Tensor> mask;   // [count, past + count] bool: only for count > 1 after a cache
+  bool causal = false;
+};
+
+Positions make_positions(int64_t past, int64_t count, const Qwen3Dims& dims,
+                         const at::TensorOptions& options) {
+  // As transformers computes them: inverse frequencies in fp32 on the CPU, angles as fp32
+  // products, cos/sin in fp32, then cast to the model's dtype.
+  const auto exponents =
+      at::arange(0, dims.head_dim, 2, at::kLong).to(at::kFloat).div_(double(dims.head_dim));
+  const auto inv_freq = at::reciprocal(at::pow(dims.rope_theta, exponents)).to(options.device());
+  const auto position = at::arange(past, past + count, options.dtype(at::kFloat));
+  const auto angles = position.unsqueeze(1) * inv_freq.unsqueeze(0);  // [count, head_dim / 2]
+  const auto both = at::cat({angles, angles}, -1);
+  Positions out{both.cos().to(options.dtype()), both.sin().to(options.dtype()), std::nullopt};
+  if (count > 1 && past == 0) {
+    out.causal = true;
+  } else if (count > 1) {  // query i sees keys 0 .. past + i
+    const auto keys = at::arange(past + count, options.dtype(at::kLong)).unsqueeze(0);
+    out.mask = keys.le(at::arange(past, past + count, options.dtype(at::kLong)).unsqueeze(1));
+  }
+  return out;
+}
+
+// x [B, heads, T, d] rotated by the rotate-half convention of Qwen3.
+at::Tensor apply_rope(const at::Tensor& x, const Positions& positions) {
+  const auto halves = x.chunk(2, -1);
+  return x * positions.cos + at::cat({halves[1].neg(), halves[0]}, -1) * positions.sin;
+}
+
+void check_input_ids(const at::Tensor& ids, int64_t vocab) {
+  if (ids.dim() != 2 || ids.scalar_type() != at::kLong || ids.size(1) < 1) {
+    fail("Qwen3 model: input_ids must be [B, S] int64 with S >= 1, got [{}] {}",
+         fmt::join(ids.sizes(), ", "), c10::toString(ids.scalar_type()));
+  }
+  if (ids.numel() > 0 &&
+      (ids.min().item<int64_t>() < 0 || ids.max().item<int64_t>() >= vocab)) {
+    fail("Qwen3 model: input_ids outside the vocabulary [0, {})", vocab);
+  }
+}
+
+at::Generator seeded_generator(const c10::Device& device, uint64_t seed) {
+  at::Generator gen = device.is_cuda() ? at::detail::getCUDAHooks().getNewGenerator(device.index())
+                                       : at::make_generator<at::CPUGeneratorImpl>();
+  gen.set_current_seed(seed);
+  return gen;
+}
+
+void check_dtype(at::ScalarType dtype) {
+  if (!at::isFloatingType(dtype)) {
+    fail("Qwen3 model: dtype must be floating point, got {}", c10::toString(dtype));
+  }
+}
+
+}  // namespace
+
+void check_qwen3_dims(const Qwen3Dims& d, const std::string& where) {
+  if (d.hidden_size < 1 || d.intermediate_size < 1 || d.num_hidden_layers < 1 ||
+      d.num_attention_heads < 1 || d.num_key_value_heads < 1 || d.vocab_size < 1) {
+    fail("{}: hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, "
+         "num_key_value_heads and vocab_size must be positive", where);
+  }
+  if (d.num_attention_heads % d.num_key_value_heads != 0) {
+    fail("{}: num_attention_heads ({}) must be a multiple of num_key_value_heads ({})", where,
+         d.num_attention_heads, d.num_key_value_heads);
+  }
+  if (d.head_dim < 2 || d.head_dim % 2 != 0) {
+    fail("{}: head_dim must be even and >= 2 for RoPE (got {})", where, d.head_dim);
+  }
+  if (!(d.rms_norm_eps > 0.0) || !(d.rope_theta > 0.0)) {
+    fail("{}: rms_norm_eps and rope_theta must be > 0 (got {} and {})", where, d.rms_norm_eps,
+         d.rope_theta);
+  }
+}
+
+std::vector<Qwen3Model::Slot> Qwen3Model::slots() {
+  const int64_t hidden = dims_.hidden_size, inter = dims_.intermediate_size;
+  const int64_t q_width = dims_.num_attention_heads * dims_.head_dim;
+  const int64_t kv_width = dims_.num_key_value_heads * dims_.head_dim;
+  layers_.resize(static_cast<size_t>(dims_.num_hidden_layers));
+  std::vector<Slot> out{{"model.embed_tokens.weight", {dims_.vocab_size, hidden}, &embed_tokens_}};
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const std::string prefix = fmt::format("model.layers.{}.", l);
+    Layer& layer = layers_[l];
+    out.push_back({prefix + "input_layernorm.weight", {hidden}, &layer.input_layernorm});
+    out.push_back({prefix + "self_attn.q_proj.weight", {q_width, hidden}, &layer.q_proj});
+    out.push_back({prefix + "self_attn.k_proj.weight", {kv_width, hidden}, &layer.k_proj});
+    out.push_back({prefix + "self_attn.v_proj.weight", {kv_width, hidden}, &layer.v_proj});
+    out.push_back({prefix + "self_attn.o_proj.weight", {hidden, q_width}, &layer.o_proj});
+    out.push_back({prefix + "self_attn.q_norm.weight", {dims_.head_dim}, &layer.q_norm});
+    out.push_back({prefix + "self_attn.k_norm.weight", {dims_.head_dim}, &layer.k_norm});
+    out.push_back(
+        {prefix + "post_attention_layernorm.weight", {hidden}, &layer.post_attention_layernorm});
+    out.push_back({prefix + "mlp.gate_proj.weight", {inter, hidden}, &layer.gate_proj});
+    out.push_back({prefix + "mlp.up_proj.weight", {inter, hidden}, &layer.up_proj});
+    out.push_back({prefix + "mlp.down_proj.weight", {hidden, inter}, &layer.down_proj});
+  }
+  out.push_back({"model.norm.weight", {hidden}, &final_norm_});
+  if (!dims_.tie_word_embeddings) {
+    out.push_back({"lm_head.weight", {dims_.vocab_size, hidden}, &lm_head_});
+  }
+  return out;
+}
+
+Qwen3Model Qwen3Model::from_weights(const Qwen3Dims& dims, Qwen3Weights weights,
+                                    at::ScalarType dtype, const c10::Device& device,
+                                    const std::string& source) {
+  check_qwen3_dims(dims, source);
+  check_dtype(dtype);
+  Qwen3Model model;
+  model.dims_ = dims;
+  std::unordered_map<std::string, Slot> by_name;
+  for (Slot& slot : model.slots()) by_name.emplace(slot.name, slot);
+  for (Qwen3Weight& weight : weights) {
+    const auto found = by_name.find(weight.name);
+    if (found == by_name.end()) {
+      fail("{}: unexpected tensor '{}' (not a weight of this Qwen3 model{})", weight.file,
+           weight.name,
+           weight.name == "lm_head.weight" ? ": config.json says tie_word_embeddings" : "");
+    }
+    const Slot& slot = found->second;
+    if (slot.tensor->defined()) fail("{}: tensor '{}' appears twice", weight.file, weight.name);
+    if (weight.tensor.sizes() != at::IntArrayRef(slot.shape) ||
+        !at::isFloatingType(weight.tensor.scalar_type())) {
+      fail("{}: tensor '{}' is [{}] {}, expected [{}] floating point", weight.file, weight.name,
+           fmt::join(weight.tensor.sizes(), ", "), c10::toString(weight.tensor.scalar_type()),
+           fmt::join(slot.shape, ", "));
+    }
+    *slot.tensor = weight.tensor.to(device, dtype).contiguous();
+    weight.tensor = at::Tensor();  // frees the loaded copy as the model fills up
+  }
+  for (const auto& [name, slot] : by_name) {
+    if (!slot.tensor->defined()) fail("{}: missing tensor '{}'", source, name);
+  }
+  if (dims.tie_word_embeddings) model.lm_head_ = model.embed_tokens_;
+  return model;
+}
+
+Qwen3Model Qwen3Model::random(const Qwen3Dims& dims, uint64_t seed, at::ScalarType dtype,
+                              const c10::Device& device) {
+  check_qwen3_dims(dims, "Qwen3Model::random");
+  check_dtype(dtype);
+  at::NoGradGuard no_grad;
+  Qwen3Model model;
+  model.dims_ = dims;
+  const auto options = at::TensorOptions().dtype(at::kFloat).device(device);
+  const double head_std = kHeadGain * std::sqrt(2.0 * std::log(double(dims.vocab_size))) /
+                          std::sqrt(double(dims.hidden_size));
+  const std::vector<Slot> slots = model.slots();
+  for (size_t i = 0; i < slots.size(); ++i) {
+    const Slot& slot = slots[i];
+    at::Tensor value;
+    if (slot.shape.size() == 1) {  // norms
+      const bool query = slot.name.find("q_norm") != std::string::npos;
+      value = at::full(slot.shape, query ? kQueryNormGain : 1.0, options);
+    } else {
+      // Input projections keep unit-RMS activations at unit scale; the residual branches
+      // (o_proj, down_proj) add O(1) per layer, so the stream grows slowly and every layer
+      // still matters. Each tensor has its own stream: values do not depend on the others.
+      const double std = slot.name == "model.embed_tokens.weight" ? 1.0
+                         : slot.name == "lm_head.weight"        ? head_std
+                                                                : 1.0 / std::sqrt(double(slot.shape[1]));
+      at::Generator gen = seeded_generator(
+          device, generator_seed(stream_seed(static_cast<int64_t>(seed), static_cast<int64_t>(i))));
+      value = at::empty(slot.shape, options).normal_(0.0, std, gen);
+    }
+    *slot.tensor = value.to(dtype);
+  }
+  if (dims.tie_word_embeddings) model.lm_head_ = model.embed_tokens_;
+  return model;
+}
+
+Qwen3Model::KvCache Qwen3Model::new_cache(int64_t batch, int64_t capacity) const {
+  if (batch < 1 || capacity < 1) {
+    fail("Qwen3 model: a KV cache needs batch >= 1 and capacity >= 1 (got {} and {})", batch,
+         capacity);
+  }
+  KvCache cache;
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    for (auto* list : {&cache.keys, &cache.values}) {
+      list->push_back(at::empty({batch, dims_.num_key_value_heads, capacity, dims_.head_dim},
+                                embed_tokens_.options()));
+    }
+  }
+  return cache;
+}
+
+namespace {
+
+// Decoder layer `index` on x [B, T, H]; with a cache, attends to its positions too and appends
+// this call's keys and values to it.
+at::Tensor layer_forward(const Qwen3Model::Layer& layer, const Qwen3Dims& dims, const at::Tensor& x,
+                         const Positions& positions, Qwen3Model::KvCache* cache, size_t index) {
+  const int64_t batch = x.size(0), count = x.size(1), dim = dims.head_dim;
+  const int64_t heads = dims.num_attention_heads, kv_heads = dims.num_key_value_heads;
+  const double eps = dims.rms_norm_eps;
+
+  auto h = rms_norm(x, layer.input_layernorm, eps);
+  // Per-head RMSNorm of queries and keys (before RoPE), as in HF's Qwen3Attention.
+  auto q = rms_norm(at::linear(h, layer.q_proj).view({batch, count, heads, dim}), layer.q_norm, eps)
+               .transpose(1, 2);
+  auto k =
+      rms_norm(at::linear(h, layer.k_proj).view({batch, count, kv_heads, dim}), layer.k_norm, eps)
+          .transpose(1, 2);
+  auto v = at::linear(h, layer.v_proj).view({batch, count, kv_heads, dim}).transpose(1, 2);
+  q = apply_rope(q, positions);
+  k = apply_rope(k, positions);
+  if (cache != nullptr) {
+    const int64_t past = cache->length;
+    cache->keys[index].narrow(2, past, count).copy_(k);
+    cache->values[index].narrow(2, past, count).copy_(v);
+    k = cache->keys[index].narrow(2, 0, past + count);
+    v = cache->values[index].narrow(2, 0, past + count);
+  }
+  const auto attn = at::scaled_dot_product_attention(q, k, v, positions.mask, 0.0,
+                                                     positions.causal, std::nullopt,
+                                                     /*enable_gqa=*/true);
+  const auto out =
+      x + at::linear(attn.transpose(1, 2).reshape({batch, count, heads * dim}), layer.o_proj);
+
+  h = rms_norm(out, layer.post_attention_layernorm, eps);
+  const auto mlp = at::silu(at::linear(h, layer.gate_proj)) * at::linear(h, layer.up_proj);
+  return out + at::linear(mlp, layer.down_proj);
+}
+
+}  // namespace
+
+Qwen3Model::Outputs Qwen3Model::run(const at::Tensor& input_ids, KvCache* cache,
+                                    const std::vector<int64_t>& layer_ids) const {
+  check_input_ids(input_ids, dims_.vocab_size);
+  for (int64_t id : layer_ids) {
+    if (id < 0 || id >= dims_.num_hidden_layers) {
+      fail("Qwen3 model: layer id {} is outside the model's decoder layers [0, {})", id,
+           dims_.num_hidden_layers);
+    }
+  }
+  const int64_t batch = input_ids.size(0), count = input_ids.size(1);
+  const int64_t past = cache != nullptr ? cache->length : 0;
+  if (cache != nullptr) {
+    if (cache->keys.size() != layers_.size() || cache->keys[0].size(0) != batch ||
+        past + count > cache->keys[0].size(2)) {
+      fail("Qwen3 model: {} ids of batch {} do not fit the KV cache (batch {}, {} of {} "
+           "positions used)", count, batch, cache->keys.empty() ? 0 : cache->keys[0].size(0),
+           past, cache->keys.empty() ? 0 : cache->keys[0].size(2));
+    }
+  }
+  at::NoGradGuard no_grad;
+  const Positions positions = make_positions(past, count, dims_, embed_tokens_.options());
+  auto x = at::embedding(embed_tokens_, input_ids.to(embed_tokens_.device()));
+  std::vector<at::Tensor> captured(layer_ids.size());
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    x = layer_forward(layers_[l], dims_, x, positions, cache, l);
+    for (size_t i = 0; i < layer_ids.size(); ++i) {
+      if (layer_ids[i] == static_cast<int64_t>(l)) captured[i] = x;
+    }
+  }
+  if (cache != nullptr) cache->length += count;
+  Outputs out;
+  if (!captured.empty()) out.hidden_states = at::cat(captured, -1);
+  out.last_hidden_state = rms_norm(x, final_norm_, dims_.rms_norm_eps);
+  return out;
+}
+
+Qwen3Model::Outputs Qwen3Model::forward(const at::Tensor& input_ids,
+                                        const std::vector<int64_t>& layer_ids) const {
+  return run(input_ids, nullptr, layer_ids);
+}
+
+Qwen3Model::Outputs Qwen3Model::step(const at::Tensor& input_ids, KvCache& cache,
+                                     const std::vector<int64_t>& layer_ids) const {
+  return run(input_ids, &cache, layer_ids);
+}
+
+at::Tensor Qwen3Model::logits(const at::Tensor& last_hidden_state) const {
+  if (last_hidden_state.dim() < 1 || last_hidden_state.size(-1) != dims_.hidden_size) {
+    fail("Qwen3 model: logits need states [..., {}], got [{}]", dims_.hidden_size,
+         fmt::join(last_hidden_state.sizes(), ", "));
+  }
+  at::NoGradGuard no_grad;
+  return at::linear(last_hidden_state.to(lm_head_.device(), lm_head_.scalar_type()), lm_head_);
+}
+
+}  // namespace dspine::data

@@ -1,0 +1,257 @@
+// Qwen3Model against Hugging Face transformers: the tiny models and expected outputs written by
+// tests/data/make_tiny_qwen3.py (the ctest fixture make_tiny_qwen3) into DSPINE_TINY_QWEN3_DIR.
+#include <algorithm>
+#include <filesystem>
+#include <functional>
+#include <fstream>
+#include <string>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include "core/error.h"
+#include "core/files.h"
+#include "core/safetensors.h"
+#include "data/qwen3_model.h"
+
+namespace dspine::data {
+namespace {
+
+namespace fs = std::filesystem;
+
+const c10::Device kCpu(c10::kCPU);
+
+std::string tiny_dir(const std::string& name) {
+  const fs::path dir = fs::path(DSPINE_TINY_QWEN3_DIR) / name;
+  if (!fs::exists(dir / "expected.safetensors")) {
+    ADD_FAILURE() << dir << " is missing: run the ctest fixture make_tiny_qwen3 first "
+                  << "(python tests/data/make_tiny_qwen3.py " << DSPINE_TINY_QWEN3_DIR << ")";
+  }
+  return dir.string();
+}
+
+std::vector<int64_t> layer_ids_of(const core::SafetensorsFile& expected) {
+  const auto ids = expected.at("layer_ids").contiguous();
+  return {ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + ids.numel()};
+}
+
+// The largest difference relative to the reference's scale (its largest magnitude, at least 1):
+// fp32 rounding grows with the values, and the residual stream reaches ~40 here.
+double max_diff(const torch::Tensor& a, const torch::Tensor& reference) {
+  EXPECT_EQ(a.sizes(), reference.sizes());
+  const auto ref = reference.to(torch::kFloat);
+  const double scale = std::max(1.0, ref.abs().max().item<double>());
+  return (a.to(torch::kFloat) - ref).abs().max().item<double>() / scale;
+}
+
+class HuggingFaceParity : public testing::TestWithParam<std::string> {};
+
+TEST_P(HuggingFaceParity, HiddenStatesLastStateAndLogitsMatchTransformersInFp32) {
+  const std::string dir = tiny_dir(GetParam());
+  const auto expected = core::load_safetensors(dir + "/expected.safetensors");
+  const Qwen3Model model = Qwen3Model::load_hf(dir, torch::kFloat, kCpu);
+  const auto out = model.forward(expected.at("input_ids"), layer_ids_of(expected));
+  EXPECT_LE(max_diff(out.hidden_states, expected.at("hidden_states")), 1e-5);
+  EXPECT_LE(max_diff(out.last_hidden_state, expected.at("last_hidden_state")), 1e-5);
+  EXPECT_LE(max_diff(model.logits(out.last_hidden_state), expected.at("logits")), 1e-5);
+  // The comparison means something only if the states are not tiny.
+  EXPECT_GT(expected.at("last_hidden_state").abs().mean().item<double>(), 0.1);
+}
+
+TEST_P(HuggingFaceParity, HeadIsTheEmbeddingStorageExactlyWhenTied) {
+  const Qwen3Model model = Qwen3Model::load_hf(tiny_dir(GetParam()), torch::kFloat, kCpu);
+  const bool tied = GetParam().rfind("tied", 0) == 0;
+  EXPECT_EQ(model.dims().tie_word_embeddings, tied);
+  EXPECT_EQ(model.lm_head().is_same(model.embed_tokens()), tied);
+  EXPECT_EQ(model.embed_tokens().sizes(), torch::IntArrayRef({96, 32}));
+}
+
+INSTANTIATE_TEST_SUITE_P(TinyModels, HuggingFaceParity,
+                         testing::Values("tied-single", "untied-single", "tied-sharded",
+                                         "untied-sharded"),
+                         [](const auto& info) {
+                           std::string name = info.param;
+                           name.erase(std::remove(name.begin(), name.end(), '-'), name.end());
+                           return name;
+                         });
+
+TEST(Qwen3Model, Bf16ForwardStaysCloseToFp32) {
+  const std::string dir = tiny_dir("untied-single");
+  const auto expected = core::load_safetensors(dir + "/expected.safetensors");
+  const Qwen3Model model = Qwen3Model::load_hf(dir, torch::kBFloat16, kCpu);
+  const auto out = model.forward(expected.at("input_ids"), layer_ids_of(expected));
+  EXPECT_EQ(out.last_hidden_state.scalar_type(), torch::kBFloat16);
+  const auto reference = expected.at("last_hidden_state");
+  EXPECT_LE(max_diff(out.last_hidden_state, reference),
+            0.1 * reference.abs().max().item<double>());
+}
+
+TEST(Qwen3Model, CachedStepsEqualTheFullForward) {
+  const std::string dir = tiny_dir("untied-single");
+  const auto expected = core::load_safetensors(dir + "/expected.safetensors");
+  const Qwen3Model model = Qwen3Model::load_hf(dir, torch::kFloat, kCpu);
+  const auto ids = expected.at("input_ids");  // [2, 11]
+  const auto layers = layer_ids_of(expected);
+  const auto full = model.forward(ids, layers);
+
+  // A prompt of 4, one token at a time up to 8, then the last 3 at once (attention with an
+  // offset causal mask over the cache).
+  auto cache = model.new_cache(2, 11);
+  std::vector<torch::Tensor> hidden, last;
+  const auto take = [&](int64_t start, int64_t count) {
+    const auto out = model.step(ids.narrow(1, start, count), cache, layers);
+    hidden.push_back(out.hidden_states);
+    last.push_back(out.last_hidden_state);
+  };
+  take(0, 4);
+  for (int64_t t = 4; t < 8; ++t) take(t, 1);
+  take(8, 3);
+  EXPECT_EQ(cache.length, 11);
+  EXPECT_LE(max_diff(torch::cat(hidden, 1), full.hidden_states), 1e-5);
+  EXPECT_LE(max_diff(torch::cat(last, 1), full.last_hidden_state), 1e-5);
+  EXPECT_THROW(model.step(ids.narrow(1, 0, 1), cache), Error);  // the cache is full
+}
+
+TEST(Qwen3Model, RandomWeightsAreAPureFunctionOfTheSeed) {
+  Qwen3Dims dims{32, 48, 2, 4, 2, 8, 50, 1e-6, 1e4, false};
+  const auto a = Qwen3Model::random(dims, 7, torch::kFloat, kCpu);
+  const auto b = Qwen3Model::random(dims, 7, torch::kFloat, kCpu);
+  const auto c = Qwen3Model::random(dims, 8, torch::kFloat, kCpu);
+  const auto ids = torch::randint(50, {2, 6}, torch::kLong);
+  EXPECT_TRUE(torch::equal(a.forward(ids, {1}).hidden_states, b.forward(ids, {1}).hidden_states));
+  EXPECT_FALSE(torch::equal(a.lm_head(), c.lm_head()));
+  dims.tie_word_embeddings = true;
+  const auto tied = Qwen3Model::random(dims, 7, torch::kFloat, kCpu);
+  EXPECT_TRUE(tied.lm_head().is_same(tied.embed_tokens()));
+}
+
+TEST(Qwen3Model, RejectsLayerIdsAndTokenIdsOutOfRange) {
+  const Qwen3Dims dims{32, 48, 2, 4, 2, 8, 50, 1e-6, 1e4, false};
+  const auto model = Qwen3Model::random(dims, 1, torch::kFloat, kCpu);
+  EXPECT_THROW(model.forward(torch::zeros({1, 3}, torch::kLong), {2}), Error);
+  EXPECT_THROW(model.forward(torch::full({1, 3}, 50, torch::kLong), {0}), Error);
+  EXPECT_THROW(model.forward(torch::zeros({3}, torch::kLong), {0}), Error);
+}
+
+// Load errors: a copy of a tiny model with one thing broken must fail with a message naming it.
+class BrokenCheckpoint : public testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("dspine_qwen3_" + std::string(testing::UnitTest::GetInstance()->current_test_info()->name()));
+    core::remove_tree(dir_.string());
+    fs::create_directories(dir_);
+    for (const char* name : {"tied-single", "untied-sharded"}) {
+      fs::copy(tiny_dir(name), dir_ / name, fs::copy_options::recursive);
+    }
+  }
+  void TearDown() override { core::remove_tree(dir_.string()); }
+
+  std::string path(const std::string& rel) const { return (dir_ / rel).string(); }
+
+  void edit_config(const std::string& model, const std::function<void(nlohmann::json&)>& edit) {
+    std::ifstream in(path(model + "/config.json"));
+    nlohmann::json json = nlohmann::json::parse(in);
+    edit(json);
+    std::ofstream(path(model + "/config.json")) << json.dump(2);
+  }
+
+  void edit_weights(const std::string& file, const std::function<void(core::NamedTensors&)>& edit) {
+    auto loaded = core::load_safetensors(path(file));
+    edit(loaded.tensors);
+    core::save_safetensors(path(file), loaded.tensors, loaded.metadata);
+  }
+
+  // load_hf(model) must throw an Error whose message contains every one of `parts`.
+  void expect_error(const std::string& model, const std::vector<std::string>& parts) {
+    try {
+      Qwen3Model::load_hf(path(model), torch::kFloat, kCpu);
+      ADD_FAILURE() << "expected an error";
+    } catch (const Error& e) {
+      for (const auto& part : parts) {
+        EXPECT_NE(std::string(e.what()).find(part), std::string::npos)
+            << "'" << part << "' not in: " << e.what();
+      }
+    }
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(BrokenCheckpoint, MissingTensorIsNamed) {
+  edit_weights("tied-single/model.safetensors", [](core::NamedTensors& tensors) {
+    tensors.erase(std::remove_if(tensors.begin(), tensors.end(),
+                                 [](const auto& t) {
+                                   return t.first == "model.layers.2.mlp.up_proj.weight";
+                                 }),
+                  tensors.end());
+  });
+  expect_error("tied-single", {"missing tensor", "model.layers.2.mlp.up_proj.weight"});
+}
+
+TEST_F(BrokenCheckpoint, WrongShapeNamesTensorAndFile) {
+  edit_weights("tied-single/model.safetensors", [](core::NamedTensors& tensors) {
+    for (auto& [name, tensor] : tensors) {
+      if (name == "model.layers.1.self_attn.k_proj.weight") tensor = torch::zeros({8, 32});
+    }
+  });
+  expect_error("tied-single", {"model.layers.1.self_attn.k_proj.weight", "model.safetensors",
+                               "[8, 32]", "expected [16, 32]"});
+}
+
+TEST_F(BrokenCheckpoint, ExtraTensorIsNamed) {
+  edit_weights("tied-single/model.safetensors", [](core::NamedTensors& tensors) {
+    tensors.emplace_back("lm_head.weight", torch::zeros({96, 32}));
+  });
+  expect_error("tied-single", {"unexpected tensor 'lm_head.weight'", "tie_word_embeddings"});
+}
+
+TEST_F(BrokenCheckpoint, UnsupportedOrBadConfigIsNamed) {
+  const std::vector<std::pair<std::function<void(nlohmann::json&)>, std::string>> cases = {
+      {[](auto& j) { j["model_type"] = "llama"; }, "model_type"},
+      {[](auto& j) { j["attention_bias"] = true; }, "attention_bias"},
+      {[](auto& j) { j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}}; },
+       "rope_scaling"},
+      {[](auto& j) { j["use_sliding_window"] = true; }, "use_sliding_window"},
+      {[](auto& j) { j.erase("hidden_size"); }, "missing key 'hidden_size'"},
+      {[](auto& j) { j["num_key_value_heads"] = 3; }, "num_key_value_heads"},
+      {[](auto& j) { j["vocab_size"] = "96"; }, "'vocab_size' must be a positive integer"},
+  };
+  const std::string original = path("tied-single/config.json") + ".orig";
+  fs::copy_file(path("tied-single/config.json"), original);
+  for (const auto& [edit, message] : cases) {
+    fs::copy_file(original, path("tied-single/config.json"), fs::copy_options::overwrite_existing);
+    edit_config("tied-single", edit);
+    expect_error("tied-single", {"config.json", message});
+  }
+  std::ofstream(path("tied-single/config.json")) << "{ not json";
+  expect_error("tied-single", {"config.json", "invalid JSON"});
+  fs::remove(path("tied-single/config.json"));
+  expect_error("tied-single", {"config.json", "cannot read"});
+}
+
+TEST_F(BrokenCheckpoint, ShardIndexMustMatchTheShards) {
+  const std::string index_path = path("untied-sharded/model.safetensors.index.json");
+  nlohmann::json index = nlohmann::json::parse(std::ifstream(index_path));
+  const std::string moved = "model.norm.weight";
+  const std::string holder = index["weight_map"][moved];
+  index["weight_map"][moved] = holder == "model-00001-of-00008.safetensors"
+                                   ? "model-00002-of-00008.safetensors"
+                                   : "model-00001-of-00008.safetensors";
+  std::ofstream(index_path) << index.dump();
+  expect_error("untied-sharded", {"model.safetensors.index.json", moved});
+
+  index["weight_map"][moved] = holder;
+  std::ofstream(index_path) << index.dump();
+  fs::remove(path("untied-sharded/" + holder));
+  expect_error("untied-sharded", {holder, "not found"});
+}
+
+TEST_F(BrokenCheckpoint, DirectoryWithoutWeightsIsNamed) {
+  fs::remove(path("tied-single/model.safetensors"));
+  expect_error("tied-single", {"model.safetensors.index.json", "tied-single"});
+}
+
+}  // namespace
+}  // namespace dspine::data
