@@ -6,6 +6,7 @@
 #include "data/random_source.h"
 #include "data/shards.h"
 #include "data/specforge_source.h"
+#include "data/target_source.h"
 #include "data/synthetic_target.h"
 
 namespace dspine::data {
@@ -52,8 +53,9 @@ std::unique_ptr<BatchSource> make_batch_source(const core::Config& config,
     if (config.data.shards_dir.empty()) fail("data.source is 'shards' but data.shards_dir is empty");
     return std::make_unique<ShardReader>(config.data.shards_dir, layout_from_config(config));
   }
+  if (config.data.source == "target") return std::make_unique<TargetSource>(config, device);
   if (config.data.source == "specforge") return std::make_unique<SpecforgeSource>(config);
-  fail("data.source must be 'synthetic', 'shards', 'random' or 'specforge', got '{}'",
+  fail("data.source must be 'synthetic', 'shards', 'random', 'target' or 'specforge', got '{}'",
        config.data.source);
 }
 
