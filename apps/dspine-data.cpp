@@ -66,7 +66,7 @@ void generate(GenerateArgs args, const dspine::dist::MpiContext& mpi) {
     if (layout.rank == 0) data::finish_shards(config, partial, args.out_dir, args.options);
   }
   if (layout.rank != 0) return;
-  fmt::print("wrote {} samples of the {} target (seq_len {}, hidden_size {}, {} target layers, "
+  fmt::print("wrote {} samples from data.source {} (seq_len {}, hidden_size {}, {} target layers, "
              "{}, {} rank{}) to {}\n", args.options.num_samples, config.data.source,
              config.data.seq_len, config.model.hidden_size, config.model.target_layer_ids.size(),
              args.options.dtype, layout.world_size, layout.world_size > 1 ? "s" : "", args.out_dir);
