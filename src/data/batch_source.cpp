@@ -6,8 +6,8 @@
 #include "data/random_source.h"
 #include "data/shards.h"
 #include "data/specforge_source.h"
-#include "data/target_source.h"
 #include "data/synthetic_target.h"
+#include "data/target_source.h"
 
 namespace dspine::data {
 namespace {

@@ -92,10 +92,10 @@ expect_error "$WORK/corrupt/index.json: invalid JSON" "$data" inspect "$WORK/cor
 expect_error "$WORK/corrupt/index.json: invalid JSON" "$train" "${quiet[@]}" \
   --set data.source=shards --set data.shards_dir="$WORK/corrupt" --set checkpoint.dir="$WORK/c2"
 # A truncated shard stops training before its first step: nothing is written.
-cp -r "$WORK/shards" "$WORK/truncated"
-truncate -s 100 "$WORK/truncated/shard-00001.safetensors"
-expect_error "$WORK/truncated/shard-00001.safetensors: 100 bytes" "$train" "${quiet[@]}" \
-  --set data.source=shards --set data.shards_dir="$WORK/truncated" --set checkpoint.dir="$WORK/c3"
+cp -r "$WORK/shards" "$WORK/short_shard"
+truncate -s 100 "$WORK/short_shard/shard-00001.safetensors"
+expect_error "$WORK/short_shard/shard-00001.safetensors: 100 bytes" "$train" "${quiet[@]}" \
+  --set data.source=shards --set data.shards_dir="$WORK/short_shard" --set checkpoint.dir="$WORK/c3"
 [[ -e $WORK/c3 ]] && { echo "FAIL: training with a truncated shard wrote $WORK/c3"; failures=$((failures + 1)); }
 rm "$WORK/shards/$(ls "$WORK/shards" | grep -v index | head -n 1)"
 expect_error "is missing" "$data" inspect "$WORK/shards"
