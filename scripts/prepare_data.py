@@ -39,7 +39,7 @@ def messages_of(row):
         if not isinstance(content, str):
             raise BadLine(f"turn {i}: '{text_key}' must be a string")
         messages.append({"role": ROLES[turn[role_key]], "content": content})
-    # A system turn is kept only first; the conversation then starts at its first user turn.
+    # A leading system turn is kept; the rest starts at the first user turn.
     system = [messages[0]] if messages and messages[0]["role"] == "system" else []
     rest = messages[len(system):]
     while rest and rest[0]["role"] != "user":
