@@ -1,4 +1,5 @@
-// dspine-data: writes the embedded synthetic target's samples as safetensors shards (`generate`),
+// dspine-data: writes a target's samples as safetensors shards (`generate`: the embedded
+// synthetic target, or a real Qwen3 target over token samples, shared by the ranks of an mpirun),
 // summarizes a shard directory (`inspect`), including how peaked the target's next-token
 // distributions are — the property that makes the data learnable by a draft — and exports a
 // trained draft in the Hugging Face layout SpecForge reads (`export`).
@@ -16,7 +17,11 @@
 
 #include "core/config.h"
 #include "core/error.h"
+#include "core/log.h"
+#include "data/batch_source.h"
 #include "data/shards.h"
+#include "dist/launch.h"
+#include "dist/mpi_context.h"
 #include "train/hf_export.h"
 
 namespace {
@@ -28,15 +33,45 @@ struct GenerateArgs {
   std::string config_path;
   std::vector<std::string> overrides;
   std::string out_dir;
+  std::string target_dir;    // a real target: data.source target, data.target.path
+  std::string samples_file;  // its token samples: data.samples
   data::ShardWriteOptions options;
 };
 
-void generate(const GenerateArgs& args) {
+// Rank r computes shards r, r + world, ... on its training device (GPU = local rank when there
+// are GPUs); rank 0 prepares the directory before and writes the index after, between barriers.
+void generate(GenerateArgs args, const dspine::dist::MpiContext& mpi) {
+  if (!args.target_dir.empty()) {
+    args.overrides.push_back("data.source=target");
+    args.overrides.push_back("data.target.path=" + args.target_dir);
+  }
+  if (!args.samples_file.empty()) args.overrides.push_back("data.samples=" + args.samples_file);
   const core::Config config = core::load_config(args.config_path, args.overrides);
-  data::write_shards(config, args.out_dir, args.options);
-  fmt::print("wrote {} samples (seq_len {}, hidden_size {}, {} target layers, {}) to {}\n",
-             args.options.num_samples, config.data.seq_len, config.model.hidden_size,
-             config.model.target_layer_ids.size(), args.options.dtype, args.out_dir);
+  if (config.data.source != "synthetic" && config.data.source != "target") {
+    dspine::fail("dspine-data generate: data.source must be synthetic or target, got '{}'",
+                 config.data.source);
+  }
+  if (mpi.rank() != 0) dspine::log::set_level("warn");
+  const auto layout = dspine::dist::rank_layout();
+  const auto device = dspine::dist::training_device(config.training.device, layout.local_rank);
+  const auto source = data::make_batch_source(config, device);
+  if (layout.world_size == 1) {
+    data::write_shards(*source, config, args.out_dir, args.options);
+  } else {
+    const auto comm = dspine::dist::make_communicator(config.distributed, c10::kCPU);
+    const std::string partial = data::partial_dir(args.out_dir);
+    if (layout.rank == 0) data::start_shards(*source, args.out_dir, args.options);
+    comm->barrier();
+    data::write_rank_shards(*source, data::layout_from_config(config), partial, args.options,
+                            layout.rank, layout.world_size);
+    comm->barrier();
+    if (layout.rank == 0) data::finish_shards(config, partial, args.out_dir, args.options);
+  }
+  if (layout.rank != 0) return;
+  fmt::print("wrote {} samples from data.source {} (seq_len {}, hidden_size {}, {} target layers, "
+             "{}, {} rank{}) to {}\n", args.options.num_samples, config.data.source,
+             config.data.seq_len, config.model.hidden_size, config.model.target_layer_ids.size(),
+             args.options.dtype, layout.world_size, layout.world_size > 1 ? "s" : "", args.out_dir);
 }
 
 void inspect(const std::string& dir, int64_t samples) {
@@ -86,7 +121,7 @@ const CLI::Validator kAtLeastOne(
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"dspine-data: synthetic-target training data as safetensors shards; draft export"};
+  CLI::App app{"dspine-data: target-model training data as safetensors shards; draft export"};
   app.require_subcommand(1);
 
   GenerateArgs gen;
@@ -95,6 +130,12 @@ int main(int argc, char** argv) {
                            "run configuration YAML (default: the embedded configuration)");
   generate_cmd->add_option("--set", gen.overrides, "override a key: section.key=value (repeatable)");
   generate_cmd->add_option("--out", gen.out_dir, "output directory (must not exist)")->required();
+  generate_cmd->add_option("--target", gen.target_dir,
+                           "Hugging Face Qwen3 directory to run instead of the synthetic target "
+                           "(data.source=target, data.target.path)");
+  generate_cmd->add_option("--samples-file", gen.samples_file,
+                           "token-sample JSONL the target reads (data.samples; from "
+                           "scripts/prepare_data.py)");
   generate_cmd->add_option("--samples", gen.options.num_samples, "number of samples")
       ->check(kAtLeastOne)
       ->capture_default_str();
@@ -124,15 +165,16 @@ int main(int argc, char** argv) {
 
   try {
     app.parse(argc, argv);
-    if (*generate_cmd) generate(gen);
-    if (*inspect_cmd) inspect(inspect_dir, inspect_samples);
-    if (*export_cmd) export_draft(export_source, export_out);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
+  }
+  dspine::dist::MpiContext mpi(&argc, &argv);
+  try {
+    if (*generate_cmd) generate(gen, mpi);
+    if (*inspect_cmd) inspect(inspect_dir, inspect_samples);
+    if (*export_cmd) export_draft(export_source, export_out);
   } catch (const std::exception& e) {
-    const bool ours = dynamic_cast<const dspine::Error*>(&e) != nullptr;
-    std::fprintf(stderr, "%s: %s\n", ours ? "error" : "internal error", e.what());
-    return 1;
+    return mpi.fail_run(e);
   }
   return 0;
 }

@@ -35,9 +35,10 @@ struct Key {
   bool accepts_bool = false;  // auto|true|false keys: YAML true/false are stored as "true"/"false"
 };
 
-// The maps that hold keys; "model.dspine" and "data.synthetic" are nested in their sections.
+// The maps that hold keys; "model.dspine", "data.synthetic" and "data.target" are nested in
+// their sections.
 const std::vector<std::string> kMaps = {"model",    "model.dspine", "data",
-                                        "data.synthetic", "training", "objective",
+                                        "data.synthetic", "data.target", "training", "objective",
                                         "checkpoint", "logging", "distributed"};
 const char* const kLrAlias = "training.lr";
 const char* const kLearningRate = "training.learning_rate";
@@ -85,8 +86,10 @@ std::vector<Key> keys_of(Config& c) {
       {"model.dspine.message_size", &d.message_size},
       {"model.dspine.top_k", &d.top_k},
       {"model.dspine.replacement_layers", &d.replacement_layers},
-      {"data.source", &data.source, {"synthetic", "shards", "random"}},
+      {"data.source", &data.source, {"synthetic", "shards", "random", "target", "specforge"}},
       {"data.shards_dir", &data.shards_dir},
+      {"data.samples", &data.samples},
+      {"data.specforge_dir", &data.specforge_dir},
       {"data.seq_len", &data.seq_len},
       {"data.eval_samples", &data.eval_samples},
       {"data.eval_offset", &data.eval_offset},
@@ -99,6 +102,9 @@ std::vector<Key> keys_of(Config& c) {
       {"data.synthetic.logit_scale", &s.logit_scale},
       {"data.synthetic.temperature", &s.temperature},
       {"data.synthetic.prompt_length", &s.prompt_length},
+      {"data.target.path", &data.target.path},
+      {"data.target.random", &data.target.random},
+      {"data.target.seed", &data.target.seed},
       {"training.batch_size", &t.batch_size},
       {"training.accumulation_steps", &t.accumulation_steps},
       {"training.total_steps", &t.total_steps},
@@ -764,6 +770,21 @@ void validate(const Context& ctx, const Config& c) {
                    "data.source is shards, which needs the directory written by dspine-data "
                    "generate");
   }
+  if ((data.source == "target" || data.source == "specforge") && data.target.path.empty()) {
+    ctx.fail_value("data.target.path", show(data.target.path),
+                   fmt::format("data.source is {}, which needs the target's Hugging Face "
+                               "directory", data.source));
+  }
+  if (data.source == "target" && data.samples.empty() && !data.target.random) {
+    ctx.fail_value("data.samples", show(data.samples),
+                   "data.source is target, which needs a token-sample JSONL file (random token "
+                   "ids only with data.target.random: true)");
+  }
+  if (data.source == "specforge" && data.specforge_dir.empty()) {
+    ctx.fail_value("data.specforge_dir", show(data.specforge_dir),
+                   "data.source is specforge, which needs a directory of SpecForge samples");
+  }
+  at_least("data.target.seed", data.target.seed, 0);
   at_least("data.seq_len", data.seq_len, 2);
   at_least("data.eval_samples", data.eval_samples, 1);
   if (data.eval_offset < -1) {

@@ -54,17 +54,28 @@ struct SyntheticTargetConfig {
   int64_t prompt_length = 8;    // leading tokens with loss_mask 0 (the "prompt")
 };
 
+// A real Qwen3 target run online (data.source: target; docs/data.md).
+struct TargetModelConfig {
+  std::string path;     // Hugging Face Qwen3 directory (config.json and safetensors weights)
+  bool random = false;  // weights seeded from `seed` in the shape of path/config.json (benchmarks)
+  int64_t seed = 0;
+};
+
 struct DataConfig {
   // synthetic | shards | random (seeded values of the configured shapes on the training device,
-  // for benchmarks; uses synthetic.seed and synthetic.prompt_length)
+  // for benchmarks; uses synthetic.seed and synthetic.prompt_length) | target (a Qwen3 model run
+  // on token samples) | specforge (a directory of SpecForge offline samples)
   std::string source = "synthetic";
   std::string shards_dir;            // directory written by `dspine-data generate`
+  std::string samples;               // token-sample JSONL (scripts/prepare_data.py) for target
+  std::string specforge_dir;         // SpecForge's torch.save samples, one file each
   int64_t seq_len = 64;
   // Held-out samples of the acceptance evaluation (training.eval_every, dspine-eval --acceptance):
   // eval_samples from global index eval_offset; -1 = the first sample past the run's training data.
   int64_t eval_samples = 64;
   int64_t eval_offset = -1;
   SyntheticTargetConfig synthetic;
+  TargetModelConfig target;
 };
 
 struct TrainingConfig {

@@ -5,7 +5,9 @@
 #include "core/error.h"
 #include "data/random_source.h"
 #include "data/shards.h"
+#include "data/specforge_source.h"
 #include "data/synthetic_target.h"
+#include "data/target_source.h"
 
 namespace dspine::data {
 namespace {
@@ -51,7 +53,10 @@ std::unique_ptr<BatchSource> make_batch_source(const core::Config& config,
     if (config.data.shards_dir.empty()) fail("data.source is 'shards' but data.shards_dir is empty");
     return std::make_unique<ShardReader>(config.data.shards_dir, layout_from_config(config));
   }
-  fail("data.source must be 'synthetic', 'shards' or 'random', got '{}'", config.data.source);
+  if (config.data.source == "target") return std::make_unique<TargetSource>(config, device);
+  if (config.data.source == "specforge") return std::make_unique<SpecforgeSource>(config);
+  fail("data.source must be 'synthetic', 'shards', 'random', 'target' or 'specforge', got '{}'",
+       config.data.source);
 }
 
 }  // namespace dspine::data

@@ -17,19 +17,22 @@ namespace dspine::data {
 class BatchSource {
  public:
   virtual ~BatchSource() = default;
-  // The next `rows` samples as one batch (hidden states fp32; on the CPU, except the random
-  // source's, which live on its device); advances the cursor.
+  // The next `rows` samples as one batch (hidden states fp32 on the CPU, except the random and
+  // target sources', which live on the training device, the target's in its dtype); advances the
+  // cursor.
   virtual DraftBatch next(int64_t rows) = 0;
   // Index of the next sample to be read; samples are numbered from 0 across epochs.
   virtual int64_t cursor() const = 0;
   virtual void seek(int64_t cursor) = 0;
-  // The target's frozen weights the draft shares: [V, H] fp32 each.
+  // The target's frozen weights the draft shares: [V, H] each (fp32, or the target source's own
+  // tensors in its dtype on its device).
   virtual at::Tensor embed_tokens() const = 0;
   virtual at::Tensor lm_head() const = 0;
 };
 
 // Builds the source selected by config.data.source (errors name the shard directory/file).
-// `device` is the training device: the random source generates there; the others ignore it.
+// `device` is the training device: the random and target sources compute there; the others
+// ignore it.
 std::unique_ptr<BatchSource> make_batch_source(const core::Config& config,
                                                const c10::Device& device);
 

@@ -15,7 +15,7 @@
 #include "core/error.h"
 #include "core/files.h"
 #include "core/log.h"
-#include "data/synthetic_target.h"
+#include "data/json_integer.h"
 
 namespace dspine::data {
 namespace fs = std::filesystem;
@@ -24,7 +24,9 @@ namespace {
 constexpr const char* kIndexFile = "index.json";
 constexpr const char* kTargetFile = "target.safetensors";
 constexpr const char* kFormat = "dspine-shards";
-constexpr int64_t kFormatVersion = 1;
+// Version 2 added each file's size and SHA-256; version 1 indexes are still read, unverified.
+constexpr int64_t kFormatVersion = 2;
+constexpr int64_t kUncheckedVersion = 1;
 constexpr const char* kEmbedKey = "model.embed_tokens.weight";
 constexpr const char* kHeadKey = "lm_head.weight";
 
@@ -36,14 +38,6 @@ at::ScalarType storage_dtype(const std::string& dtype, const std::string& where)
   if (dtype == "fp32") return at::kFloat;
   if (dtype == "bf16") return at::kBFloat16;
   fail("{}: dtype must be fp32 or bf16, got '{}'", where, dtype);
-}
-
-// Whether `value` is a JSON integer that fits int64_t. get<int64_t>() alone would truncate 1.5,
-// wrap 2^63 and treat 1e300 as undefined behaviour.
-bool is_int64(const nlohmann::json& value) {
-  return value.is_number_integer() &&
-         (!value.is_number_unsigned() ||
-          value.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()));
 }
 
 // A required index.json field of type T; errors name the file and the key.
@@ -68,6 +62,36 @@ int64_t positive_field(const nlohmann::json& json, const char* key, const std::s
   const int64_t value = field<int64_t>(json, key, file);
   if (value < 1) fail("{}: key '{}' must be >= 1, got {}", file, key, value);
   return value;
+}
+
+// The "bytes" and "sha256" of a version 2 index entry.
+core::FileDigest digest_field(const nlohmann::json& json, const std::string& where) {
+  core::FileDigest digest{field<int64_t>(json, "bytes", where), field<std::string>(json, "sha256", where)};
+  const bool hex = digest.sha256.size() == 64 &&
+                   digest.sha256.find_first_not_of("0123456789abcdef") == std::string::npos;
+  if (digest.bytes < 0 || !hex) {
+    fail("{}: 'bytes' must be >= 0 and 'sha256' 64 lowercase hex digits (got {}, '{}')", where,
+         digest.bytes, digest.sha256);
+  }
+  return digest;
+}
+
+nlohmann::json digest_json(const core::FileDigest& digest) {
+  return {{"bytes", digest.bytes}, {"sha256", digest.sha256}};
+}
+
+void verify_file(const fs::path& path, const core::FileDigest& recorded) {
+  if (!fs::is_regular_file(path)) fail("{}: file listed in {} is missing", path.string(), kIndexFile);
+  const auto bytes = static_cast<int64_t>(fs::file_size(path));
+  if (bytes != recorded.bytes) {
+    fail("{}: {} bytes, but {} records {} (truncated or rewritten); regenerate the shards",
+         path.string(), bytes, kIndexFile, recorded.bytes);
+  }
+  const core::FileDigest found = core::digest_file(path.string());
+  if (found.sha256 != recorded.sha256) {
+    fail("{}: SHA-256 {} differs from {} recorded in {} (corrupt file); regenerate the shards",
+         path.string(), found.sha256, recorded.sha256, kIndexFile);
+  }
 }
 
 void check_layout(const ShardLayout& found, const ShardLayout& expected, const std::string& file) {
@@ -148,10 +172,13 @@ ShardIndex parse_shard_index(const std::string& text, const std::string& path) {
     fail("{}: invalid JSON: {}", path, e.what());
   }
   if (!json.is_object()) fail("{}: expected a JSON object", path);
-  if (field<std::string>(json, "format", path) != kFormat ||
-      field<int64_t>(json, "version", path) != kFormatVersion) {
-    fail("{}: not a '{}' version {} index", path, kFormat, kFormatVersion);
+  const bool is_format = field<std::string>(json, "format", path) == kFormat;
+  const int64_t version = field<int64_t>(json, "version", path);
+  if (!is_format || (version != kFormatVersion && version != kUncheckedVersion)) {
+    fail("{}: not a '{}' index of version {} or {}", path, kFormat, kUncheckedVersion,
+         kFormatVersion);
   }
+  const bool checksums = version == kFormatVersion;
 
   ShardIndex index;
   index.layout.seq_len = positive_field(json, "seq_len", path);
@@ -175,7 +202,8 @@ ShardIndex parse_shard_index(const std::string& text, const std::string& path) {
     const std::string where = fmt::format("{} (shards[{}])", path, i);
     ShardEntry entry{field<std::string>(shards[i], "file", where),
                      field<int64_t>(shards[i], "first_sample", where),
-                     field<int64_t>(shards[i], "samples", where)};
+                     field<int64_t>(shards[i], "samples", where), std::nullopt};
+    if (checksums) entry.digest = digest_field(shards[i], where);
     if (entry.file.empty() || fs::path(entry.file).filename() != entry.file) {
       fail("{}: file '{}' must be a plain file name inside the directory", where, entry.file);
     }
@@ -190,71 +218,107 @@ ShardIndex parse_shard_index(const std::string& text, const std::string& path) {
   if (next_sample != index.num_samples) {
     fail("{}: shards hold {} samples but num_samples is {}", path, next_sample, index.num_samples);
   }
+  if (checksums) {
+    index.target_digest =
+        digest_field(field<nlohmann::json>(json, "target", path), fmt::format("{} (target)", path));
+  }
   return index;
 }
 
-void write_shards(const core::Config& config, const std::string& out_dir,
-                  const ShardWriteOptions& options) {
+std::string partial_dir(const std::string& out_dir) {
+  fs::path out = fs::path(out_dir).lexically_normal();
+  if (!out.has_filename()) out = out.parent_path();
+  if (out.empty()) fail("write_shards: empty output directory");
+  return (out.parent_path() / (out.filename().string() + ".partial")).string();
+}
+
+std::string start_shards(const BatchSource& source, const std::string& out_dir,
+                         const ShardWriteOptions& options) {
   if (options.num_samples < 1 || options.samples_per_shard < 1) {
     fail("write_shards: samples ({}) and samples per shard ({}) must be >= 1", options.num_samples,
          options.samples_per_shard);
   }
+  storage_dtype(options.dtype, "write_shards");
+  const std::string partial = partial_dir(out_dir);
+  if (fs::exists(out_dir)) fail("{}: output directory already exists; choose a new one", out_dir);
+  core::remove_tree(partial);  // left over from an interrupted run
+  fs::create_directories(partial);
+  core::save_safetensors((fs::path(partial) / kTargetFile).string(),
+                         {{kEmbedKey, source.embed_tokens().to(at::kCPU, at::kFloat)},
+                          {kHeadKey, source.lm_head().to(at::kCPU, at::kFloat)}});
+  return partial;
+}
+
+void write_rank_shards(BatchSource& source, const ShardLayout& layout, const std::string& partial,
+                       const ShardWriteOptions& options, int rank, int world_size) {
   const at::ScalarType dtype = storage_dtype(options.dtype, "write_shards");
-  fs::path out = fs::path(out_dir).lexically_normal();
-  if (!out.has_filename()) out = out.parent_path();
-  if (out.empty()) fail("write_shards: empty output directory");
-  if (fs::exists(out)) fail("{}: output directory already exists; choose a new one", out.string());
-  const fs::path partial = out.parent_path() / (out.filename().string() + ".partial");
+  const std::string layer_ids = fmt::format("[{}]", fmt::join(layout.target_layer_ids, ","));
+  int64_t shard = 0;
+  for (int64_t first = 0; first < options.num_samples; first += options.samples_per_shard, ++shard) {
+    if (shard % world_size != rank) continue;
+    const int64_t count = std::min(options.samples_per_shard, options.num_samples - first);
+    source.seek(first);
+    const DraftBatch batch = source.next(count).to(at::kCPU);
+    const std::string name = shard_name(static_cast<size_t>(shard));
+    core::save_safetensors(
+        (fs::path(partial) / name).string(),
+        {{"input_ids", batch.input_ids},
+         {"loss_mask", batch.loss_mask},
+         {"hidden_states", batch.hidden_states.to(dtype)},
+         {"target_last_hidden_states", batch.target_last_hidden_states.to(dtype)}},
+        {{"seq_len", std::to_string(layout.seq_len)},
+         {"hidden_size", std::to_string(layout.hidden_size)},
+         {"num_target_layers", std::to_string(layout.target_layer_ids.size())},
+         {"target_layer_ids", layer_ids},
+         {"sample_offset", std::to_string(first)}});
+    log::info("wrote {} ({} samples from {}, of {})", name, count, first, options.num_samples);
+  }
+}
 
-  const SyntheticTarget target(config.model, config.data.synthetic);
+void finish_shards(const core::Config& config, const std::string& partial,
+                   const std::string& out_dir, const ShardWriteOptions& options) {
   const ShardLayout layout = layout_from_config(config);
+  nlohmann::json shards = nlohmann::json::array();
+  for (int64_t first = 0; first < options.num_samples; first += options.samples_per_shard) {
+    const int64_t count = std::min(options.samples_per_shard, options.num_samples - first);
+    const std::string name = shard_name(shards.size());
+    nlohmann::json entry = digest_json(core::digest_file((fs::path(partial) / name).string()));
+    entry.update({{"file", name}, {"first_sample", first}, {"samples", count}});
+    shards.push_back(std::move(entry));
+  }
+  nlohmann::json index = {{"format", kFormat},
+                          {"version", kFormatVersion},
+                          {"seq_len", layout.seq_len},
+                          {"hidden_size", layout.hidden_size},
+                          {"vocab_size", layout.vocab_size},
+                          {"target_layer_ids", layout.target_layer_ids},
+                          {"dtype", options.dtype},
+                          {"num_samples", options.num_samples},
+                          {"source", config.data.source},
+                          {"target", digest_json(core::digest_file(
+                                         (fs::path(partial) / kTargetFile).string()))},
+                          {"shards", shards}};
+  // Where the samples came from, for people reading the index.
+  if (config.data.source == "synthetic") index["synthetic_seed"] = config.data.synthetic.seed;
+  if (config.data.source == "target") {
+    index["target_path"] = config.data.target.path;
+    index["samples_file"] = config.data.samples;
+  }
+  std::ofstream((fs::path(partial) / kIndexFile).string()) << index.dump(2) << "\n";
+  fs::rename(partial, fs::path(out_dir).lexically_normal());
+}
+
+void write_shards(BatchSource& source, const core::Config& config, const std::string& out_dir,
+                  const ShardWriteOptions& options) {
+  const std::string partial = partial_dir(out_dir);
+  if (fs::exists(out_dir)) fail("{}: output directory already exists; choose a new one", out_dir);
   try {
-    core::remove_tree(partial.string());  // left over from an interrupted run
-    fs::create_directories(partial);
-    core::save_safetensors((partial / kTargetFile).string(),
-                           {{kEmbedKey, target.embed_tokens()}, {kHeadKey, target.lm_head()}});
-
-    nlohmann::json shards = nlohmann::json::array();
-    const std::string layer_ids = fmt::format("[{}]", fmt::join(layout.target_layer_ids, ","));
-    for (int64_t first = 0; first < options.num_samples; first += options.samples_per_shard) {
-      const int64_t count = std::min(options.samples_per_shard, options.num_samples - first);
-      // Samples are independent: one per thread, each computed serially inside the region.
-      std::vector<DraftBatch> samples(static_cast<size_t>(count));
-      at::parallel_for(0, count, 1, [&](int64_t begin, int64_t end) {
-        for (int64_t i = begin; i < end; ++i) samples[i] = target.sample(first + i, layout.seq_len);
-      });
-      const DraftBatch batch = concat_rows(samples);
-      const std::string name = shard_name(shards.size());
-      core::save_safetensors(
-          (partial / name).string(),
-          {{"input_ids", batch.input_ids},
-           {"loss_mask", batch.loss_mask},
-           {"hidden_states", batch.hidden_states.to(dtype)},
-           {"target_last_hidden_states", batch.target_last_hidden_states.to(dtype)}},
-          {{"seq_len", std::to_string(layout.seq_len)},
-           {"hidden_size", std::to_string(layout.hidden_size)},
-           {"num_target_layers", std::to_string(layout.target_layer_ids.size())},
-           {"target_layer_ids", layer_ids},
-           {"sample_offset", std::to_string(first)}});
-      shards.push_back({{"file", name}, {"first_sample", first}, {"samples", count}});
-      log::info("wrote {} ({} samples, {}/{})", name, count, first + count, options.num_samples);
-    }
-
-    const nlohmann::json index = {{"format", kFormat},
-                                  {"version", kFormatVersion},
-                                  {"seq_len", layout.seq_len},
-                                  {"hidden_size", layout.hidden_size},
-                                  {"vocab_size", layout.vocab_size},
-                                  {"target_layer_ids", layout.target_layer_ids},
-                                  {"dtype", options.dtype},
-                                  {"num_samples", options.num_samples},
-                                  {"synthetic_seed", config.data.synthetic.seed},
-                                  {"shards", shards}};
-    std::ofstream((partial / kIndexFile).string()) << index.dump(2) << "\n";
-    fs::rename(partial, out);
+    start_shards(source, out_dir, options);
+    write_rank_shards(source, layout_from_config(config), partial, options, 0, 1);
+    finish_shards(config, partial, out_dir, options);
   } catch (...) {
     try {
-      core::remove_tree(partial.string());
+      core::remove_tree(partial);
     } catch (const fs::filesystem_error&) {  // keep the original error
     }
     throw;
@@ -264,15 +328,25 @@ void write_shards(const core::Config& config, const std::string& out_dir,
 ShardReader::ShardReader(const std::string& dir, const ShardLayout& expected)
     : dir_(dir), index_(read_shard_index(dir)) {
   check_layout(index_.layout, expected, (fs::path(dir) / kIndexFile).string());
-  for (const ShardEntry& entry : index_.shards) {
-    const fs::path path = fs::path(dir) / entry.file;
-    if (!fs::is_regular_file(path)) {
-      fail("{}: shard file listed in {} is missing", path.string(), kIndexFile);
-    }
-  }
+  verify_shard_files(dir, index_);
   const core::SafetensorsFile target = core::load_safetensors((fs::path(dir) / kTargetFile).string());
   embed_tokens_ = read_target_weight(target, kEmbedKey, index_.layout);
   lm_head_ = read_target_weight(target, kHeadKey, index_.layout);
+}
+
+void verify_shard_files(const std::string& dir, const ShardIndex& index) {
+  if (!index.target_digest) {
+    log::warn("{}: a version 1 index without checksums; the shard files are not verified "
+              "(regenerate them with `dspine-data generate` to get checksums)",
+              (fs::path(dir) / kIndexFile).string());
+    for (const ShardEntry& entry : index.shards) {
+      const fs::path path = fs::path(dir) / entry.file;
+      if (!fs::is_regular_file(path)) fail("{}: file listed in {} is missing", path.string(), kIndexFile);
+    }
+    return;
+  }
+  verify_file(fs::path(dir) / kTargetFile, *index.target_digest);
+  for (const ShardEntry& entry : index.shards) verify_file(fs::path(dir) / entry.file, *entry.digest);
 }
 
 void ShardReader::seek(int64_t cursor) {

@@ -5,7 +5,8 @@
 //                                (F32 or BF16); metadata seq_len, hidden_size, num_target_layers,
 //                                target_layer_ids, sample_offset
 //   target.safetensors           model.embed_tokens.weight and lm_head.weight, [V, H] F32
-//   index.json                   layout, dtype and the shards in sample order
+//   index.json                   layout, dtype, the shards in sample order and the size and
+//                                SHA-256 of every file (version 2; docs/data.md)
 #pragma once
 
 #include <cstdint>
@@ -15,6 +16,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "core/checksum.h"
 #include "core/config.h"
 #include "core/safetensors.h"
 #include "data/batch_source.h"
@@ -34,6 +36,7 @@ struct ShardEntry {
   std::string file;          // name inside the directory
   int64_t first_sample = 0;  // global index of its first sample within an epoch
   int64_t samples = 0;
+  std::optional<core::FileDigest> digest;  // absent only in version 1 indexes
 };
 
 struct ShardIndex {
@@ -41,12 +44,17 @@ struct ShardIndex {
   std::string dtype;  // fp32 | bf16: storage of hidden_states / target_last_hidden_states
   int64_t num_samples = 0;
   std::vector<ShardEntry> shards;
+  std::optional<core::FileDigest> target_digest;  // of target.safetensors; absent in version 1
 };
 
 // Reads and checks dir/index.json (errors name the file and the bad entry).
 ShardIndex read_shard_index(const std::string& dir);
 // The same for index.json's text; `path` names it in errors.
 ShardIndex parse_shard_index(const std::string& text, const std::string& path);
+
+// Checks every file the index lists against its recorded size and SHA-256 (errors name the file:
+// missing, truncated or corrupt). A version 1 index records none: a warning says so.
+void verify_shard_files(const std::string& dir, const ShardIndex& index);
 
 // Checks shard `shard` of `index`, loaded from its file (tensor names, shapes, dtypes, sample
 // offset, token range; errors name the file), and returns it with floating tensors as fp32.
@@ -59,15 +67,29 @@ struct ShardWriteOptions {
   std::string dtype = "fp32";  // fp32 | bf16
 };
 
-// Samples 0..num_samples-1 of the synthetic target described by config.model / config.data
-// (seq_len = config.data.seq_len), generated in parallel on ATen's intra-op threads and written
-// into `out_dir`, which must not exist yet. Everything goes to the sibling `out_dir`.partial
-// first, renamed to `out_dir` only when complete.
-void write_shards(const core::Config& config, const std::string& out_dir,
+// Samples 0..num_samples-1 of `source` (built from `config` by make_batch_source: the synthetic
+// target, or a real one with data.source target) written into `out_dir`, which must not exist
+// yet. Everything goes to the sibling `out_dir`.partial first, renamed to `out_dir` only when
+// complete. Several ranks share the work through the three steps below.
+void write_shards(BatchSource& source, const core::Config& config, const std::string& out_dir,
                   const ShardWriteOptions& options);
 
+// The steps of write_shards, for ranks sharing the work (dspine-data generate under mpirun):
+// rank 0 starts (checks `out_dir`, makes the .partial directory with target.safetensors, returns
+// its path); after a barrier every rank writes its shards (shard i belongs to rank i mod world);
+// after another barrier rank 0 finishes (checksums, index.json, rename).
+std::string start_shards(const BatchSource& source, const std::string& out_dir,
+                         const ShardWriteOptions& options);
+void write_rank_shards(BatchSource& source, const ShardLayout& layout, const std::string& partial,
+                       const ShardWriteOptions& options, int rank, int world_size);
+void finish_shards(const core::Config& config, const std::string& partial,
+                   const std::string& out_dir, const ShardWriteOptions& options);
+// The .partial sibling of `out_dir` that start_shards makes (errors: empty name).
+std::string partial_dir(const std::string& out_dir);
+
 // Serves a shard directory in sample order, wrapping around at the end (epochs). The index and
-// target.safetensors are checked against `expected` up front; each shard is checked (names,
+// target.safetensors are checked against `expected` and every file against its checksum up
+// front, so a damaged directory stops the run before training; each shard is checked (names,
 // shapes, dtypes, sample count, token range) when first loaded, and only the current one is kept.
 class ShardReader : public BatchSource {
  public:

@@ -46,10 +46,11 @@ Flat flat_yaml(const std::string& text) {
 
 // Keys that fix parameter shapes or the data stream, which the saved state depends on.
 bool must_stay(const std::string& key) {
-  for (const char* prefix : {"model.", "data.synthetic."}) {
+  for (const char* prefix : {"model.", "data.synthetic.", "data.target."}) {
     if (key.rfind(prefix, 0) == 0) return true;
   }
-  for (const char* fixed : {"data.seq_len", "data.source", "data.shards_dir", "training.batch_size",
+  for (const char* fixed : {"data.seq_len", "data.source", "data.shards_dir", "data.samples",
+                            "data.specforge_dir", "training.batch_size",
                             "training.accumulation_steps", "training.dtype", "training.seed",
                             "objective.name"}) {
     if (key == fixed) return true;

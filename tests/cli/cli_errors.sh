@@ -91,6 +91,12 @@ echo '{"format": "dspine-shards", "num_samples": ' >"$WORK/corrupt/index.json"
 expect_error "$WORK/corrupt/index.json: invalid JSON" "$data" inspect "$WORK/corrupt"
 expect_error "$WORK/corrupt/index.json: invalid JSON" "$train" "${quiet[@]}" \
   --set data.source=shards --set data.shards_dir="$WORK/corrupt" --set checkpoint.dir="$WORK/c2"
+# A truncated shard stops training before its first step: nothing is written.
+cp -r "$WORK/shards" "$WORK/short_shard"
+truncate -s 100 "$WORK/short_shard/shard-00001.safetensors"
+expect_error "$WORK/short_shard/shard-00001.safetensors: 100 bytes" "$train" "${quiet[@]}" \
+  --set data.source=shards --set data.shards_dir="$WORK/short_shard" --set checkpoint.dir="$WORK/c3"
+[[ -e $WORK/c3 ]] && { echo "FAIL: training with a truncated shard wrote $WORK/c3"; failures=$((failures + 1)); }
 rm "$WORK/shards/$(ls "$WORK/shards" | grep -v index | head -n 1)"
 expect_error "is missing" "$data" inspect "$WORK/shards"
 

@@ -282,6 +282,32 @@ TEST(Config, RandomSourceTakesTheRecipeAndChecksPromptLength) {
             std::string::npos);
 }
 
+TEST(Config, TargetAndSpecforgeSourcesNeedTheirPaths) {
+  EXPECT_NE(parse_error("data:\n  source: target\n").find("data.target.path"), std::string::npos);
+  EXPECT_NE(parse_error("data:\n  source: target\n  target: {path: /m}\n").find("data.samples"),
+            std::string::npos);
+  EXPECT_NE(parse_error("data:\n  source: specforge\n  target: {path: /m}\n")
+                .find("data.specforge_dir"),
+            std::string::npos);
+  EXPECT_NE(parse_error("data:\n  source: specforge\n  specforge_dir: /d\n")
+                .find("data.target.path"),
+            std::string::npos);
+  EXPECT_NE(parse_error("data:\n  target: {seed: -1}\n").find("data.target.seed = -1"),
+            std::string::npos);
+  EXPECT_NE(parse_error("data:\n  target: {pth: /m}\n").find("data.target.path"),
+            std::string::npos);  // did you mean
+  EXPECT_NE(parse_error("data:\n  target: {random: maybe}\n").find("data.target.random"),
+            std::string::npos);
+  // A random target needs no samples: it reads random token ids.
+  const Config c = parse_config("model:\n  target_layer_ids: [9]\ndata:\n  source: target\n"
+                                "  target: {path: /m, random: true, seed: 3}\n", "t");
+  EXPECT_TRUE(c.data.target.random);
+  EXPECT_EQ(c.data.target.seed, 3);
+  EXPECT_NE(to_yaml(c).find("random: true"), std::string::npos);
+  EXPECT_NO_THROW(parse_config("data:\n  source: specforge\n  specforge_dir: /d\n  target: "
+                               "{path: /m}\n", "t"));
+}
+
 TEST(Config, MissingFileErrorNamesThePath) {
   const std::string path = ::testing::TempDir() + "no_such_dir/missing.yaml";
   const std::string message = load_error(path);

@@ -4,9 +4,11 @@
 #include <unistd.h>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
 #include "common/expect_error.h"
+#include "core/checksum.h"
 #include "core/error.h"
 #include "core/files.h"
 #include "core/safetensors.h"
@@ -50,8 +52,13 @@ class Shards : public ::testing::Test {
   // Writes 5 samples in shards of 2 (3 shards, the last one short).
   std::string write(const std::string& dtype = "fp32") {
     const std::string dir = (root_ / "shards").string();
-    write_shards(small_config(), dir, ShardWriteOptions{5, 2, dtype});
+    write_into(dir, ShardWriteOptions{5, 2, dtype});
     return dir;
+  }
+
+  static void write_into(const std::string& dir, const ShardWriteOptions& options) {
+    const auto config = small_config();
+    write_shards(*make_batch_source(config, torch::kCPU), config, dir, options);
   }
 
   fs::path root_;
@@ -143,13 +150,65 @@ TEST_F(Shards, MissingShardFileIsNamed) {
                           {"shard-00001.safetensors", "missing"});
 }
 
-TEST_F(Shards, CorruptShardIsNamedWhenLoaded) {
+TEST_F(Shards, IndexRecordsEveryFilesSizeAndSha256) {
+  const std::string dir = write();
+  const ShardIndex index = read_shard_index(dir);
+  ASSERT_TRUE(index.target_digest.has_value());
+  const auto target = core::digest_file((fs::path(dir) / "target.safetensors").string());
+  EXPECT_EQ(index.target_digest->sha256, target.sha256);
+  EXPECT_EQ(index.target_digest->bytes, target.bytes);
+  for (const ShardEntry& entry : index.shards) {
+    ASSERT_TRUE(entry.digest.has_value());
+    const auto found = core::digest_file((fs::path(dir) / entry.file).string());
+    EXPECT_EQ(entry.digest->sha256, found.sha256) << entry.file;
+    EXPECT_EQ(entry.digest->bytes, static_cast<int64_t>(fs::file_size(fs::path(dir) / entry.file)));
+  }
+}
+
+TEST_F(Shards, TruncatedShardStopsTheReaderBeforeTraining) {
   const std::string dir = write();
   const fs::path shard = fs::path(dir) / "shard-00002.safetensors";
   fs::resize_file(shard, fs::file_size(shard) / 2);
+  expect_error_mentioning([&] { ShardReader(dir, layout_from_config(small_config())); },
+                          {"shard-00002.safetensors", "truncated"});
+}
+
+TEST_F(Shards, CorruptShardOrTargetStopsTheReaderBeforeTraining) {
+  const std::string dir = write();
+  const auto flip_byte = [](const fs::path& path) {
+    std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
+    file.seekp(static_cast<std::streamoff>(fs::file_size(path) - 3));
+    file.put('\x7f');
+  };
+  flip_byte(fs::path(dir) / "shard-00001.safetensors");
+  expect_error_mentioning([&] { ShardReader(dir, layout_from_config(small_config())); },
+                          {"shard-00001.safetensors", "SHA-256", "corrupt"});
+  const std::string other = (root_ / "other").string();
+  write_into(other, ShardWriteOptions{5, 2, "fp32"});
+  flip_byte(fs::path(other) / "target.safetensors");
+  expect_error_mentioning([&] { ShardReader(other, layout_from_config(small_config())); },
+                          {"target.safetensors", "corrupt"});
+}
+
+TEST_F(Shards, Version1IndexWithoutChecksumsIsReadUnverified) {
+  const std::string dir = write();
+  const fs::path index_path = fs::path(dir) / "index.json";
+  auto json = nlohmann::json::parse(std::ifstream(index_path));
+  json["version"] = 1;
+  json.erase("target");
+  for (auto& shard : json["shards"]) {
+    shard.erase("bytes");
+    shard.erase("sha256");
+  }
+  std::ofstream(index_path) << json.dump();
   ShardReader reader(dir, layout_from_config(small_config()));
-  reader.next(4);  // shards 0 and 1 are intact
-  expect_error_mentioning([&] { reader.next(1); }, {"shard-00002.safetensors"});
+  EXPECT_FALSE(reader.index().target_digest.has_value());
+  expect_batches_equal(reader.next(5), live_samples({0, 1, 2, 3, 4}));
+
+  // A version 2 index must record them.
+  json["version"] = 2;
+  std::ofstream(index_path) << json.dump();
+  expect_error_mentioning([&] { read_shard_index(dir); }, {"index.json", "shards[0]", "bytes"});
 }
 
 TEST_F(Shards, ShardWithWrongWidthIsNamed) {
@@ -158,8 +217,7 @@ TEST_F(Shards, ShardWithWrongWidthIsNamed) {
   auto shard = core::load_safetensors(path);
   shard.tensors.at(2).second = torch::zeros({2, 10, 48});  // hidden_states with K = 3
   core::save_safetensors(path, shard.tensors, shard.metadata);
-  ShardReader reader(dir, layout_from_config(small_config()));
-  expect_error_mentioning([&] { reader.next(1); },
+  expect_error_mentioning([&] { check_shard(core::load_safetensors(path), read_shard_index(dir), 0); },
                           {"shard-00000.safetensors", "hidden_states", "[2, 10, 48]", "[2, 10, 32]"});
 }
 
@@ -183,9 +241,9 @@ TEST_F(Shards, MissingOrBrokenIndexIsNamed) {
 
 TEST_F(Shards, WriteRefusesAnExistingDirectory) {
   const std::string dir = write();
-  expect_error_mentioning([&] { write_shards(small_config(), dir, ShardWriteOptions{1, 1, "fp32"}); },
+  expect_error_mentioning([&] { write_into(dir, ShardWriteOptions{1, 1, "fp32"}); },
                           {dir, "already exists"});
-  EXPECT_THROW(write_shards(small_config(), (root_ / "other").string(), ShardWriteOptions{1, 1, "fp16"}),
+  EXPECT_THROW(write_into((root_ / "other").string(), ShardWriteOptions{1, 1, "fp16"}),
                Error);
   EXPECT_FALSE(fs::exists(root_ / "other"));
 }

@@ -39,11 +39,15 @@ SHARD = safetensors(
     {"seq_len": "4", "hidden_size": "3", "num_target_layers": "2", "target_layer_ids": "[0,1]",
      "sample_offset": "0"})
 
-INDEX = {"format": "dspine-shards", "version": 1, "seq_len": 4, "hidden_size": 3,
-         "vocab_size": 16, "target_layer_ids": [0, 1], "dtype": "fp32", "num_samples": 5,
-         "synthetic_seed": 7,
-         "shards": [{"file": "shard-00000.safetensors", "first_sample": 0, "samples": 2},
-                    {"file": "shard-00001.safetensors", "first_sample": 2, "samples": 3}]}
+# Version 1 indexes carry no checksums; version 2 records each file's size and SHA-256.
+INDEX_V1 = {"format": "dspine-shards", "version": 1, "seq_len": 4, "hidden_size": 3,
+            "vocab_size": 16, "target_layer_ids": [0, 1], "dtype": "fp32", "num_samples": 5,
+            "synthetic_seed": 7,
+            "shards": [{"file": "shard-00000.safetensors", "first_sample": 0, "samples": 2},
+                       {"file": "shard-00001.safetensors", "first_sample": 2, "samples": 3}]}
+DIGEST = {"bytes": 1234, "sha256": "0123456789abcdef" * 4}
+INDEX = dict(INDEX_V1, version=2, target=DIGEST,
+             shards=[dict(shard, **DIGEST) for shard in INDEX_V1["shards"]])
 
 # A tiny DSpine draft's config.json as `dspine-data export` writes it.
 HF_CONFIG = {'architectures': ['DSpineDraftModel'],
@@ -103,7 +107,8 @@ def main(repo, out):
                  ("f64", "F64", [], struct.pack("<d", 1.5))], {"format": "pt"}),
             "empty.safetensors": safetensors([]),
         },
-        "shard_index": {"index.json": json.dumps(INDEX, indent=2).encode()},
+        "shard_index": {"index.json": json.dumps(INDEX, indent=2).encode(),
+                        "index-v1.json": json.dumps(INDEX_V1, indent=2).encode()},
         "shard": {"shard-00000.safetensors": SHARD},
         "checkpoint": {"trainer_state.json": json.dumps(TRAINER_STATE, indent=2).encode()},
         "hf_config": {"config.json": json.dumps(HF_CONFIG, indent=2).encode()},

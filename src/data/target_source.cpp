@@ -1,0 +1,91 @@
+#include "data/target_source.h"
+
+#include <filesystem>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <fmt/ranges.h>
+#include <torch/torch.h>
+
+#include "core/error.h"
+#include "data/seeding.h"
+
+namespace dspine::data {
+namespace fs = std::filesystem;
+
+at::ScalarType target_dtype(const core::Config& config, const c10::Device& device) {
+  return device.is_cuda() && config.training.dtype == "bf16" ? at::kBFloat16 : at::kFloat;
+}
+
+Qwen3Model load_target(const core::Config& config, at::ScalarType dtype, const c10::Device& device) {
+  const std::string& dir = config.data.target.path;
+  const std::string config_json = (fs::path(dir) / "config.json").string();
+  Qwen3Model model =
+      config.data.target.random
+          ? Qwen3Model::random(read_qwen3_config(config_json),
+                               static_cast<uint64_t>(config.data.target.seed), dtype, device)
+          : Qwen3Model::load_hf(dir, dtype, device);
+  const Qwen3Dims& dims = model.dims();
+  const auto mismatch = [&](const char* what, int64_t have, const char* key, int64_t want) {
+    fail("{}: the target has {} {}, but the config has {} = {}", config_json, what, have, key, want);
+  };
+  if (dims.hidden_size != config.model.hidden_size) {
+    mismatch("hidden_size", dims.hidden_size, "model.hidden_size", config.model.hidden_size);
+  }
+  if (dims.vocab_size != config.model.vocab_size) {
+    mismatch("vocab_size", dims.vocab_size, "model.vocab_size", config.model.vocab_size);
+  }
+  for (int64_t id : config.model.target_layer_ids) {
+    if (id >= dims.num_hidden_layers) {
+      fail("{}: model.target_layer_ids [{}] must be layers of the target, in [0, "
+           "num_hidden_layers = {})", config_json, fmt::join(config.model.target_layer_ids, ", "),
+           dims.num_hidden_layers);
+    }
+  }
+  return model;
+}
+
+TargetSource::TargetSource(const core::Config& config, const c10::Device& device)
+    : device_(device),
+      model_(load_target(config, target_dtype(config, device), device)),
+      layer_ids_(config.model.target_layer_ids),
+      seq_len_(config.data.seq_len),
+      seed_(config.data.target.seed),
+      prompt_length_(config.data.synthetic.prompt_length),
+      vocab_(config.model.vocab_size),
+      mask_id_(config.model.mask_token_id < 0 ? vocab_ - 1 : config.model.mask_token_id) {
+  if (!config.data.samples.empty()) samples_.emplace(config.data.samples, vocab_);
+}
+
+DraftBatch TargetSource::random_tokens(int64_t rows) const {
+  DraftBatch batch{at::empty({rows, seq_len_}, at::kLong), at::ones({rows, seq_len_}, at::kLong),
+                   {}, {}};
+  batch.loss_mask.narrow(1, 0, prompt_length_).zero_();
+  for (int64_t r = 0; r < rows; ++r) {
+    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>();
+    gen.set_current_seed(generator_seed(stream_seed(seed_, cursor_ + r)));
+    batch.input_ids.select(0, r).random_(0, vocab_ - 1, gen);
+  }
+  // Ids at or above the mask token move up one: uniform over the vocabulary without it.
+  batch.input_ids.add_(batch.input_ids.ge(mask_id_).to(at::kLong));
+  return batch;
+}
+
+DraftBatch TargetSource::next(int64_t rows) {
+  if (rows < 1) fail("target source: rows must be >= 1 (got {})", rows);
+  at::NoGradGuard no_grad;
+  DraftBatch batch = samples_ ? DraftBatch{} : random_tokens(rows);
+  if (samples_) std::tie(batch.input_ids, batch.loss_mask) = samples_->rows(cursor_, rows, seq_len_);
+  batch = batch.to(device_);
+  Qwen3Model::Outputs out = model_.forward(batch.input_ids, layer_ids_);
+  batch.hidden_states = std::move(out.hidden_states);
+  batch.target_last_hidden_states = std::move(out.last_hidden_state);
+  cursor_ += rows;
+  return batch;
+}
+
+void TargetSource::seek(int64_t cursor) {
+  if (cursor < 0) fail("target source: cursor must be >= 0 (got {})", cursor);
+  cursor_ = cursor;
+}
+
+}  // namespace dspine::data

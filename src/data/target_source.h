@@ -1,0 +1,55 @@
+// data.source: target — a real Qwen3 target (a Hugging Face directory, or seeded random weights
+// of its config.json's shape) run online on the training device over token samples; docs/data.md.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
+
+#include "core/config.h"
+#include "data/batch_source.h"
+#include "data/qwen3_model.h"
+#include "data/token_samples.h"
+
+namespace dspine::data {
+
+// The dtype the target runs in: bf16 on CUDA when training.dtype is bf16, else fp32 — the
+// draft's own dtype, so the embedding and lm_head it freezes are the target's tensors.
+at::ScalarType target_dtype(const core::Config& config, const c10::Device& device);
+
+// data.target.path loaded (or, with data.target.random, seeded from data.target.seed in the shape
+// of its config.json) in `dtype` on `device`, checked against model.hidden_size, model.vocab_size
+// and model.target_layer_ids (errors name config.json and the key).
+Qwen3Model load_target(const core::Config& config, at::ScalarType dtype, const c10::Device& device);
+
+// Sample i: row i of data.samples (wrapping around: epochs), cut to data.seq_len or padded with
+// token 0 and loss 0; without a samples file, seeded random token ids (a pure function of
+// data.target.seed and i) with loss 0 over the first data.synthetic.prompt_length positions.
+// Batches live on the device, hidden states in the target's dtype. embed_tokens() / lm_head()
+// hand out the target's own tensors, never copies.
+class TargetSource : public BatchSource {
+ public:
+  TargetSource(const core::Config& config, const c10::Device& device);
+
+  DraftBatch next(int64_t rows) override;
+  int64_t cursor() const override { return cursor_; }
+  void seek(int64_t cursor) override;
+  at::Tensor embed_tokens() const override { return model_.embed_tokens(); }
+  at::Tensor lm_head() const override { return model_.lm_head(); }
+
+  const Qwen3Model& model() const { return model_; }
+
+ private:
+  DraftBatch random_tokens(int64_t rows) const;
+
+  c10::Device device_;
+  Qwen3Model model_;
+  std::vector<int64_t> layer_ids_;
+  std::optional<TokenSamples> samples_;
+  int64_t seq_len_, seed_, prompt_length_, vocab_, mask_id_;
+  int64_t cursor_ = 0;
+};
+
+}  // namespace dspine::data
