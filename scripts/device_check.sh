@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds and runs every GPU test and benchmark on the GPU machine in one go; logs under $OUT.
 # Uses the machine's torch 2.11 and packages (installs nothing); carry .whl for Liger-Kernel.
-# Usage: scripts/device_check.sh [all|gspo]  (gspo: only the GSPO policy test and the RL step)
+# Usage: scripts/device_check.sh [all|gspo|target]  (gspo: only the GSPO policy test and the RL
+# step; target: only the Qwen3 target test and the online-target step, scripts/bench_online_target.sh)
 set -uo pipefail
 PHASE="${1:-all}"
 cd "$(dirname "$0")/.."
@@ -32,6 +33,7 @@ gspo_rl_step() {
 tests=(test_fused_norm_mlp test_gspo_gpu test_gspo_policy_gpu test_dspine_fused_step
   test_random_source_gpu test_qwen3_model_gpu test_dspine_objective test_trainer)
 [[ $PHASE == gspo ]] && tests=(test_gspo_policy_gpu)
+[[ $PHASE == target ]] && tests=(test_qwen3_model_gpu)
 # test_trainer trains on the device `auto` picks: the GPU here.
 for test in "${tests[@]}"; do
   "$BUILD_DIR/tests/$test" > "$OUT/$test.log" 2>&1 || status=1
@@ -39,6 +41,15 @@ for test in "${tests[@]}"; do
   grep -E "^\[  FAILED  \]|Failure|Expected|Which is|fused vs reference" "$OUT/$test.log" | head -20
 done
 echo "tests done at $(( $(date +%s) - start )) s"
+online_target_step() {
+  scripts/bench_online_target.sh "$BUILD_DIR" > "$OUT/bench_online_target.md" 2>&1 || status=1
+  cat "$OUT/bench_online_target.md"
+}
+if [[ $PHASE == target ]]; then
+  online_target_step
+  echo "done in $(( $(date +%s) - start )) s, status $status"
+  exit $status
+fi
 if [[ $PHASE == gspo ]]; then
   gspo_rl_step
   echo "done in $(( $(date +%s) - start )) s, status $status"
@@ -56,5 +67,6 @@ cat "$OUT/gspo_file.log"
   > "$OUT/bench_step.log" 2>&1 || status=1
 tail -30 "$OUT/bench_step.log"
 gspo_rl_step
+online_target_step
 echo "done in $(( $(date +%s) - start )) s, status $status"
 exit $status

@@ -764,7 +764,11 @@ void validate(const Context& ctx, const Config& c) {
   }
 
   const DataConfig& data = c.data;
-  ctx.allow("data.shards_dir", "a directory written by dspine-data generate; needed when data.source is shards");
+  ctx.allow("data.shards_dir",
+            "a directory written by dspine-data generate; needed when data.source is shards");
+  ctx.allow("data.target.path", "a Hugging Face Qwen3 directory; needed by target and specforge");
+  ctx.allow("data.samples", "a token-sample JSONL file; needed by target unless target.random");
+  ctx.allow("data.specforge_dir", "a directory of SpecForge samples; needed by specforge");
   if (data.source == "shards" && data.shards_dir.empty()) {
     ctx.fail_value("data.shards_dir", show(data.shards_dir),
                    "data.source is shards, which needs the directory written by dspine-data "
@@ -787,6 +791,7 @@ void validate(const Context& ctx, const Config& c) {
   at_least("data.target.seed", data.target.seed, 0);
   at_least("data.seq_len", data.seq_len, 2);
   at_least("data.eval_samples", data.eval_samples, 1);
+  ctx.allow("data.eval_offset", "integer >= 0, or -1 for the first sample past the training data");
   if (data.eval_offset < -1) {
     ctx.fail_range("data.eval_offset", show(data.eval_offset),
                    "integer >= 0, or -1 for the first sample past the training data");
