@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "core/config.h"
 #include "core/error.h"
@@ -58,7 +59,8 @@ nlohmann::json acceptance_report(const core::Config& config,
       config, objectives::read_dspine_settings(config), objective.draft(),
       objective.training_model().embed_tokens(), objective.training_model().lm_head());
   auto comm = dspine::dist::make_single_process_communicator();
-  const auto stats = evaluator.measure(batches, *comm);
+  const auto verifier = objectives::make_verifier(source);
+  const auto stats = evaluator.measure(batches, *comm, *verifier);
   nlohmann::json report = {{"samples", samples},
                            {"offset", offset},
                            {"continuation", stats.continuation},
@@ -106,6 +108,9 @@ int main(int argc, char** argv) {
   bool training = false;
   app.add_option("-c,--config", config_path, "YAML run configuration (model.architecture dspine)")
       ->required();
+  std::vector<std::string> overrides;
+  app.add_option("--set", overrides, "override a key, e.g. --set data.samples=tokens.jsonl")
+      ->type_name("KEY=VALUE");
   app.add_option("-w,--weights", weights_path, "checkpoint or export directory, or a draft .safetensors")
       ->required();
   app.add_option("-b,--batch", batch_path,
@@ -135,7 +140,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   try {
-    auto config = core::load_config(config_path);
+    auto config = core::load_config(config_path, overrides);
     // GSPO trains the same DSpine draft: its checkpoints are measured alike.
     if (dspine::train::find_objective(config).architecture != "dspine") {
       fail("dspine-eval: {} has objective.name '{}', expected dspine or gspo", config_path,

@@ -14,6 +14,8 @@
 
 namespace dspine::data {
 
+class Qwen3Model;
+
 class BatchSource {
  public:
   virtual ~BatchSource() = default;
@@ -28,6 +30,9 @@ class BatchSource {
   // tensors in its dtype on its device).
   virtual at::Tensor embed_tokens() const = 0;
   virtual at::Tensor lm_head() const = 0;
+  // The target model running online behind the batches, if any (it verifies drafted blocks in the
+  // acceptance evaluation); null for sources that read stored or synthetic data.
+  virtual const Qwen3Model* online_target() const { return nullptr; }
 };
 
 // Builds the source selected by config.data.source (errors name the shard directory/file).

@@ -40,6 +40,7 @@ class TargetSource : public BatchSource {
   at::Tensor lm_head() const override { return model_.lm_head(); }
 
   const Qwen3Model& model() const { return model_; }
+  const Qwen3Model* online_target() const override { return &model_; }
 
  private:
   DraftBatch random_tokens(int64_t rows) const;

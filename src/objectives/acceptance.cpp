@@ -47,6 +47,46 @@ at::Tensor DataVerifier::continuation(const data::DraftBatch& /*batch*/, const D
   return pass.labels.index_select(0, kept);
 }
 
+at::Tensor TargetVerifier::continuation(const data::DraftBatch& batch, const DraftPass& pass,
+                                        const at::Tensor& kept, const at::Tensor& tokens) const {
+  torch::NoGradGuard no_grad;
+  const int64_t blocks = kept.size(0), slots = tokens.size(1);
+  const int64_t per_row = pass.blocks.anchors.size(1);
+  const auto device = target_.embed_tokens().device();
+  auto kept_cpu = kept.to(torch::kCPU, torch::kInt64);
+  auto anchors = pass.blocks.anchors.reshape(-1).index_select(0, kept).to(torch::kCPU, torch::kInt64);
+  auto ids = batch.input_ids.to(device, torch::kInt64);
+  auto drafted = tokens.to(device, torch::kInt64);
+  std::vector<at::Tensor> parts;
+  for (int64_t begin = 0; begin < blocks; begin += chunk_blocks_) {
+    const int64_t n = std::min(chunk_blocks_, blocks - begin);
+    const int64_t longest = anchors.narrow(0, begin, n).max().item<int64_t>() + 1 + slots;
+    auto sequences = torch::zeros({n, longest}, ids.options());
+    std::vector<int64_t> positions;  // flat index of the target's choice for each slot
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t block = begin + i;
+      const int64_t row = kept_cpu[block].item<int64_t>() / per_row;
+      const int64_t anchor = anchors[block].item<int64_t>();
+      sequences[i].narrow(0, 0, anchor + 1).copy_(ids[row].narrow(0, 0, anchor + 1));
+      sequences[i].narrow(0, anchor + 1, slots).copy_(drafted[block]);
+      for (int64_t j = 0; j < slots; ++j) positions.push_back(i * longest + anchor + j);
+    }
+    auto hidden = target_.forward(sequences, {}).last_hidden_state;  // [n, longest, H]
+    auto chosen = hidden.reshape({n * longest, -1})
+                      .index_select(0, torch::tensor(positions, ids.options()));
+    parts.push_back(target_.logits(chosen).argmax(-1).view({n, slots}));
+  }
+  if (parts.empty()) return torch::empty({0, slots}, tokens.options());
+  return torch::cat(parts, 0).to(tokens.device());
+}
+
+std::unique_ptr<BlockVerifier> make_verifier(const data::BatchSource& source) {
+  if (const data::Qwen3Model* target = source.online_target()) {
+    return std::make_unique<TargetVerifier>(*target);
+  }
+  return std::make_unique<DataVerifier>();
+}
+
 at::Tensor accepted_histogram(const at::Tensor& tokens, const at::Tensor& labels,
                               const at::Tensor& supervised) {
   const int64_t slots = tokens.size(1);

@@ -16,12 +16,14 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "core/config.h"
 #include "data/batch.h"
 #include "data/batch_source.h"
+#include "data/qwen3_model.h"
 #include "dist/communicator.h"
 #include "model/dspine_draft.h"
 #include "objectives/dspine_forward.h"
@@ -48,6 +50,27 @@ class DataVerifier final : public BlockVerifier {
   at::Tensor continuation(const data::DraftBatch& batch, const DraftPass& pass,
                           const at::Tensor& kept, const at::Tensor& tokens) const override;
 };
+
+// "online target": greedy verification as in speculative decoding. One target forward over the
+// context up to the anchor followed by the drafted block gives the target's argmax after every
+// drafted prefix; the draft's token j is accepted while it equals the target's choice after
+// tokens 0..j-1. Blocks are verified in chunks of `chunk_blocks`, right-padded (causal attention
+// keeps padding out of every real position).
+class TargetVerifier final : public BlockVerifier {
+ public:
+  explicit TargetVerifier(const data::Qwen3Model& target, int64_t chunk_blocks = 64)
+      : target_(target), chunk_blocks_(chunk_blocks) {}
+  std::string name() const override { return "online target"; }
+  at::Tensor continuation(const data::DraftBatch& batch, const DraftPass& pass,
+                          const at::Tensor& kept, const at::Tensor& tokens) const override;
+
+ private:
+  const data::Qwen3Model& target_;
+  int64_t chunk_blocks_;
+};
+
+// The verifier a data source calls for: its online target when it runs one, else the data.
+std::unique_ptr<BlockVerifier> make_verifier(const data::BatchSource& source);
 
 struct AcceptanceStats {
   std::string continuation;         // the verifier's name

@@ -230,10 +230,11 @@ TrainResult Trainer::run(int64_t stop_after) {
   }
   const int64_t eval_start = core::eval_offset(cfg, world);
   // The eval/... metrics of the model as it is now (logged with the step's record).
+  const auto verifier = objectives::make_verifier(*s.source);
   auto evaluate = [&]() {
     auto batches = objectives::held_out_batches(*s.source, eval_start + rank * eval_share,
                                                 eval_share, rows, s.device);
-    const auto stats = s.built.acceptance->measure(batches, *s.comm);
+    const auto stats = s.built.acceptance->measure(batches, *s.comm, *verifier);
     std::map<std::string, double> record = {
         {"eval/offset", static_cast<double>(eval_start)},
         {"eval/samples", static_cast<double>(cfg.data.eval_samples)}};

@@ -110,6 +110,7 @@ TEST_F(Target, EmbeddingAndLmHeadAreTheTargetsTensors) {
     TargetSource source(c, torch::kCPU);
     EXPECT_EQ(source.embed_tokens().data_ptr(), source.model().embed_tokens().data_ptr()) << model;
     EXPECT_EQ(source.lm_head().data_ptr(), source.model().lm_head().data_ptr()) << model;
+    EXPECT_EQ(source.online_target(), &source.model()) << model;  // it verifies drafted blocks
     // What the draft does with them (dspine_forward's place()): no copy when device/dtype match.
     EXPECT_EQ(source.lm_head().detach().to(torch::kCPU, torch::kFloat).data_ptr(),
               source.lm_head().data_ptr());

@@ -160,3 +160,72 @@ TEST(AcceptanceEvaluator, DataContinuationIsRepeatableAndMatchesTheAccuracy) {
 
 }  // namespace
 }  // namespace dspine::objectives
+
+namespace dspine::objectives {
+namespace {
+
+// The target's own greedy continuation of ids[row, :anchor + 1], `slots` tokens, decoded one
+// token at a time with full forwards (no cache, no batching: the plain definition).
+torch::Tensor greedy_continuation(const data::Qwen3Model& target, const torch::Tensor& ids,
+                                  int64_t anchor, int64_t slots) {
+  auto sequence = ids.narrow(0, 0, anchor + 1).unsqueeze(0);
+  std::vector<int64_t> out;
+  for (int64_t j = 0; j < slots; ++j) {
+    auto hidden = target.forward(sequence, {}).last_hidden_state;
+    const int64_t next = target.logits(hidden.select(1, -1)).argmax(-1).item<int64_t>();
+    out.push_back(next);
+    sequence = torch::cat({sequence, torch::tensor({{next}}, torch::kInt64)}, 1);
+  }
+  return torch::tensor(out, torch::kInt64);
+}
+
+TEST(TargetVerifier, AcceptsTheTargetsGreedyContinuationAndStopsAtTheFirstMiss) {
+  data::Qwen3Dims dims;
+  dims.hidden_size = 32;
+  dims.intermediate_size = 64;
+  dims.num_hidden_layers = 2;
+  dims.num_attention_heads = 4;
+  dims.num_key_value_heads = 2;
+  dims.head_dim = 8;
+  dims.vocab_size = 50;
+  const auto target = data::Qwen3Model::random(dims, 3, torch::kFloat32, torch::kCPU);
+  torch::manual_seed(0);
+  data::DraftBatch batch;
+  batch.input_ids = torch::randint(0, dims.vocab_size, {2, 12}, torch::kInt64);
+  const int64_t slots = 3;
+  // Row 0 anchors 2 and 7, row 1 anchor 4 (its second block unused): kept blocks 0, 1, 2.
+  DraftPass pass;
+  pass.blocks.anchors = torch::tensor({{2, 7}, {4, 0}}, torch::kInt64);
+  auto kept = torch::tensor({0, 1, 2}, torch::kInt64);
+  auto greedy = torch::stack({greedy_continuation(target, batch.input_ids[0], 2, slots),
+                              greedy_continuation(target, batch.input_ids[0], 7, slots),
+                              greedy_continuation(target, batch.input_ids[1], 4, slots)});
+
+  TargetVerifier verifier(target, /*chunk_blocks=*/2);  // two chunks: padding and chunk seams
+  EXPECT_EQ(verifier.name(), "online target");
+  auto answer = verifier.continuation(batch, pass, kept, greedy);
+  EXPECT_TRUE(torch::equal(answer, greedy)) << answer << greedy;
+  const auto all = torch::ones({3, slots}, torch::kBool);
+  auto h = accepted_histogram(greedy, answer, all);
+  EXPECT_EQ(h[slots].item<int64_t>(), 3);  // every block fully accepted: τ = block_size
+
+  // A miss in slot 1 of block 0: the target still answers slot 0 and slot 1 from the prefix, so
+  // exactly one token is accepted there.
+  auto drafted = greedy.clone();
+  drafted[0][1] = (greedy[0][1] + 1) % dims.vocab_size;
+  answer = verifier.continuation(batch, pass, kept, drafted);
+  EXPECT_EQ(answer[0][0].item<int64_t>(), greedy[0][0].item<int64_t>());
+  EXPECT_EQ(answer[0][1].item<int64_t>(), greedy[0][1].item<int64_t>());
+  h = accepted_histogram(drafted, answer, all);
+  EXPECT_EQ(h[1].item<int64_t>(), 1);
+  EXPECT_EQ(h[slots].item<int64_t>(), 2);
+}
+
+TEST(TargetVerifier, IsChosenForASourceWithAnOnlineTargetOnly) {
+  const auto config = core::load_config("");  // configs/tiny.yaml: the synthetic target
+  auto source = data::make_batch_source(config, torch::kCPU);
+  EXPECT_EQ(make_verifier(*source)->name(), "data");
+}
+
+}  // namespace
+}  // namespace dspine::objectives
