@@ -180,9 +180,17 @@ std::vector<DraftBatch> SyntheticTarget::decode_group(int64_t group, int64_t seq
     const auto threshold = uniform.select(1, t).mul(cdf.select(1, vocab - 1)).unsqueeze(1);
     ids.select(1, t).copy_(cdf.le(threshold).sum(-1).clamp_max(vocab - 1));
   }
-  // Each sample's batch comes from its own full forward, exactly as run() gives it.
+  // One full forward of the group gives every sample's hidden states (run() on the group).
+  const DraftBatch all = run(ids);
   std::vector<DraftBatch> samples;
-  for (int64_t r = 0; r < rows; ++r) samples.push_back(run(ids.narrow(0, r, 1).clone()));
+  for (int64_t r = 0; r < rows; ++r) {
+    DraftBatch one = all.slice_rows(r, r + 1);
+    for (auto* t : {&one.input_ids, &one.loss_mask, &one.hidden_states,
+                    &one.target_last_hidden_states}) {
+      *t = t->clone();  // own storage: a kept sample must not pin the whole group
+    }
+    samples.push_back(std::move(one));
+  }
   return samples;
 }
 

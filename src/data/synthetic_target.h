@@ -28,7 +28,7 @@ class SyntheticTarget {
   // arithmetic, is the cost at these sizes); sample i is row i % kSampleGroup of group
   // i / kSampleGroup, whoever asks and in whatever order. The last group is kept, so reading
   // consecutive indices decodes each group once. Thread-safe.
-  static constexpr int64_t kSampleGroup = 8;
+  static constexpr int64_t kSampleGroup = 64;
   DraftBatch sample(int64_t index, int64_t seq_len) const;
 
   // Runs the target on given ids [B, S]: fills hidden_states and target_last_hidden_states.
