@@ -99,25 +99,27 @@ Qwen3Dims synthetic_dims(const core::ModelConfig& model, const core::SyntheticTa
 
 SyntheticTarget::SyntheticTarget(const core::ModelConfig& model,
                                  const core::SyntheticTargetConfig& target)
-    : model_(model),
-      target_(target),
-      target_model_(Qwen3Model::random(synthetic_dims(model, target),
-                                       static_cast<uint64_t>(target.seed), at::kFloat,
-                                       c10::Device(c10::kCPU))),
-      // logit_scale is folded into the exported head, so softmax(target_last @ lm_headᵀ) — what
-      // a draft sees as its teacher — is exactly the distribution the target samples from (T = 1).
-      lm_head_(target_model_.lm_head() * target.logit_scale) {}
+    : parts_{model, target,
+             Qwen3Model::random(synthetic_dims(model, target), static_cast<uint64_t>(target.seed),
+                                at::kFloat, c10::Device(c10::kCPU)),
+             at::Tensor()} {
+  // logit_scale is folded into the exported head, so softmax(target_last @ lm_headᵀ) — what a
+  // draft sees as its teacher — is exactly the distribution the target samples from (T = 1).
+  parts_.lm_head = parts_.target_model.lm_head() * target.logit_scale;
+}
 
-DraftBatch SyntheticTarget::run(const at::Tensor& input_ids) const {
+DraftBatch SyntheticTarget::run(const at::Tensor& input_ids) const { return run(parts_, input_ids); }
+
+DraftBatch SyntheticTarget::run(const Parts& parts, const at::Tensor& input_ids) {
   at::NoGradGuard no_grad;
   SerialCompute serial;  // the ops are tiny
   const auto ids = input_ids.cpu().contiguous();
-  const Qwen3Model::Outputs out = target_model_.forward(ids, model_.target_layer_ids);
+  const Qwen3Model::Outputs out = parts.target_model.forward(ids, parts.model.target_layer_ids);
   const int64_t batch = ids.size(0), seq = ids.size(1);
   DraftBatch batch_out;
   batch_out.input_ids = ids;
   batch_out.loss_mask =
-      at::arange(seq, at::TensorOptions().dtype(at::kLong)).ge(target_.prompt_length)
+      at::arange(seq, at::TensorOptions().dtype(at::kLong)).ge(parts.target.prompt_length)
           .to(at::kLong).unsqueeze(0).expand({batch, seq}).contiguous();
   batch_out.hidden_states = out.hidden_states;
   batch_out.target_last_hidden_states = out.last_hidden_state;
@@ -126,39 +128,49 @@ DraftBatch SyntheticTarget::run(const at::Tensor& input_ids) const {
 
 at::Tensor SyntheticTarget::logits(const at::Tensor& input_ids) const {
   at::NoGradGuard no_grad;
-  return at::matmul(run(input_ids).target_last_hidden_states, lm_head_.t());
+  return at::matmul(run(input_ids).target_last_hidden_states, parts_.lm_head.t());
 }
 
 DraftBatch SyntheticTarget::sample(int64_t index, int64_t seq_len) const {
   if (index < 0) fail("synthetic target: sample index must be >= 0 (got {})", index);
-  if (seq_len <= target_.prompt_length) {
+  if (seq_len <= parts_.target.prompt_length) {
     fail("data.seq_len ({}) must exceed data.synthetic.prompt_length ({}) so that some tokens are "
-         "supervised", seq_len, target_.prompt_length);
+         "supervised", seq_len, parts_.target.prompt_length);
   }
   const int64_t group = index / kSampleGroup;
   std::lock_guard<std::mutex> lock(memo_->mutex);
-  if (memo_->group != group || memo_->seq_len != seq_len) {
-    memo_->samples = decode_group(group, seq_len);
-    memo_->group = group;
-    memo_->seq_len = seq_len;
+  GroupMemo& memo = *memo_;
+  if (memo.group != group || memo.seq_len != seq_len) {
+    const bool prefetched = memo.next.valid() && memo.next_group == group &&
+                            memo.next_seq_len == seq_len;
+    memo.samples = prefetched ? memo.next.get() : decode_group(parts_, group, seq_len);
+    memo.group = group;
+    memo.seq_len = seq_len;
+    if (memo.next.valid()) memo.next.wait();  // a prefetch that missed: let it finish first
+    memo.next_group = group + 1;
+    memo.next_seq_len = seq_len;
+    memo.next = std::async(std::launch::async, [parts = parts_, group, seq_len] {
+      return decode_group(parts, group + 1, seq_len);
+    });
   }
-  return memo_->samples[static_cast<size_t>(index % kSampleGroup)];
+  return memo.samples[static_cast<size_t>(index % kSampleGroup)];
 }
 
-std::vector<DraftBatch> SyntheticTarget::decode_group(int64_t group, int64_t seq_len) const {
+std::vector<DraftBatch> SyntheticTarget::decode_group(const Parts& parts, int64_t group,
+                                                      int64_t seq_len) {
   at::NoGradGuard no_grad;
   SerialCompute serial;
-  const int64_t vocab = model_.vocab_size, rows = kSampleGroup;
+  const int64_t vocab = parts.model.vocab_size, rows = kSampleGroup;
   // The draft fills its proposal slots with the mask token; keep it out of the data, as a real
   // tokenizer's reserved mask id would be.
-  const int64_t mask_id = model_.mask_token_id < 0 ? vocab - 1 : model_.mask_token_id;
+  const int64_t mask_id = parts.model.mask_token_id < 0 ? vocab - 1 : parts.model.mask_token_id;
 
   // Every random number of sample i comes from its own stream: the first token and one uniform
   // per position, which picks the next token by inverting the row's cumulative distribution.
   auto ids = at::zeros({rows, seq_len}, at::TensorOptions().dtype(at::kLong));
   std::vector<at::Tensor> uniforms;
   for (int64_t r = 0; r < rows; ++r) {
-    at::Generator gen = seeded_generator(stream_seed(target_.seed, group * rows + r));
+    at::Generator gen = seeded_generator(stream_seed(parts.target.seed, group * rows + r));
     const int64_t first =
         at::randint(vocab - 1, {1}, gen, at::TensorOptions().dtype(at::kLong)).item<int64_t>();
     ids[r][0] = first >= mask_id ? first + 1 : first;
@@ -168,11 +180,11 @@ std::vector<DraftBatch> SyntheticTarget::decode_group(int64_t group, int64_t seq
 
   // Incremental decoding of the whole group: each position runs only the newest tokens against
   // the cached keys and values of the prefixes.
-  Qwen3Model::KvCache cache = target_model_.new_cache(rows, seq_len);
+  Qwen3Model::KvCache cache = parts.target_model.new_cache(rows, seq_len);
   for (int64_t t = 1; t < seq_len; ++t) {
     const auto last =
-        target_model_.step(ids.narrow(1, t - 1, 1), cache).last_hidden_state.select(1, 0);
-    auto logits = at::matmul(last, lm_head_.t()).div_(target_.temperature);
+        parts.target_model.step(ids.narrow(1, t - 1, 1), cache).last_hidden_state.select(1, 0);
+    auto logits = at::matmul(last, parts.lm_head.t()).div_(parts.target.temperature);
     logits.select(1, mask_id).fill_(-std::numeric_limits<float>::infinity());
     // The first token whose cumulative probability exceeds u * total has a non-zero probability,
     // so the mask token (probability 0) is never drawn. Double keeps the sums exact enough.
@@ -181,7 +193,7 @@ std::vector<DraftBatch> SyntheticTarget::decode_group(int64_t group, int64_t seq
     ids.select(1, t).copy_(cdf.le(threshold).sum(-1).clamp_max(vocab - 1));
   }
   // One full forward of the group gives every sample's hidden states (run() on the group).
-  const DraftBatch all = run(ids);
+  const DraftBatch all = run(parts, ids);
   std::vector<DraftBatch> samples;
   for (int64_t r = 0; r < rows; ++r) {
     DraftBatch one = all.slice_rows(r, r + 1);

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -26,8 +27,9 @@ class SyntheticTarget {
   // drawn from the target itself, with a batch dimension of 1. Samples are decoded in groups of
   // kSampleGroup consecutive indices (one batched, KV-cached decode: per-token op overhead, not
   // arithmetic, is the cost at these sizes); sample i is row i % kSampleGroup of group
-  // i / kSampleGroup, whoever asks and in whatever order. The last group is kept, so reading
-  // consecutive indices decodes each group once. Thread-safe.
+  // i / kSampleGroup, whoever asks and in whatever order. The last group is kept, and the next
+  // one is decoded on a background thread meanwhile, so reading consecutive indices decodes each
+  // group once, mostly while the trainer computes. Thread-safe.
   static constexpr int64_t kSampleGroup = 64;
   DraftBatch sample(int64_t index, int64_t seq_len) const;
 
@@ -37,22 +39,30 @@ class SyntheticTarget {
   // Next-token logits [B, S, V] (after logit_scale) for given ids; used by tests.
   at::Tensor logits(const at::Tensor& input_ids) const;
 
-  const at::Tensor& embed_tokens() const { return target_model_.embed_tokens(); }  // [V, H]
-  const at::Tensor& lm_head() const { return lm_head_; }  // [V, H], logit_scale folded in
+  const at::Tensor& embed_tokens() const { return parts_.target_model.embed_tokens(); }  // [V, H]
+  const at::Tensor& lm_head() const { return parts_.lm_head; }  // [V, H], logit_scale folded in
 
  private:
-  std::vector<DraftBatch> decode_group(int64_t group, int64_t seq_len) const;
+  // What decoding reads. Copies share the tensors, so a background decode owns its own and
+  // outlives nothing it needs.
+  struct Parts {
+    core::ModelConfig model;
+    core::SyntheticTargetConfig target;
+    Qwen3Model target_model;
+    at::Tensor lm_head;
+  };
+  static DraftBatch run(const Parts& parts, const at::Tensor& input_ids);
+  static std::vector<DraftBatch> decode_group(const Parts& parts, int64_t group, int64_t seq_len);
 
   struct GroupMemo {
     std::mutex mutex;
     int64_t group = -1, seq_len = 0;
     std::vector<DraftBatch> samples;
+    int64_t next_group = -1, next_seq_len = 0;   // the group decoding in the background
+    std::future<std::vector<DraftBatch>> next;  // its destructor waits for it
   };
 
-  core::ModelConfig model_;
-  core::SyntheticTargetConfig target_;
-  Qwen3Model target_model_;
-  at::Tensor lm_head_;
+  Parts parts_;
   std::unique_ptr<GroupMemo> memo_ = std::make_unique<GroupMemo>();  // the last group decoded
 };
 
