@@ -714,7 +714,8 @@ void validate(const Context& ctx, const Config& c) {
                                m.vocab_size));
   }
   ctx.allow("model.target_layer_ids",
-            "at least one layer id >= 0; with data.source synthetic, each < data.synthetic.num_layers");
+            "at least one layer id >= 0; with data.source synthetic, each < "
+            "data.synthetic.num_layers");
   if (m.target_layer_ids.empty()) {
     ctx.fail_value("model.target_layer_ids", "[]", "must list at least one target layer");
   }

@@ -110,7 +110,9 @@ std::string config_reference_markdown(const std::vector<std::string>& objective_
   for (KeyFacts key : core_key_facts()) {
     if (key.key == "objective.name") {
       key.allowed.clear();
-      for (const auto& name : objective_names) key.allowed += (key.allowed.empty() ? "" : ", ") + name;
+      for (const auto& name : objective_names) {
+        key.allowed += (key.allowed.empty() ? "" : ", ") + name;
+      }
     }
     auto description = descriptions.find(key.key);
     if (description == descriptions.end()) {

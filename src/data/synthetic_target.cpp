@@ -108,7 +108,9 @@ SyntheticTarget::SyntheticTarget(const core::ModelConfig& model,
   parts_.lm_head = parts_.target_model.lm_head() * target.logit_scale;
 }
 
-DraftBatch SyntheticTarget::run(const at::Tensor& input_ids) const { return run(parts_, input_ids); }
+DraftBatch SyntheticTarget::run(const at::Tensor& input_ids) const {
+  return run(parts_, input_ids);
+}
 
 DraftBatch SyntheticTarget::run(const Parts& parts, const at::Tensor& input_ids) {
   at::NoGradGuard no_grad;

@@ -54,7 +54,8 @@ at::Tensor TargetVerifier::continuation(const data::DraftBatch& batch, const Dra
   const int64_t per_row = pass.blocks.anchors.size(1);
   const auto device = target_.embed_tokens().device();
   auto kept_cpu = kept.to(torch::kCPU, torch::kInt64);
-  auto anchors = pass.blocks.anchors.reshape(-1).index_select(0, kept).to(torch::kCPU, torch::kInt64);
+  auto anchors =
+      pass.blocks.anchors.reshape(-1).index_select(0, kept).to(torch::kCPU, torch::kInt64);
   auto ids = batch.input_ids.to(device, torch::kInt64);
   auto drafted = tokens.to(device, torch::kInt64);
   std::vector<at::Tensor> parts;
