@@ -104,14 +104,14 @@ void add_file(const std::string& path, Qwen3Weights& weights) {
   }
 }
 
-Qwen3Weights read_sharded(const fs::path& dir, const std::string& index_path) {
+// The index's weight_map: tensor -> shard file name (a plain name in the directory).
+std::map<std::string, std::string> read_weight_map(const std::string& index_path) {
   const Json index = read_json(index_path);
   if (!index.contains("weight_map") || !index.at("weight_map").is_object() ||
       index.at("weight_map").empty()) {
     fail("{}: 'weight_map' must be a non-empty object of tensor name -> file", index_path);
   }
-  std::map<std::string, std::string> file_of;  // tensor -> shard file name
-  std::set<std::string> files;
+  std::map<std::string, std::string> file_of;
   for (const auto& [name, file] : index.at("weight_map").items()) {
     if (!file.is_string() || file.get<std::string>().empty() ||
         fs::path(file.get<std::string>()).filename() != file.get<std::string>()) {
@@ -119,8 +119,14 @@ Qwen3Weights read_sharded(const fs::path& dir, const std::string& index_path) {
            name, file.dump());
     }
     file_of[name] = file.get<std::string>();
-    files.insert(file.get<std::string>());
   }
+  return file_of;
+}
+
+Qwen3Weights read_sharded(const fs::path& dir, const std::string& index_path) {
+  const std::map<std::string, std::string> file_of = read_weight_map(index_path);
+  std::set<std::string> files;
+  for (const auto& entry : file_of) files.insert(entry.second);
   Qwen3Weights weights;
   for (const std::string& file : files) {
     const std::string path = (dir / file).string();
@@ -177,6 +183,15 @@ Qwen3Weights read_hf_weights(const std::string& dir) {
   Qwen3Weights weights;
   add_file(single_path, weights);
   return weights;
+}
+
+std::string hf_file_holding(const std::string& dir, const std::string& tensor) {
+  const fs::path root(dir);
+  const std::string index_path = (root / kIndexFile).string();
+  if (!fs::exists(index_path)) return (root / kSingleFile).string();
+  const auto file_of = read_weight_map(index_path);
+  const auto file = file_of.find(tensor);
+  return file == file_of.end() ? "" : (root / file->second).string();
 }
 
 Qwen3Model Qwen3Model::load_hf(const std::string& dir, at::ScalarType dtype,

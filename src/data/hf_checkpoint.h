@@ -14,4 +14,8 @@ namespace dspine::data {
 // throws dspine::Error naming the index, the file and the tensor.
 Qwen3Weights read_hf_weights(const std::string& dir);
 
+// The file of the directory that holds `tensor`: the one the sharded index lists it in ("" when
+// the index lists it nowhere), else model.safetensors. Reads no weights.
+std::string hf_file_holding(const std::string& dir, const std::string& tensor);
+
 }  // namespace dspine::data

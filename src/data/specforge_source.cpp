@@ -7,12 +7,12 @@
 #include <regex>
 
 #include <fmt/ranges.h>
-#include <nlohmann/json.hpp>
 #include <torch/serialize.h>
 #include <torch/torch.h>
 
 #include "core/error.h"
 #include "core/safetensors.h"
+#include "data/hf_checkpoint.h"
 
 namespace dspine::data {
 namespace fs = std::filesystem;
@@ -57,22 +57,6 @@ std::vector<char> read_bytes(const std::string& path) {
   std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   if (!in.is_open() || in.bad()) fail("{}: cannot read the file", path);
   return bytes;
-}
-
-// Which file of a HF directory holds `key`: the index's weight_map, else model.safetensors.
-std::string file_holding(const fs::path& dir, const std::string& key) {
-  const fs::path index = dir / "model.safetensors.index.json";
-  if (!fs::exists(index)) return (dir / "model.safetensors").string();
-  nlohmann::json json;
-  try {
-    json = nlohmann::json::parse(std::ifstream(index));
-  } catch (const nlohmann::json::exception& e) {
-    fail("{}: invalid JSON: {}", index.string(), e.what());
-  }
-  const auto map = json.find("weight_map");
-  if (map == json.end() || !map->is_object()) fail("{}: no 'weight_map' object", index.string());
-  const auto file = map->find(key);
-  return file != map->end() && file->is_string() ? (dir / file->get<std::string>()).string() : "";
 }
 
 at::Tensor head_weight(const core::SafetensorsFile& file, const char* key,
@@ -151,12 +135,12 @@ DraftBatch read_specforge_sample(const std::string& path, const ShardLayout& lay
 
 std::pair<at::Tensor, at::Tensor> read_hf_head_weights(const std::string& dir,
                                                        const ShardLayout& layout) {
-  const std::string embed_file = file_holding(dir, kEmbedKey);
+  const std::string embed_file = hf_file_holding(dir, kEmbedKey);
   if (embed_file.empty()) fail("{}: its weight index names no '{}'", dir, kEmbedKey);
   const core::SafetensorsFile embed_source = core::load_safetensors(embed_file);
   const at::Tensor embed = head_weight(embed_source, kEmbedKey, layout);
   // No lm_head.weight: tied to the embedding.
-  const std::string head_file = file_holding(dir, kHeadKey);
+  const std::string head_file = hf_file_holding(dir, kHeadKey);
   if (head_file == embed_file) {
     return {embed, embed_source.contains(kHeadKey) ? head_weight(embed_source, kHeadKey, layout)
                                                    : embed};
