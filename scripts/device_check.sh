@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Builds and runs every GPU test and benchmark on the GPU machine in one go; logs under $OUT.
 # Uses the machine's torch 2.11 and packages (installs nothing); carry .whl for Liger-Kernel.
-# Usage: scripts/device_check.sh [all|gspo|target]  (gspo: only the GSPO policy test and the RL
-# step; target: only the Qwen3 target test and the online-target step, scripts/bench_online_target.sh)
+# Usage: scripts/device_check.sh [all|gspo|target|attention]  (gspo: only the GSPO policy test and
+# the RL step; target: only the Qwen3 target test and the online-target step,
+# scripts/bench_online_target.sh; attention: the block attention test, the fused step test and
+# `dspine-bench attention` at the recipe's shapes)
 set -uo pipefail
 PHASE="${1:-all}"
 cd "$(dirname "$0")/.."
@@ -19,7 +21,8 @@ command -v nvcc >/dev/null || export PATH="/usr/local/cuda/bin:$PATH"
 TORCH_PREFIX=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null)
 { cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$TORCH_PREFIX" &&
   ninja -C "$BUILD_DIR" -j "$(nproc)" test_fused_norm_mlp test_gspo_gpu test_gspo_policy_gpu \
-    test_dspine_fused_step test_random_source_gpu test_qwen3_model_gpu test_dspine_objective test_trainer dspine-bench; } > "$OUT/build.log" 2>&1 ||
+    test_dspine_fused_step test_random_source_gpu test_qwen3_model_gpu test_block_attention_gpu \
+    test_dspine_objective test_trainer dspine-bench; } > "$OUT/build.log" 2>&1 ||
   { grep -E -A12 "error|FAILED" "$OUT/build.log" | head -80; exit 1; }
 echo "build ok in $(( $(date +%s) - start )) s"
 
@@ -31,16 +34,27 @@ gspo_rl_step() {
   tail -30 "$OUT/bench_gspo_rl_step.log"
 }
 tests=(test_fused_norm_mlp test_gspo_gpu test_gspo_policy_gpu test_dspine_fused_step
-  test_random_source_gpu test_qwen3_model_gpu test_dspine_objective test_trainer)
+  test_random_source_gpu test_qwen3_model_gpu test_block_attention_gpu test_dspine_objective
+  test_trainer)
 [[ $PHASE == gspo ]] && tests=(test_gspo_policy_gpu)
 [[ $PHASE == target ]] && tests=(test_qwen3_model_gpu)
+[[ $PHASE == attention ]] && tests=(test_block_attention_gpu test_dspine_fused_step)
 # test_trainer trains on the device `auto` picks: the GPU here.
 for test in "${tests[@]}"; do
   "$BUILD_DIR/tests/$test" > "$OUT/$test.log" 2>&1 || status=1
   echo "$test: $(grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/$test.log" | tr '\n' ' ')"
-  grep -E "^\[  FAILED  \]|Failure|Expected|Which is|fused vs reference" "$OUT/$test.log" | head -20
+  grep -E "^\[  FAILED  \]|Failure|Expected|Which is|fused vs reference|relative error" "$OUT/$test.log" | head -30
 done
 echo "tests done at $(( $(date +%s) - start )) s"
+attention_bench() {
+  "$BUILD_DIR/bin/dspine-bench" attention > "$OUT/bench_attention.md" 2>&1 || status=1
+  cat "$OUT/bench_attention.md"
+}
+if [[ $PHASE == attention ]]; then
+  attention_bench
+  echo "done in $(( $(date +%s) - start )) s, status $status"
+  exit $status
+fi
 online_target_step() {
   scripts/bench_online_target.sh "$BUILD_DIR" > "$OUT/bench_online_target.md" 2>&1 || status=1
   cat "$OUT/bench_online_target.md"
@@ -68,5 +82,6 @@ cat "$OUT/gspo_file.log"
 tail -30 "$OUT/bench_step.log"
 gspo_rl_step
 online_target_step
+attention_bench
 echo "done in $(( $(date +%s) - start )) s, status $status"
 exit $status

@@ -16,6 +16,8 @@ void register_gspo_bench(CLI::App& app);
 // Adds `step` (time and peak memory of each phase of a training step: CE-only prepass, replay,
 // optimizer) for any run configuration.
 void register_step_bench(CLI::App& app);
+// Adds `attention` (DSpine block attention of one layer: fused block kernels vs dense masked SDPA).
+void register_attention_bench(CLI::App& app);
 // Adds `collectives` (NCCL all-reduce / all-gather / reduce-scatter bus bandwidth through the
 // NCCL communicator, under mpirun -np N) to `app`.
 void register_collective_bench(CLI::App& app);

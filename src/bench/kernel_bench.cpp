@@ -15,6 +15,7 @@
 #include <CLI/CLI.hpp>
 
 #include "bench/bench.h"
+#include "bench/cuda_timing.h"
 #include "core/error.h"
 #include "core/safetensors.h"
 #include "ops/rms_norm_ops.h"
@@ -131,26 +132,6 @@ std::pair<int64_t, int64_t> parse_shape(const std::string& text) {
   fail("dspine-bench kernels: --shapes entries are ROWSxCOLS, got '{}'", text);
 }
 
-// Median CUDA-event time of `fn` in ms after `warmup` untimed calls.
-double time_ms(const std::function<void()>& fn, int warmup, int iterations) {
-  for (int i = 0; i < warmup; ++i) fn();
-  const auto stream = at::cuda::getCurrentCUDAStream();
-  std::vector<cudaEvent_t> events(2 * iterations);
-  for (auto& e : events) cudaEventCreate(&e);
-  for (int i = 0; i < iterations; ++i) {
-    cudaEventRecord(events[2 * i], stream);
-    fn();
-    cudaEventRecord(events[2 * i + 1], stream);
-  }
-  cudaEventSynchronize(events.back());
-  std::vector<float> times(iterations);
-  for (int i = 0; i < iterations; ++i)
-    cudaEventElapsedTime(&times[i], events[2 * i], events[2 * i + 1]);
-  for (auto& e : events) cudaEventDestroy(e);
-  std::sort(times.begin(), times.end());
-  return times[iterations / 2];
-}
-
 Tensors make_inputs(const Kernel& kernel, int64_t rows, int64_t cols, torch::Dtype dtype) {
   Tensors inputs;
   const auto options = torch::TensorOptions(torch::kCUDA).dtype(dtype);
@@ -192,11 +173,11 @@ void run_benchmarks(const Options& options) {
         Tensors outputs = kernel.forward(impl, inputs, options.eps);
         Tensors grad_outputs;
         for (const auto& o : outputs) grad_outputs.push_back(torch::randn_like(o));
-        const double fwd = time_ms([&] { kernel.forward(impl, inputs, options.eps); },
+        const double fwd = cuda_median_ms([&] { kernel.forward(impl, inputs, options.eps); },
                                    options.warmup, options.iterations);
-        const double bwd = time_ms([&] { gradients(outputs, inputs, grad_outputs, true); },
+        const double bwd = cuda_median_ms([&] { gradients(outputs, inputs, grad_outputs, true); },
                                    options.warmup, options.iterations);
-        const double both = time_ms(
+        const double both = cuda_median_ms(
             [&] {
               gradients(kernel.forward(impl, inputs, options.eps), inputs, grad_outputs, false);
             },

@@ -4,6 +4,8 @@
 
 #include <cmath>
 
+#include "ops/block_attention_ops.h"
+
 namespace dspine::model {
 
 DSpineAttentionImpl::DSpineAttentionImpl(const core::ModelConfig& c, bool fused)
@@ -23,25 +25,39 @@ torch::Tensor DSpineAttentionImpl::forward(const torch::Tensor& x, const torch::
                                            const AttentionMask& mask, const RopeTables& rope) {
   const int64_t rows = x.size(0), queries = x.size(1);
   const int64_t keys = context.size(1) + queries;
-  auto q = q_norm(q_proj(x).view({rows, queries, heads_, head_dim_})).transpose(1, 2);
-  auto k = torch::cat({k_proj(context), k_proj(x)}, 1).view({rows, keys, kv_heads_, head_dim_});
-  k = k_norm(k).transpose(1, 2);
-  auto v = torch::cat({v_proj(context), v_proj(x)}, 1)
-               .view({rows, keys, kv_heads_, head_dim_})
-               .transpose(1, 2);
+  // [B, positions, heads, head_dim] throughout: the layout of the projections and of the kernels.
+  auto q = q_norm(q_proj(x).view({rows, queries, heads_, head_dim_}));
+  auto k = k_norm(
+      torch::cat({k_proj(context), k_proj(x)}, 1).view({rows, keys, kv_heads_, head_dim_}));
+  auto v = torch::cat({v_proj(context), v_proj(x)}, 1).view({rows, keys, kv_heads_, head_dim_});
   q = apply_rope(q, rope);
   k = apply_rope(k, rope);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim_));
+  auto out = mask.dense() ? masked_attention(q, k, v, mask, scale)
+                          : ops::block_attention(q, k, v, mask.anchors, mask.keep,
+                                                 mask.block_size, scale);
+  return o_proj(out.reshape({rows, queries, heads_ * head_dim_}));
+}
 
+torch::Tensor masked_attention(const torch::Tensor& q, const torch::Tensor& k,
+                               const torch::Tensor& v, const AttentionMask& mask, double scale) {
+  auto qt = q.transpose(1, 2), kt = k.transpose(1, 2), vt = v.transpose(1, 2);
   // GQA by repeating kv heads (query head h uses kv head h / (n_h / n_kv)) rather than
   // enable_gqa, which keeps the memory-efficient masked SDPA kernels eligible on CUDA.
-  if (heads_ != kv_heads_) {
-    k = k.repeat_interleave(heads_ / kv_heads_, 1);
-    v = v.repeat_interleave(heads_ / kv_heads_, 1);
+  const int64_t repeats = q.size(2) / k.size(2);
+  if (repeats != 1) {
+    kt = kt.repeat_interleave(repeats, 1);
+    vt = vt.repeat_interleave(repeats, 1);
   }
-  auto out = at::scaled_dot_product_attention(q, k, v, mask.keys, 0.0, false,
-                                              1.0 / std::sqrt(static_cast<double>(head_dim_)));
+  auto out = at::scaled_dot_product_attention(qt, kt, vt, mask.keys, 0.0, false, scale);
   out = out * mask.rows_visible.to(out.scalar_type());
-  return o_proj(out.transpose(1, 2).reshape({rows, queries, heads_ * head_dim_}));
+  return out.transpose(1, 2);
+}
+
+bool block_kernels_apply(const core::ModelConfig& c, bool fused, const torch::Tensor& x) {
+  return fused && x.is_cuda() && x.scalar_type() == torch::kBFloat16 &&
+         ops::block_attention_heads_supported(c.num_attention_heads, c.num_key_value_heads,
+                                              c.head_dim, c.block_size);
 }
 
 }  // namespace dspine::model

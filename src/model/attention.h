@@ -1,6 +1,6 @@
 // DSpine block attention (docs/model.md, "The block attention mask"): queries are the block tokens,
-// keys/values are [projected target context | block tokens]; q/k RMSNorm per head, RoPE, GQA,
-// boolean mask.
+// keys/values are [projected target context | block tokens]; q/k RMSNorm per head, RoPE, GQA; the
+// fused block kernels (docs/kernels.md, "Block attention") or dense masked SDPA, by the mask's form.
 #pragma once
 
 #include <torch/nn/module.h>
@@ -31,5 +31,14 @@ class DSpineAttentionImpl : public torch::nn::Module {
   int64_t heads_, kv_heads_, head_dim_;
 };
 TORCH_MODULE(DSpineAttention);
+
+// The dense reference: q [B, Q, H, D], k/v [B, S+Q, KVH, D] (kv heads repeated), SDPA with the
+// dense mask, dropped rows zeroed; returns [B, Q, H, D].
+torch::Tensor masked_attention(const torch::Tensor& q, const torch::Tensor& k,
+                               const torch::Tensor& v, const AttentionMask& mask, double scale);
+
+// Whether a draft built with `fused` kernels runs its attention through the block kernels for
+// hidden states like x: CUDA bf16 and a head layout the kernels take.
+bool block_kernels_apply(const core::ModelConfig& config, bool fused, const torch::Tensor& x);
 
 }  // namespace dspine::model

@@ -28,7 +28,19 @@ at::Tensor block_attention_mask(const at::Tensor& anchors, const at::Tensor& kee
 
 AttentionMask prepare_attention_mask(const at::Tensor& mask) {
   auto visible = mask.any(-1, /*keepdim=*/true);
-  return {mask | visible.logical_not(), visible};
+  AttentionMask prepared;
+  prepared.keys = mask | visible.logical_not();
+  prepared.rows_visible = visible;
+  return prepared;
+}
+
+AttentionMask block_form_attention_mask(const at::Tensor& anchors, const at::Tensor& keep,
+                                        int64_t block_size) {
+  AttentionMask prepared;
+  prepared.anchors = anchors;
+  prepared.keep = keep;
+  prepared.block_size = block_size;
+  return prepared;
 }
 
 }  // namespace dspine::model

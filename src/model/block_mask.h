@@ -15,14 +15,22 @@ namespace dspine::model {
 at::Tensor block_attention_mask(const at::Tensor& anchors, const at::Tensor& keep, int64_t seq_len,
                                 int64_t block_size);
 
-// The mask as the attention layers consume it, prepared once per forward. Fully masked query rows
-// (dropped blocks) must produce zeros (docs/model.md, "The block attention mask"): they are let see
-// every key so that no backend produces NaN, and their output is multiplied by `rows_visible` = 0,
-// which also stops their gradient.
+// The mask as the attention layers consume it, prepared once per forward, in one of two forms.
+// Dense (the reference path): `keys` is the boolean mask; fully masked query rows (dropped blocks)
+// must produce zeros (docs/model.md, "The block attention mask"), so they are let see every key,
+// which keeps every SDPA backend free of NaN, and their output is multiplied by `rows_visible` = 0,
+// which also stops their gradient. Blocks (the fused kernels): only anchors, keep and the block
+// size; the kernels derive the pattern and skip the tiles nobody sees.
 struct AttentionMask {
-  at::Tensor keys;          // [B, 1, Q, S+Q] bool
-  at::Tensor rows_visible;  // [B, 1, Q, 1] bool: the query row sees at least one key
+  at::Tensor keys;          // [B, 1, Q, S+Q] bool (dense form)
+  at::Tensor rows_visible;  // [B, 1, Q, 1] bool: the query row sees at least one key (dense form)
+  at::Tensor anchors;       // [B, N] int64 (blocks form)
+  at::Tensor keep;          // [B, N] bool (blocks form)
+  int64_t block_size = 0;   // (blocks form)
+  bool dense() const { return keys.defined(); }
 };
 AttentionMask prepare_attention_mask(const at::Tensor& mask);
+AttentionMask block_form_attention_mask(const at::Tensor& anchors, const at::Tensor& keep,
+                                        int64_t block_size);
 
 }  // namespace dspine::model

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "model/attention.h"
 #include "model/block_mask.h"
 #include "model/dspine_config.h"
 #include "model/norm_mlp.h"
@@ -13,7 +14,8 @@
 
 namespace dspine::model {
 
-DSpineDraftImpl::DSpineDraftImpl(const core::ModelConfig& config, bool fused) : config_(config) {
+DSpineDraftImpl::DSpineDraftImpl(const core::ModelConfig& config, bool fused)
+    : config_(config), fused_(fused) {
   validate_dspine_model_config(config);
   const int64_t hidden = config.hidden_size;
   const int64_t context_width = hidden * static_cast<int64_t>(config.target_layer_ids.size());
@@ -84,7 +86,7 @@ torch::Tensor DSpineDraftImpl::context(const torch::Tensor& target_hidden) {
 }
 
 DraftOutput DSpineDraftImpl::forward(const torch::Tensor& position_ids,
-                                     const torch::Tensor& attention_mask,
+                                     const torch::Tensor& anchors, const torch::Tensor& keep,
                                      const torch::Tensor& noise_embedding,
                                      const torch::Tensor& target_hidden,
                                      const torch::Tensor& block_token_ids,
@@ -92,7 +94,7 @@ DraftOutput DSpineDraftImpl::forward(const torch::Tensor& position_ids,
   if (!transfer_ready()) {
     fail("Initialize or load the DSpine transfer space before use (transfer_ready is false)");
   }
-  if (!attention_mask.defined()) fail("DSpine requires an explicit causal block attention mask");
+  if (!anchors.defined() || !keep.defined()) fail("DSpine requires the blocks' anchors and keep");
   const int64_t bs = config_.block_size;
   const int64_t rows = noise_embedding.size(0), queries = noise_embedding.size(1);
   if (block_token_ids.dim() != 3 || block_token_ids.size(2) != bs ||
@@ -107,7 +109,10 @@ DraftOutput DSpineDraftImpl::forward(const torch::Tensor& position_ids,
   enter("head");
   auto ctx = context(target_hidden);
   auto rope = rope_tables(position_ids, inv_freq_, x.scalar_type());
-  auto mask = prepare_attention_mask(attention_mask);
+  auto mask = block_kernels_apply(config_, fused_, x)
+                  ? block_form_attention_mask(anchors, keep, bs)
+                  : prepare_attention_mask(
+                        block_attention_mask(anchors, keep, target_hidden.size(1), bs));
   std::vector<torch::Tensor> features;
   torch::Tensor pre;
   for (int64_t i = 0; i < config_.num_hidden_layers; ++i) {

@@ -35,11 +35,14 @@ class DSpineDraftImpl : public torch::nn::Module, public ObservableUnits {
   // transfer_codes zero and transfer_ready false until initialize_transfer_space().
   DSpineDraftImpl(const core::ModelConfig& config, bool fused);
 
-  // position_ids [B, S+Q]; attention_mask [B, 1, Q, S+Q] bool; noise_embedding [B, Q, H];
-  // target_hidden [B, S, K*H]; block_token_ids [B, N, bs]; replace_mask [B, N] bool or undefined.
-  DraftOutput forward(const torch::Tensor& position_ids, const torch::Tensor& attention_mask,
-                      const torch::Tensor& noise_embedding, const torch::Tensor& target_hidden,
-                      const torch::Tensor& block_token_ids, const torch::Tensor& replace_mask);
+  // position_ids [B, S+Q]; anchors [B, N] int64 and keep [B, N] bool (the blocks, which define
+  // the attention mask: block_attention_mask); noise_embedding [B, Q, H]; target_hidden
+  // [B, S, K*H]; block_token_ids [B, N, bs]; replace_mask [B, N] bool or undefined. Attention runs
+  // through the block kernels where block_kernels_apply, else through the dense mask.
+  DraftOutput forward(const torch::Tensor& position_ids, const torch::Tensor& anchors,
+                      const torch::Tensor& keep, const torch::Tensor& noise_embedding,
+                      const torch::Tensor& target_hidden, const torch::Tensor& block_token_ids,
+                      const torch::Tensor& replace_mask);
 
   // hidden_norm(fc(target_hidden)): [B, S, H].
   torch::Tensor context(const torch::Tensor& target_hidden);
@@ -71,6 +74,7 @@ class DSpineDraftImpl : public torch::nn::Module, public ObservableUnits {
   torch::Tensor leave(const std::string& unit, const torch::Tensor& output);
 
   core::ModelConfig config_;
+  bool fused_;
   torch::Tensor inv_freq_;  // non-persistent rotary_emb.inv_freq
   std::shared_ptr<UnitObserver> observer_;
 };

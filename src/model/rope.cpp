@@ -26,10 +26,10 @@ at::Tensor rotate_half(const at::Tensor& x) {
 }  // namespace
 
 at::Tensor apply_rope(const at::Tensor& x, const RopeTables& tables) {
-  const int64_t rows = x.size(2);
+  const int64_t rows = x.size(1);
   const int64_t total = tables.cos.size(1);
-  auto cos = tables.cos.slice(1, total - rows).unsqueeze(1);
-  auto sin = tables.sin.slice(1, total - rows).unsqueeze(1);
+  auto cos = tables.cos.slice(1, total - rows).unsqueeze(2);
+  auto sin = tables.sin.slice(1, total - rows).unsqueeze(2);
   return x * cos + rotate_half(x) * sin;
 }
 

@@ -19,8 +19,8 @@ struct RopeTables {
 RopeTables rope_tables(const at::Tensor& position_ids, const at::Tensor& inv_freq,
                        at::ScalarType dtype);
 
-// x [B, heads, P, d] rotated by cos/sin [B, P', d] using the LAST P rows of the tables (queries
-// cover only the block tokens at the end of the key sequence, §4 step 4).
+// x [B, P, heads, d] rotated by cos/sin [B, P', d] using the LAST P rows of the tables (queries
+// cover only the block tokens at the end of the key sequence, docs/model.md "Backbone layers").
 at::Tensor apply_rope(const at::Tensor& x, const RopeTables& tables);
 
 }  // namespace dspine::model

@@ -3,7 +3,6 @@
 #include <torch/torch.h>
 
 #include "core/error.h"
-#include "model/block_mask.h"
 #include "model/dspine_config.h"
 #include "objectives/chunking.h"
 #include "objectives/dspine_terms.h"
@@ -122,13 +121,13 @@ DraftPass DSpineTrainingModel::draft_pass(const data::DraftBatch& batch, at::Gen
         draw_replacement(out.blocks.keep, out.schedule.replacement_probability, generator);
   }
   out.position_ids = block_position_ids(out.blocks.anchors, seq, bs);
-  auto mask = model::block_attention_mask(out.blocks.anchors, out.blocks.keep, seq, bs);
   auto noise = torch::embedding(
       embed_tokens_,
       block_input_ids(input_ids, out.blocks.anchors, out.blocks.keep, bs, mask_token_id_));
 
   auto draft =
-      draft_->forward(out.position_ids, mask, noise, hidden_states, out.blocks.labels, out.replace);
+      draft_->forward(out.position_ids, out.blocks.anchors, out.blocks.keep, noise, hidden_states,
+                      out.blocks.labels, out.replace);
 
   // §5.9: blocks become rows, M = B·N.
   const int64_t blocks = rows * out.blocks.anchors.size(1);

@@ -59,7 +59,8 @@ BlockInputs block_inputs(const core::ModelConfig& c) {
 }
 
 DraftOutput run(DSpineDraftImpl& draft, const BlockInputs& in, const torch::Tensor& replace = {}) {
-  return draft.forward(in.position_ids, in.mask, in.noise, in.target_hidden, in.tokens, replace);
+  return draft.forward(in.position_ids, in.anchors, in.keep, in.noise, in.target_hidden, in.tokens,
+                       replace);
 }
 
 TEST(DSpineDraft, StateDictKeysShapesAndOrderMatchTheReference) {

@@ -1,0 +1,702 @@
+// DSpine block attention kernels (block_attention.h; the algorithm is in docs/kernels.md,
+// "Block attention"). Flash-attention style: scores of a 64-row query tile against 64-key tiles
+// with warp-level bf16 MMA (m16n8k16, fp32 accumulators), an online softmax, and cp.async double
+// buffering of the key/value tiles. The reference is dense masked SDPA (src/model/attention.cpp);
+// tests/gpu/test_block_attention_gpu.cpp compares the two.
+#include "kernels/block_attention.h"
+
+#include <cuda_bf16.h>
+
+#include <cmath>
+
+namespace dspine::kernels {
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+constexpr int kRows = 64;  // query rows of a tile: a block's positions × the group's query heads
+constexpr int kKeys = 64;  // keys of a tile
+constexpr float kLog2e = 1.4426950408889634f;
+
+// Tiles in shared memory are row-major with rows padded by 16 bytes, so the 8 row addresses of an
+// ldmatrix fall in distinct bank groups.
+template <int D>
+struct Smem {
+  static constexpr int kStride = D + 8;
+  static constexpr int kTile = kKeys * kStride;  // elements of one 64-row tile
+};
+
+__device__ __forceinline__ uint32_t shared_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes global -> shared, zero-filled when !valid (src is then not read).
+__device__ __forceinline__ void copy16_async(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address(dst)),
+               "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void commit_async() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int Pending>
+__device__ __forceinline__ void wait_async() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const bf16* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(shared_address(p)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const bf16* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(shared_address(p)));
+}
+
+// c += a · b for a 16×16 A fragment and a 16×8 B fragment (b0, b1).
+__device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                    uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// The A fragment of keys 16kk..16kk+15 from the C fragments of two adjacent 8-wide tiles.
+__device__ __forceinline__ void c_to_a(uint32_t (&a)[4], const float (&lo)[4],
+                                       const float (&hi)[4]) {
+  a[0] = pack_bf16(lo[0], lo[1]);
+  a[1] = pack_bf16(lo[2], lo[3]);
+  a[2] = pack_bf16(hi[0], hi[1]);
+  a[3] = pack_bf16(hi[2], hi[3]);
+}
+
+// A fragments (16 rows × D) of a row-major tile, rows `row0`..row0+15.
+template <int D>
+__device__ __forceinline__ void load_a(uint32_t (&a)[D / 16][4], const bf16* tile, int row0,
+                                       int lane) {
+  constexpr int kStride = Smem<D>::kStride;
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ++ks) {
+    ldmatrix_x4(a[ks], tile + (row0 + lane % 16) * kStride + ks * 16 + (lane / 16) * 8);
+  }
+}
+
+// c[nt] += A · Bᵀ over D where B is a row-major tile of 64 rows (its rows are the n dimension):
+// scores q·kᵀ, dO·vᵀ (or kᵀ... with the roles swapped in the dk/dv pass).
+template <int D>
+__device__ __forceinline__ void gemm_rows(float (&c)[8][4], const uint32_t (&a)[D / 16][4],
+                                          const bf16* b_tile, int lane) {
+  constexpr int kStride = Smem<D>::kStride;
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ++ks) {
+#pragma unroll
+    for (int np = 0; np < 4; ++np) {
+      uint32_t b[4];
+      ldmatrix_x4(b, b_tile + (np * 16 + (lane / 16) * 8 + lane % 8) * kStride + ks * 16 +
+                         ((lane / 8) % 2) * 8);
+      mma(c[2 * np], a[ks], b[0], b[1]);
+      mma(c[2 * np + 1], a[ks], b[2], b[3]);
+    }
+  }
+}
+
+// acc[dt] += P · B where P (16 × 64) comes as C fragments and B is a row-major 64 × D tile whose
+// rows are the k dimension: P·V, Pᵀ·dO, dS·K, dSᵀ·Q.
+template <int D>
+__device__ __forceinline__ void gemm_cols(float (&acc)[D / 8][4], const float (&p)[8][4],
+                                          const bf16* b_tile, int lane) {
+  constexpr int kStride = Smem<D>::kStride;
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    uint32_t a[4];
+    c_to_a(a, p[2 * kk], p[2 * kk + 1]);
+#pragma unroll
+    for (int dp = 0; dp < D / 16; ++dp) {
+      uint32_t b[4];
+      ldmatrix_x4_trans(b, b_tile + (kk * 16 + ((lane / 8) % 2) * 8 + lane % 8) * kStride +
+                               dp * 16 + (lane / 16) * 8);
+      mma(acc[2 * dp], a, b[0], b[1]);
+      mma(acc[2 * dp + 1], a, b[2], b[3]);
+    }
+  }
+}
+
+struct Problem {
+  BlockAttentionShape shape;
+  const int64_t* anchors;
+  const uint8_t* keep;
+  float scale;
+  int group;             // query heads per kv head
+  int64_t queries;       // N·bs
+  int64_t keys;          // S + N·bs
+  int context_tiles;     // ceil(S / 64)
+};
+
+Problem make_problem(const BlockAttentionShape& s, const int64_t* anchors, const uint8_t* keep,
+                     float scale) {
+  Problem p;
+  p.shape = s;
+  p.anchors = anchors;
+  p.keep = keep;
+  p.scale = scale;
+  p.group = static_cast<int>(s.heads / s.kv_heads);
+  p.queries = s.blocks * s.block_size;
+  p.keys = s.context + p.queries;
+  p.context_tiles = static_cast<int>((s.context + kKeys - 1) / kKeys);
+  return p;
+}
+
+// Query row r (0..63) of block n for kv head g: head g·group + r / bs, position n·bs + r % bs.
+struct QueryRow {
+  bool valid;
+  int head;
+  int position;  // inside the block
+};
+__device__ __forceinline__ QueryRow query_row(const Problem& p, int g, int r) {
+  const int bs = static_cast<int>(p.shape.block_size);
+  const int local_head = r / bs;
+  return {local_head < p.group, g * p.group + local_head, r % bs};
+}
+
+// Offset (elements) of query row r of block n, row b, kv head g in a [B, N·bs, H, D] tensor.
+__device__ __forceinline__ int64_t query_offset(const Problem& p, int b, int n, int g, int r) {
+  const QueryRow q = query_row(p, g, r);
+  const int64_t position = static_cast<int64_t>(n) * p.shape.block_size + q.position;
+  return ((b * p.queries + position) * p.shape.heads + q.head) * p.shape.head_dim;
+}
+__device__ __forceinline__ int64_t query_stat_offset(const Problem& p, int b, int n, int g, int r) {
+  const QueryRow q = query_row(p, g, r);
+  const int64_t position = static_cast<int64_t>(n) * p.shape.block_size + q.position;
+  return (b * p.queries + position) * p.shape.heads + q.head;
+}
+
+// Key tile t of block n: t < context_tiles(n) is context keys 64t.., the tile after them is the
+// block's own bs keys. Position (in k/v) of key c of the tile, or -1 when it holds no key.
+__device__ __forceinline__ int64_t key_position(const Problem& p, bool block_tile, int64_t start,
+                                                int c) {
+  if (block_tile) return c < p.shape.block_size ? p.shape.context + start + c : -1;
+  return start + c < p.shape.context ? start + c : -1;
+}
+
+// Async copy of 64 rows of D bf16: query rows of block n, or key rows from `start`.
+template <int D>
+__device__ __forceinline__ void load_query_tile(bf16* dst, const bf16* src, const Problem& p,
+                                                int b, int n, int g) {
+  constexpr int kChunks = D / 8;
+  for (int i = threadIdx.x; i < kRows * kChunks; i += kThreads) {
+    const int r = i / kChunks, c = i % kChunks;
+    const bool valid = query_row(p, g, r).valid;
+    const bf16* from = valid ? src + query_offset(p, b, n, g, r) + c * 8 : src;
+    copy16_async(dst + r * Smem<D>::kStride + c * 8, from, valid);
+  }
+}
+template <int D>
+__device__ __forceinline__ void load_key_tile(bf16* dst, const bf16* src, const Problem& p, int b,
+                                              int g, bool block_tile, int64_t start) {
+  constexpr int kChunks = D / 8;
+  for (int i = threadIdx.x; i < kKeys * kChunks; i += kThreads) {
+    const int r = i / kChunks, c = i % kChunks;
+    const int64_t position = key_position(p, block_tile, start, r);
+    const bf16* from =
+        position >= 0 ? src + ((b * p.keys + position) * p.shape.kv_heads + g) * D + c * 8 : src;
+    copy16_async(dst + r * Smem<D>::kStride + c * 8, from, position >= 0);
+  }
+}
+
+// Is key c of the tile visible to a query at block position j? Context tile: c + start < anchor;
+// block tile: c <= j.
+__device__ __forceinline__ bool visible(bool block_tile, int64_t start, int64_t anchor, int c,
+                                        int j) {
+  return block_tile ? c <= j : start + c < anchor;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Forward: one CTA per (block, kv head, row).
+
+template <int D>
+__global__ void __launch_bounds__(kThreads) forward_kernel(Problem p, const bf16* __restrict__ q,
+                                                           const bf16* __restrict__ k,
+                                                           const bf16* __restrict__ v,
+                                                           bf16* __restrict__ out,
+                                                           float* __restrict__ lse) {
+  extern __shared__ __align__(16) unsigned char smem_bytes[];
+  bf16* s_q = reinterpret_cast<bf16*>(smem_bytes);
+  bf16* s_k = s_q + Smem<D>::kTile;      // two buffers
+  bf16* s_v = s_k + 2 * Smem<D>::kTile;  // two buffers
+  // Later blocks have longer prefixes (anchors usually ascend): start them first.
+  const int n = static_cast<int>(p.shape.blocks - 1 - blockIdx.x);
+  const int g = blockIdx.y, b = blockIdx.z;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t anchor = p.anchors[b * p.shape.blocks + n];
+  const bool keep = p.keep[b * p.shape.blocks + n] != 0;
+  const int row_a = warp * 16 + lane / 4, row_b = row_a + 8;
+
+  if (!keep) {
+    constexpr int kChunks = D / 8;
+    for (int i = threadIdx.x; i < kRows * kChunks; i += kThreads) {
+      const int r = i / kChunks, c = i % kChunks;
+      if (!query_row(p, g, r).valid) continue;
+      *reinterpret_cast<uint4*>(out + query_offset(p, b, n, g, r) + c * 8) = make_uint4(0, 0, 0, 0);
+    }
+    if (threadIdx.x < kRows && query_row(p, g, threadIdx.x).valid) {
+      lse[query_stat_offset(p, b, n, g, threadIdx.x)] = INFINITY;
+    }
+    return;
+  }
+
+  const int context_tiles = static_cast<int>((anchor + kKeys - 1) / kKeys);
+  const int tiles = context_tiles + 1;
+  auto tile_start = [&](int t) -> int64_t {
+    return t < context_tiles ? static_cast<int64_t>(t) * kKeys : n * p.shape.block_size;
+  };
+  load_query_tile<D>(s_q, q, p, b, n, g);
+  load_key_tile<D>(s_k, k, p, b, g, context_tiles == 0, tile_start(0));
+  load_key_tile<D>(s_v, v, p, b, g, context_tiles == 0, tile_start(0));
+  commit_async();
+
+  const float scale_log2 = p.scale * kLog2e;
+  const int pos_a = query_row(p, g, row_a).position, pos_b = query_row(p, g, row_b).position;
+  uint32_t q_frag[D / 16][4];
+  float o[D / 8][4] = {};
+  float max_a = -INFINITY, max_b = -INFINITY, sum_a = 0.f, sum_b = 0.f;
+
+  for (int t = 0; t < tiles; ++t) {
+    const int buf = t & 1;
+    if (t + 1 < tiles) {
+      const int next = (t + 1) & 1;
+      load_key_tile<D>(s_k + next * Smem<D>::kTile, k, p, b, g, t + 1 == context_tiles,
+                       tile_start(t + 1));
+      load_key_tile<D>(s_v + next * Smem<D>::kTile, v, p, b, g, t + 1 == context_tiles,
+                       tile_start(t + 1));
+      commit_async();
+      wait_async<1>();
+    } else {
+      wait_async<0>();
+    }
+    __syncthreads();
+    if (t == 0) load_a<D>(q_frag, s_q, warp * 16, lane);
+
+    float s[8][4] = {};
+    gemm_rows<D>(s, q_frag, s_k + buf * Smem<D>::kTile, lane);
+
+    const bool block_tile = t == context_tiles;
+    const int64_t start = tile_start(t);
+    float tile_max_a = -INFINITY, tile_max_b = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int c = nt * 8 + 2 * (lane % 4) + (e & 1);
+        const bool see = visible(block_tile, start, anchor, c, e < 2 ? pos_a : pos_b);
+        s[nt][e] = see ? s[nt][e] * scale_log2 : -INFINITY;
+      }
+      tile_max_a = fmaxf(tile_max_a, fmaxf(s[nt][0], s[nt][1]));
+      tile_max_b = fmaxf(tile_max_b, fmaxf(s[nt][2], s[nt][3]));
+    }
+#pragma unroll
+    for (int offset = 1; offset < 4; offset <<= 1) {
+      tile_max_a = fmaxf(tile_max_a, __shfl_xor_sync(0xffffffffu, tile_max_a, offset));
+      tile_max_b = fmaxf(tile_max_b, __shfl_xor_sync(0xffffffffu, tile_max_b, offset));
+    }
+    const float new_a = fmaxf(max_a, tile_max_a), new_b = fmaxf(max_b, tile_max_b);
+    // A row that has seen no key yet keeps a finite reference so no inf - inf appears.
+    const float use_a = new_a == -INFINITY ? 0.f : new_a;
+    const float use_b = new_b == -INFINITY ? 0.f : new_b;
+    const float alpha_a = exp2f(max_a - use_a), alpha_b = exp2f(max_b - use_b);
+    max_a = new_a;
+    max_b = new_b;
+    float row_sum_a = 0.f, row_sum_b = 0.f;
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+      s[nt][0] = exp2f(s[nt][0] - use_a);
+      s[nt][1] = exp2f(s[nt][1] - use_a);
+      s[nt][2] = exp2f(s[nt][2] - use_b);
+      s[nt][3] = exp2f(s[nt][3] - use_b);
+      row_sum_a += s[nt][0] + s[nt][1];
+      row_sum_b += s[nt][2] + s[nt][3];
+    }
+    sum_a = sum_a * alpha_a + row_sum_a;
+    sum_b = sum_b * alpha_b + row_sum_b;
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt) {
+      o[dt][0] *= alpha_a;
+      o[dt][1] *= alpha_a;
+      o[dt][2] *= alpha_b;
+      o[dt][3] *= alpha_b;
+    }
+    gemm_cols<D>(o, s, s_v + buf * Smem<D>::kTile, lane);
+    __syncthreads();  // every warp is done with this buffer before it is refilled
+  }
+
+#pragma unroll
+  for (int offset = 1; offset < 4; offset <<= 1) {
+    sum_a += __shfl_xor_sync(0xffffffffu, sum_a, offset);
+    sum_b += __shfl_xor_sync(0xffffffffu, sum_b, offset);
+  }
+  const float inv_a = 1.f / sum_a, inv_b = 1.f / sum_b;
+  const bool valid_a = query_row(p, g, row_a).valid, valid_b = query_row(p, g, row_b).valid;
+  bf16* out_a = out + (valid_a ? query_offset(p, b, n, g, row_a) : 0);
+  bf16* out_b = out + (valid_b ? query_offset(p, b, n, g, row_b) : 0);
+#pragma unroll
+  for (int dt = 0; dt < D / 8; ++dt) {
+    const int col = dt * 8 + 2 * (lane % 4);
+    if (valid_a) {
+      *reinterpret_cast<uint32_t*>(out_a + col) = pack_bf16(o[dt][0] * inv_a, o[dt][1] * inv_a);
+    }
+    if (valid_b) {
+      *reinterpret_cast<uint32_t*>(out_b + col) = pack_bf16(o[dt][2] * inv_b, o[dt][3] * inv_b);
+    }
+  }
+  if (lane % 4 == 0) {
+    if (valid_a) lse[query_stat_offset(p, b, n, g, row_a)] = max_a + log2f(sum_a);
+    if (valid_b) lse[query_stat_offset(p, b, n, g, row_b)] = max_b + log2f(sum_b);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Backward.
+
+// delta = rowsum(dout ∘ out) over D, one warp per (query, head) row.
+template <int D>
+__global__ void delta_kernel(const bf16* __restrict__ out, const bf16* __restrict__ dout,
+                             float* __restrict__ delta, int64_t rows) {
+  const int64_t row = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= rows) return;
+  float acc = 0.f;
+#pragma unroll
+  for (int i = lane * 2; i < D; i += 64) {
+    const float2 o = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(out + row * D + i));
+    const float2 d =
+        __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(dout + row * D + i));
+    acc += o.x * d.x + o.y * d.y;
+  }
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, offset);
+  if (lane == 0) delta[row] = acc;
+}
+
+// dq: one CTA per (block, kv head, row), over the block's visible key tiles as in the forward.
+template <int D>
+__global__ void __launch_bounds__(kThreads)
+    dq_kernel(Problem p, const bf16* __restrict__ q, const bf16* __restrict__ k,
+              const bf16* __restrict__ v, const bf16* __restrict__ dout,
+              const float* __restrict__ lse, const float* __restrict__ delta,
+              bf16* __restrict__ dq) {
+  extern __shared__ __align__(16) unsigned char smem_bytes[];
+  bf16* s_q = reinterpret_cast<bf16*>(smem_bytes);
+  bf16* s_do = s_q + Smem<D>::kTile;
+  bf16* s_k = s_do + Smem<D>::kTile;     // two buffers
+  bf16* s_v = s_k + 2 * Smem<D>::kTile;  // two buffers
+  const int n = static_cast<int>(p.shape.blocks - 1 - blockIdx.x);
+  const int g = blockIdx.y, b = blockIdx.z;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t anchor = p.anchors[b * p.shape.blocks + n];
+  const bool keep = p.keep[b * p.shape.blocks + n] != 0;
+  const int row_a = warp * 16 + lane / 4, row_b = row_a + 8;
+  const bool valid_a = query_row(p, g, row_a).valid, valid_b = query_row(p, g, row_b).valid;
+
+  if (!keep) {
+    constexpr int kChunks = D / 8;
+    for (int i = threadIdx.x; i < kRows * kChunks; i += kThreads) {
+      const int r = i / kChunks, c = i % kChunks;
+      if (!query_row(p, g, r).valid) continue;
+      *reinterpret_cast<uint4*>(dq + query_offset(p, b, n, g, r) + c * 8) = make_uint4(0, 0, 0, 0);
+    }
+    return;
+  }
+
+  const int context_tiles = static_cast<int>((anchor + kKeys - 1) / kKeys);
+  const int tiles = context_tiles + 1;
+  auto tile_start = [&](int t) -> int64_t {
+    return t < context_tiles ? static_cast<int64_t>(t) * kKeys : n * p.shape.block_size;
+  };
+  load_query_tile<D>(s_q, q, p, b, n, g);
+  load_query_tile<D>(s_do, dout, p, b, n, g);
+  load_key_tile<D>(s_k, k, p, b, g, context_tiles == 0, tile_start(0));
+  load_key_tile<D>(s_v, v, p, b, g, context_tiles == 0, tile_start(0));
+  commit_async();
+
+  const float scale_log2 = p.scale * kLog2e;
+  const int pos_a = query_row(p, g, row_a).position, pos_b = query_row(p, g, row_b).position;
+  const float lse_a = valid_a ? lse[query_stat_offset(p, b, n, g, row_a)] : INFINITY;
+  const float lse_b = valid_b ? lse[query_stat_offset(p, b, n, g, row_b)] : INFINITY;
+  const float delta_a = valid_a ? delta[query_stat_offset(p, b, n, g, row_a)] : 0.f;
+  const float delta_b = valid_b ? delta[query_stat_offset(p, b, n, g, row_b)] : 0.f;
+  uint32_t q_frag[D / 16][4], do_frag[D / 16][4];
+  float acc[D / 8][4] = {};
+
+  for (int t = 0; t < tiles; ++t) {
+    const int buf = t & 1;
+    if (t + 1 < tiles) {
+      const int next = (t + 1) & 1;
+      load_key_tile<D>(s_k + next * Smem<D>::kTile, k, p, b, g, t + 1 == context_tiles,
+                       tile_start(t + 1));
+      load_key_tile<D>(s_v + next * Smem<D>::kTile, v, p, b, g, t + 1 == context_tiles,
+                       tile_start(t + 1));
+      commit_async();
+      wait_async<1>();
+    } else {
+      wait_async<0>();
+    }
+    __syncthreads();
+    if (t == 0) {
+      load_a<D>(q_frag, s_q, warp * 16, lane);
+      load_a<D>(do_frag, s_do, warp * 16, lane);
+    }
+    float s[8][4] = {}, dp[8][4] = {};
+    gemm_rows<D>(s, q_frag, s_k + buf * Smem<D>::kTile, lane);
+    gemm_rows<D>(dp, do_frag, s_v + buf * Smem<D>::kTile, lane);
+    const bool block_tile = t == context_tiles;
+    const int64_t start = tile_start(t);
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int c = nt * 8 + 2 * (lane % 4) + (e & 1);
+        const bool see = visible(block_tile, start, anchor, c, e < 2 ? pos_a : pos_b);
+        const float prob = see ? exp2f(s[nt][e] * scale_log2 - (e < 2 ? lse_a : lse_b)) : 0.f;
+        s[nt][e] = prob * (dp[nt][e] - (e < 2 ? delta_a : delta_b));  // dS
+      }
+    }
+    gemm_cols<D>(acc, s, s_k + buf * Smem<D>::kTile, lane);
+    __syncthreads();
+  }
+
+  bf16* dq_a = dq + (valid_a ? query_offset(p, b, n, g, row_a) : 0);
+  bf16* dq_b = dq + (valid_b ? query_offset(p, b, n, g, row_b) : 0);
+#pragma unroll
+  for (int dt = 0; dt < D / 8; ++dt) {
+    const int col = dt * 8 + 2 * (lane % 4);
+    if (valid_a) {
+      *reinterpret_cast<uint32_t*>(dq_a + col) =
+          pack_bf16(acc[dt][0] * p.scale, acc[dt][1] * p.scale);
+    }
+    if (valid_b) {
+      *reinterpret_cast<uint32_t*>(dq_b + col) =
+          pack_bf16(acc[dt][2] * p.scale, acc[dt][3] * p.scale);
+    }
+  }
+}
+
+// dk, dv: one CTA per (key tile, kv head, row). Tiles 0..context_tiles-1 are 64 context keys;
+// tile context_tiles + n is block n's own keys. The CTA walks the blocks that see its keys; each
+// warp accumulates 16 keys' gradients over all of them (every query head of the group included).
+template <int D>
+__global__ void __launch_bounds__(kThreads)
+    dkdv_kernel(Problem p, const bf16* __restrict__ q, const bf16* __restrict__ k,
+                const bf16* __restrict__ v, const bf16* __restrict__ dout,
+                const float* __restrict__ lse, const float* __restrict__ delta,
+                bf16* __restrict__ dk, bf16* __restrict__ dv) {
+  extern __shared__ __align__(16) unsigned char smem_bytes[];
+  bf16* s_k = reinterpret_cast<bf16*>(smem_bytes);
+  bf16* s_v = s_k + Smem<D>::kTile;
+  bf16* s_q = s_v + Smem<D>::kTile;      // two buffers
+  bf16* s_do = s_q + 2 * Smem<D>::kTile;  // two buffers
+  float* s_lse = reinterpret_cast<float*>(s_do + 2 * Smem<D>::kTile);  // two buffers of 64
+  float* s_delta = s_lse + 2 * kRows;                                   // two buffers of 64
+
+  const int tile = blockIdx.x, g = blockIdx.y, b = blockIdx.z;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const bool block_tile = tile >= p.context_tiles;
+  const int own_block = tile - p.context_tiles;
+  const int64_t start =
+      block_tile ? own_block * p.shape.block_size : static_cast<int64_t>(tile) * kKeys;
+  const int64_t* anchors = p.anchors + b * p.shape.blocks;
+  const uint8_t* keep = p.keep + b * p.shape.blocks;
+
+  // The blocks that see a key of this tile: their own block tile, or anchor > the tile's start.
+  auto sees = [&](int n) {
+    if (keep[n] == 0) return false;
+    return block_tile ? n == own_block : anchors[n] > start;
+  };
+  auto next_block = [&](int from) {
+    if (block_tile) return from <= own_block && sees(own_block) ? own_block : -1;
+    for (int n = from; n < p.shape.blocks; ++n) {
+      if (sees(n)) return n;
+    }
+    return -1;
+  };
+  auto load_block = [&](int n, int buf) {
+    load_query_tile<D>(s_q + buf * Smem<D>::kTile, q, p, b, n, g);
+    load_query_tile<D>(s_do + buf * Smem<D>::kTile, dout, p, b, n, g);
+    if (threadIdx.x < kRows) {
+      const bool valid = query_row(p, g, threadIdx.x).valid;
+      const int64_t at = valid ? query_stat_offset(p, b, n, g, threadIdx.x) : 0;
+      s_lse[buf * kRows + threadIdx.x] = valid ? lse[at] : INFINITY;
+      s_delta[buf * kRows + threadIdx.x] = valid ? delta[at] : 0.f;
+    }
+  };
+
+  load_key_tile<D>(s_k, k, p, b, g, block_tile, start);
+  load_key_tile<D>(s_v, v, p, b, g, block_tile, start);
+  int n = next_block(0);
+  if (n >= 0) load_block(n, 0);
+  commit_async();
+
+  const float scale_log2 = p.scale * kLog2e;
+  const int key_a = warp * 16 + lane / 4, key_b = key_a + 8;  // this thread's keys in the tile
+  float dk_acc[D / 8][4] = {}, dv_acc[D / 8][4] = {};
+  int buf = 0;
+  while (n >= 0) {
+    const int following = next_block(n + 1);
+    if (following >= 0) {
+      load_block(following, buf ^ 1);
+      commit_async();
+      wait_async<1>();
+    } else {
+      wait_async<0>();
+    }
+    __syncthreads();
+    const bf16* tile_q = s_q + buf * Smem<D>::kTile;
+    const bf16* tile_do = s_do + buf * Smem<D>::kTile;
+    const float* block_lse = s_lse + buf * kRows;
+    const float* block_delta = s_delta + buf * kRows;
+    const int64_t anchor = anchors[n];
+
+    // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ for this warp's 16 keys against the block's 64 query rows.
+    float s[8][4] = {}, dp[8][4] = {};
+    {
+      uint32_t k_frag[D / 16][4];
+      load_a<D>(k_frag, s_k, warp * 16, lane);
+      gemm_rows<D>(s, k_frag, tile_q, lane);
+    }
+    {
+      uint32_t v_frag[D / 16][4];
+      load_a<D>(v_frag, s_v, warp * 16, lane);
+      gemm_rows<D>(dp, v_frag, tile_do, lane);
+    }
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = nt * 8 + 2 * (lane % 4) + (e & 1);  // query row
+        const int key = e < 2 ? key_a : key_b;
+        const int position = query_row(p, g, r).position;
+        const bool see = key_position(p, block_tile, start, key) >= 0 &&
+                         visible(block_tile, start, anchor, key, position);
+        const float prob = see ? exp2f(s[nt][e] * scale_log2 - block_lse[r]) : 0.f;
+        s[nt][e] = prob;
+        dp[nt][e] = prob * (dp[nt][e] - block_delta[r]);  // dSᵀ
+      }
+    }
+    gemm_cols<D>(dv_acc, s, tile_do, lane);
+    gemm_cols<D>(dk_acc, dp, tile_q, lane);
+    __syncthreads();  // every warp is done with this buffer before it is refilled
+    n = following;
+    buf ^= 1;
+  }
+
+  const int64_t pos_a = key_position(p, block_tile, start, key_a);
+  const int64_t pos_b = key_position(p, block_tile, start, key_b);
+  const int64_t kv_stride = p.shape.kv_heads * D;
+  const int64_t base = (b * p.keys) * kv_stride + static_cast<int64_t>(g) * D;
+#pragma unroll
+  for (int dt = 0; dt < D / 8; ++dt) {
+    const int col = dt * 8 + 2 * (lane % 4);
+    if (pos_a >= 0) {
+      const int64_t at = base + pos_a * kv_stride + col;
+      *reinterpret_cast<uint32_t*>(dk + at) =
+          pack_bf16(dk_acc[dt][0] * p.scale, dk_acc[dt][1] * p.scale);
+      *reinterpret_cast<uint32_t*>(dv + at) = pack_bf16(dv_acc[dt][0], dv_acc[dt][1]);
+    }
+    if (pos_b >= 0) {
+      const int64_t at = base + pos_b * kv_stride + col;
+      *reinterpret_cast<uint32_t*>(dk + at) =
+          pack_bf16(dk_acc[dt][2] * p.scale, dk_acc[dt][3] * p.scale);
+      *reinterpret_cast<uint32_t*>(dv + at) = pack_bf16(dv_acc[dt][2], dv_acc[dt][3]);
+    }
+  }
+}
+
+template <int D>
+cudaError_t forward_impl(const Problem& p, const void* q, const void* k, const void* v, void* out,
+                         float* lse, cudaStream_t stream) {
+  const size_t smem = 5 * Smem<D>::kTile * sizeof(bf16);
+  cudaError_t status = cudaFuncSetAttribute(forward_kernel<D>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (status != cudaSuccess) return status;
+  const dim3 grid(static_cast<unsigned>(p.shape.blocks), static_cast<unsigned>(p.shape.kv_heads),
+                  static_cast<unsigned>(p.shape.rows));
+  forward_kernel<D><<<grid, kThreads, smem, stream>>>(
+      p, static_cast<const bf16*>(q), static_cast<const bf16*>(k), static_cast<const bf16*>(v),
+      static_cast<bf16*>(out), lse);
+  return cudaGetLastError();
+}
+
+template <int D>
+cudaError_t backward_impl(const Problem& p, const void* q, const void* k, const void* v,
+                          const void* out, const void* dout, const float* lse, float* delta,
+                          void* dq, void* dk, void* dv, cudaStream_t stream) {
+  const int64_t stat_rows = p.shape.rows * p.queries * p.shape.heads;
+  const int rows_per_cta = 8;  // warps of 32 threads
+  delta_kernel<D><<<static_cast<unsigned>((stat_rows + rows_per_cta - 1) / rows_per_cta),
+                    rows_per_cta * 32, 0, stream>>>(static_cast<const bf16*>(out),
+                                                    static_cast<const bf16*>(dout), delta,
+                                                    stat_rows);
+  cudaError_t status = cudaGetLastError();
+  if (status != cudaSuccess) return status;
+
+  const size_t dq_smem = 6 * Smem<D>::kTile * sizeof(bf16);
+  status = cudaFuncSetAttribute(dq_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, dq_smem);
+  if (status != cudaSuccess) return status;
+  const dim3 dq_grid(static_cast<unsigned>(p.shape.blocks), static_cast<unsigned>(p.shape.kv_heads),
+                     static_cast<unsigned>(p.shape.rows));
+  dq_kernel<D><<<dq_grid, kThreads, dq_smem, stream>>>(
+      p, static_cast<const bf16*>(q), static_cast<const bf16*>(k), static_cast<const bf16*>(v),
+      static_cast<const bf16*>(dout), lse, delta, static_cast<bf16*>(dq));
+  status = cudaGetLastError();
+  if (status != cudaSuccess) return status;
+
+  const size_t kv_smem = 6 * Smem<D>::kTile * sizeof(bf16) + 4 * kRows * sizeof(float);
+  status =
+      cudaFuncSetAttribute(dkdv_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, kv_smem);
+  if (status != cudaSuccess) return status;
+  const dim3 kv_grid(static_cast<unsigned>(p.context_tiles + p.shape.blocks),
+                     static_cast<unsigned>(p.shape.kv_heads), static_cast<unsigned>(p.shape.rows));
+  dkdv_kernel<D><<<kv_grid, kThreads, kv_smem, stream>>>(
+      p, static_cast<const bf16*>(q), static_cast<const bf16*>(k), static_cast<const bf16*>(v),
+      static_cast<const bf16*>(dout), lse, delta, static_cast<bf16*>(dk), static_cast<bf16*>(dv));
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+bool block_attention_supported(const BlockAttentionShape& s) {
+  if (s.rows < 1 || s.context < 0 || s.blocks < 1 || s.block_size < 1) return false;
+  if (s.head_dim != 64 && s.head_dim != 128) return false;
+  if (s.kv_heads < 1 || s.heads % s.kv_heads != 0) return false;
+  if (s.block_size * (s.heads / s.kv_heads) > kRows) return false;
+  return s.rows <= 65535 && s.kv_heads <= 65535 && s.blocks < (int64_t(1) << 30);
+}
+
+cudaError_t block_attention_forward(const BlockAttentionShape& shape, const void* q, const void* k,
+                                    const void* v, const int64_t* anchors, const uint8_t* keep,
+                                    float scale, void* out, float* lse, cudaStream_t stream) {
+  if (!block_attention_supported(shape)) return cudaErrorInvalidValue;
+  const Problem p = make_problem(shape, anchors, keep, scale);
+  return shape.head_dim == 128 ? forward_impl<128>(p, q, k, v, out, lse, stream)
+                               : forward_impl<64>(p, q, k, v, out, lse, stream);
+}
+
+cudaError_t block_attention_backward(const BlockAttentionShape& shape, const void* q,
+                                     const void* k, const void* v, const void* out,
+                                     const void* dout, const float* lse, const int64_t* anchors,
+                                     const uint8_t* keep, float scale, float* delta, void* dq,
+                                     void* dk, void* dv, cudaStream_t stream) {
+  if (!block_attention_supported(shape)) return cudaErrorInvalidValue;
+  const Problem p = make_problem(shape, anchors, keep, scale);
+  return shape.head_dim == 128
+             ? backward_impl<128>(p, q, k, v, out, dout, lse, delta, dq, dk, dv, stream)
+             : backward_impl<64>(p, q, k, v, out, dout, lse, delta, dq, dk, dv, stream);
+}
+
+}  // namespace dspine::kernels
