@@ -64,6 +64,13 @@ __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint3
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// 2^x by the hardware approximation (2 ulp; 2^-inf = 0), as flash attention uses.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&v);
@@ -218,19 +225,27 @@ __device__ __forceinline__ bool visible(bool block_tile, int64_t start, int64_t 
   return block_tile ? c <= j : start + c < anchor;
 }
 
+// Does every query of a block see every key of the tile? Context tiles entirely before the anchor;
+// the last context tile and the block tile are masked.
+__device__ __forceinline__ bool whole_tile_visible(bool block_tile, int64_t start, int64_t anchor) {
+  return !block_tile && start + kKeys <= anchor;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Forward: one CTA per (block, kv head, row).
 
 template <int D>
-__global__ void __launch_bounds__(kThreads) forward_kernel(Problem p, const bf16* __restrict__ q,
+__global__ void __launch_bounds__(kThreads, 3) forward_kernel(Problem p, const bf16* __restrict__ q,
                                                            const bf16* __restrict__ k,
                                                            const bf16* __restrict__ v,
                                                            bf16* __restrict__ out,
                                                            float* __restrict__ lse) {
   extern __shared__ __align__(16) unsigned char smem_bytes[];
-  bf16* s_q = reinterpret_cast<bf16*>(smem_bytes);
-  bf16* s_k = s_q + Smem<D>::kTile;      // two buffers
-  bf16* s_v = s_k + 2 * Smem<D>::kTile;  // two buffers
+  // The query tile is staged in the second key buffer and moved to registers before the key/value
+  // pipeline starts, so four tiles of shared memory suffice (three CTAs per SM).
+  bf16* s_k = reinterpret_cast<bf16*>(smem_bytes);  // two buffers
+  bf16* s_v = s_k + 2 * Smem<D>::kTile;             // two buffers
+  bf16* s_q = s_k + Smem<D>::kTile;
   // Later blocks have longer prefixes (anchors usually ascend): start them first.
   const int n = static_cast<int>(p.shape.blocks - 1 - blockIdx.x);
   const int g = blockIdx.y, b = blockIdx.z;
@@ -258,13 +273,18 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(Problem p, const bf16
     return t < context_tiles ? static_cast<int64_t>(t) * kKeys : n * p.shape.block_size;
   };
   load_query_tile<D>(s_q, q, p, b, n, g);
+  commit_async();
   load_key_tile<D>(s_k, k, p, b, g, context_tiles == 0, tile_start(0));
   load_key_tile<D>(s_v, v, p, b, g, context_tiles == 0, tile_start(0));
   commit_async();
+  wait_async<1>();
+  __syncthreads();
+  uint32_t q_frag[D / 16][4];
+  load_a<D>(q_frag, s_q, warp * 16, lane);
+  __syncthreads();  // the buffer is refilled with keys below
 
   const float scale_log2 = p.scale * kLog2e;
   const int pos_a = query_row(p, g, row_a).position, pos_b = query_row(p, g, row_b).position;
-  uint32_t q_frag[D / 16][4];
   float o[D / 8][4] = {};
   float max_a = -INFINITY, max_b = -INFINITY, sum_a = 0.f, sum_b = 0.f;
 
@@ -282,20 +302,20 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(Problem p, const bf16
       wait_async<0>();
     }
     __syncthreads();
-    if (t == 0) load_a<D>(q_frag, s_q, warp * 16, lane);
 
     float s[8][4] = {};
     gemm_rows<D>(s, q_frag, s_k + buf * Smem<D>::kTile, lane);
 
     const bool block_tile = t == context_tiles;
     const int64_t start = tile_start(t);
+    const bool masked = !whole_tile_visible(block_tile, start, anchor);
     float tile_max_a = -INFINITY, tile_max_b = -INFINITY;
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int c = nt * 8 + 2 * (lane % 4) + (e & 1);
-        const bool see = visible(block_tile, start, anchor, c, e < 2 ? pos_a : pos_b);
+        const bool see = !masked || visible(block_tile, start, anchor, c, e < 2 ? pos_a : pos_b);
         s[nt][e] = see ? s[nt][e] * scale_log2 : -INFINITY;
       }
       tile_max_a = fmaxf(tile_max_a, fmaxf(s[nt][0], s[nt][1]));
@@ -310,16 +330,16 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(Problem p, const bf16
     // A row that has seen no key yet keeps a finite reference so no inf - inf appears.
     const float use_a = new_a == -INFINITY ? 0.f : new_a;
     const float use_b = new_b == -INFINITY ? 0.f : new_b;
-    const float alpha_a = exp2f(max_a - use_a), alpha_b = exp2f(max_b - use_b);
+    const float alpha_a = fast_exp2(max_a - use_a), alpha_b = fast_exp2(max_b - use_b);
     max_a = new_a;
     max_b = new_b;
     float row_sum_a = 0.f, row_sum_b = 0.f;
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {
-      s[nt][0] = exp2f(s[nt][0] - use_a);
-      s[nt][1] = exp2f(s[nt][1] - use_a);
-      s[nt][2] = exp2f(s[nt][2] - use_b);
-      s[nt][3] = exp2f(s[nt][3] - use_b);
+      s[nt][0] = fast_exp2(s[nt][0] - use_a);
+      s[nt][1] = fast_exp2(s[nt][1] - use_a);
+      s[nt][2] = fast_exp2(s[nt][2] - use_b);
+      s[nt][3] = fast_exp2(s[nt][3] - use_b);
       row_sum_a += s[nt][0] + s[nt][1];
       row_sum_b += s[nt][2] + s[nt][3];
     }
@@ -457,13 +477,14 @@ __global__ void __launch_bounds__(kThreads)
     gemm_rows<D>(dp, do_frag, s_v + buf * Smem<D>::kTile, lane);
     const bool block_tile = t == context_tiles;
     const int64_t start = tile_start(t);
+    const bool masked = !whole_tile_visible(block_tile, start, anchor);
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int c = nt * 8 + 2 * (lane % 4) + (e & 1);
-        const bool see = visible(block_tile, start, anchor, c, e < 2 ? pos_a : pos_b);
-        const float prob = see ? exp2f(s[nt][e] * scale_log2 - (e < 2 ? lse_a : lse_b)) : 0.f;
+        const bool see = !masked || visible(block_tile, start, anchor, c, e < 2 ? pos_a : pos_b);
+        const float prob = see ? fast_exp2(s[nt][e] * scale_log2 - (e < 2 ? lse_a : lse_b)) : 0.f;
         s[nt][e] = prob * (dp[nt][e] - (e < 2 ? delta_a : delta_b));  // dS
       }
     }
@@ -574,16 +595,17 @@ __global__ void __launch_bounds__(kThreads)
       load_a<D>(v_frag, s_v, warp * 16, lane);
       gemm_rows<D>(dp, v_frag, tile_do, lane);
     }
+    const bool masked = !whole_tile_visible(block_tile, start, anchor);
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int r = nt * 8 + 2 * (lane % 4) + (e & 1);  // query row
         const int key = e < 2 ? key_a : key_b;
-        const int position = query_row(p, g, r).position;
-        const bool see = key_position(p, block_tile, start, key) >= 0 &&
-                         visible(block_tile, start, anchor, key, position);
-        const float prob = see ? exp2f(s[nt][e] * scale_log2 - block_lse[r]) : 0.f;
+        const bool see = !masked || (key_position(p, block_tile, start, key) >= 0 &&
+                                     visible(block_tile, start, anchor, key,
+                                             query_row(p, g, r).position));
+        const float prob = see ? fast_exp2(s[nt][e] * scale_log2 - block_lse[r]) : 0.f;
         s[nt][e] = prob;
         dp[nt][e] = prob * (dp[nt][e] - block_delta[r]);  // dSᵀ
       }
@@ -620,7 +642,7 @@ __global__ void __launch_bounds__(kThreads)
 template <int D>
 cudaError_t forward_impl(const Problem& p, const void* q, const void* k, const void* v, void* out,
                          float* lse, cudaStream_t stream) {
-  const size_t smem = 5 * Smem<D>::kTile * sizeof(bf16);
+  const size_t smem = 4 * Smem<D>::kTile * sizeof(bf16);
   cudaError_t status = cudaFuncSetAttribute(forward_kernel<D>,
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (status != cudaSuccess) return status;
