@@ -27,6 +27,7 @@ TORCH_PREFIX=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)' 2
 echo "build ok in $(( $(date +%s) - start )) s"
 
 status=0
+export DSPINE_RECIPE_PARITY=1  # test_dspine_fused_step: the recipe-size fused-vs-reference window
 # The recipe-size RL step (docs/benchmarks.md, "GSPO RL step") from random inputs; no checkpoint.
 gspo_rl_step() {
   "$BUILD_DIR/bin/dspine-bench" step --config configs/qwen3-8b-gspo.yaml --set data.source=random \
