@@ -46,9 +46,10 @@ torch::Tensor AdjacentInjectionImpl::write(const torch::Tensor& h, const torch::
   auto p = pred.to(receiver.scalar_type());
   auto gate = torch::sigmoid(receiver_gate(receiver) + predecessor_gate(p) + bias);
   auto delta = write_layers.at(layer)(gate * message(p));
-  auto rms =
-      (h.to(torch::kFloat32).norm(2, -1, true) / std::sqrt(static_cast<double>(hidden_size_)))
-          .to(h.scalar_type());
+  // The norm accumulates in fp32 without an fp32 copy of h (which its backward would keep).
+  auto rms = (at::linalg_vector_norm(h, 2, {-1}, true, torch::kFloat32) /
+              std::sqrt(static_cast<double>(hidden_size_)))
+                 .to(h.scalar_type());
   return h + rms * delta;
 }
 
