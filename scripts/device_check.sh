@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Builds and runs every GPU test and benchmark on the GPU machine in one go; logs under $OUT.
 # Uses the machine's torch 2.11 and packages (installs nothing); carry .whl for Liger-Kernel.
-# Usage: scripts/device_check.sh [all|gspo|target|attention]  (gspo: only the GSPO policy test and
-# the RL step; target: only the Qwen3 target test and the online-target step,
+# Usage: scripts/device_check.sh [all|gspo|target|attention|train]  (gspo: only the GSPO policy
+# test and the RL step; target: only the Qwen3 target test and the online-target step,
 # scripts/bench_online_target.sh; attention: the block attention test, the fused step test and
-# `dspine-bench attention` at the recipe's shapes)
+# `dspine-bench attention` at the recipe's shapes; train: only dspine-bench and the recipe-size
+# training step with its kernel profile, scripts/bench_train.sh)
 set -uo pipefail
 PHASE="${1:-all}"
 cd "$(dirname "$0")/.."
@@ -19,15 +20,28 @@ if compgen -G ".whl/liger_kernel-*.whl" >/dev/null; then
 fi
 command -v nvcc >/dev/null || export PATH="/usr/local/cuda/bin:$PATH"
 TORCH_PREFIX=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null)
+targets=(test_fused_norm_mlp test_gspo_gpu test_gspo_policy_gpu test_dspine_fused_step
+  test_random_source_gpu test_qwen3_model_gpu test_block_attention_gpu test_kernel_profile_gpu
+  test_dspine_objective test_trainer dspine-bench)
+[[ $PHASE == train ]] && targets=(dspine-bench)
 { cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$TORCH_PREFIX" &&
-  ninja -C "$BUILD_DIR" -j "$(nproc)" test_fused_norm_mlp test_gspo_gpu test_gspo_policy_gpu \
-    test_dspine_fused_step test_random_source_gpu test_qwen3_model_gpu test_block_attention_gpu \
-    test_dspine_objective test_trainer dspine-bench; } > "$OUT/build.log" 2>&1 ||
+  ninja -C "$BUILD_DIR" -j "$(nproc)" "${targets[@]}"; } > "$OUT/build.log" 2>&1 ||
   { grep -E -A12 "error|FAILED" "$OUT/build.log" | head -80; exit 1; }
 echo "build ok in $(( $(date +%s) - start )) s"
 
 status=0
 export DSPINE_RECIPE_PARITY=1  # test_dspine_fused_step: the recipe-size fused-vs-reference window
+# The recipe-size DSpine step: fused, reference kernels, accumulation 2, the fused run profiled
+# (docs/benchmarks.md, "Training step benchmark"); tables in $OUT/bench_train.md.
+train_step() {
+  scripts/bench_train.sh "$BUILD_DIR" > "$OUT/bench_train.log" 2>&1 || status=1
+  cat "$OUT/bench_train.md" 2>/dev/null || tail -20 "$OUT/bench_train.log"
+}
+if [[ $PHASE == train ]]; then
+  train_step
+  echo "done in $(( $(date +%s) - start )) s, status $status"
+  exit $status
+fi
 # The recipe-size RL step (docs/benchmarks.md, "GSPO RL step") from random inputs; no checkpoint.
 gspo_rl_step() {
   "$BUILD_DIR/bin/dspine-bench" step --config configs/qwen3-8b-gspo.yaml --set data.source=random \
@@ -35,7 +49,8 @@ gspo_rl_step() {
   tail -30 "$OUT/bench_gspo_rl_step.log"
 }
 tests=(test_fused_norm_mlp test_gspo_gpu test_gspo_policy_gpu test_dspine_fused_step
-  test_random_source_gpu test_qwen3_model_gpu test_block_attention_gpu test_dspine_objective
+  test_random_source_gpu test_qwen3_model_gpu test_block_attention_gpu test_kernel_profile_gpu
+  test_dspine_objective
   test_trainer)
 [[ $PHASE == gspo ]] && tests=(test_gspo_policy_gpu)
 [[ $PHASE == target ]] && tests=(test_qwen3_model_gpu)
@@ -79,10 +94,11 @@ cat "$OUT/bench_gspo.log" | head -60
 python3 scripts/check_gspo_file.py "$BUILD_DIR/bin/dspine-bench" /tmp/gspo-file > "$OUT/gspo_file.log" 2>&1 || status=1
 cat "$OUT/gspo_file.log"
 "$BUILD_DIR/bin/dspine-bench" step --config configs/tiny.yaml --set training.device=cuda --steps 6 \
-  > "$OUT/bench_step.log" 2>&1 || status=1
-tail -30 "$OUT/bench_step.log"
+  --profile > "$OUT/bench_step.log" 2>&1 || status=1
+head -60 "$OUT/bench_step.log"
 gspo_rl_step
 online_target_step
 attention_bench
+train_step
 echo "done in $(( $(date +%s) - start )) s, status $status"
 exit $status

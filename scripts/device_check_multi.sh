@@ -68,8 +68,9 @@ fi
 if want bench; then
   scripts/bench_collectives.sh "$BUILD_DIR" "$RANKS" > "$OUT/bench_collectives.log" 2>&1 || status=1
   cat "$OUT/bench_collectives.log"
-  BENCH_GPUS="$RANKS" scripts/bench_train.sh "$BUILD_DIR" > "$OUT/bench_train.log" 2>&1 || status=1
-  cat "$OUT/bench_train.log" | tail -12
+  BENCH_MULTI=1 BENCH_GPUS="$RANKS" scripts/bench_train.sh "$BUILD_DIR" > "$OUT/bench_train.log" 2>&1 ||
+    status=1
+  cat "$OUT/bench_train.md"
 fi
 echo "done in $(( $(date +%s) - start )) s, status $status"
 exit $status

@@ -9,12 +9,12 @@
 
 namespace dspine::objectives {
 
-namespace {
-
 torch::Tensor valid_anchor_positions(const torch::Tensor& loss_mask) {
   auto supervised = loss_mask > 0.5;
   return supervised.slice(1, 0, -1) & supervised.slice(1, 1);  // [B, S-1]
 }
+
+namespace {
 
 // Uniform [rows, cols] fp32 from `generator`, on the generator's device, then moved to `device`
 // (the draw order and generator are what make anchors and replacement reproducible).

@@ -17,6 +17,9 @@ struct BlockOverrides {
   at::Tensor anchors, keep, replace;
 };
 
+// [B, S-1] bool: position i can anchor a block iff loss_mask[i] > 0.5 and loss_mask[i+1] > 0.5.
+at::Tensor valid_anchor_positions(const at::Tensor& loss_mask);
+
 // Number of valid anchor positions of the fullest row, counted on the host (§5.2 step 2):
 // i is valid iff loss_mask[i] > 0.5 and loss_mask[i+1] > 0.5.
 int64_t max_valid_anchors(const at::Tensor& loss_mask);

@@ -51,11 +51,21 @@ nlohmann::json DSpineObjective::hf_config() const {
 void DSpineObjective::on_fresh_start() { draft_->initialize_transfer_space(model_.lm_head()); }
 
 DSpineOutput DSpineObjective::run(const data::DraftBatch& batch, StepContext& context,
-                                  DSpineForwardOptions options) {
+                                  DSpineForwardOptions options, bool announce_phases) {
   options.step = context.step;
   options.total_steps = context.total_steps;
   options.comm = context.comm;
-  auto out = model_.forward(batch, context.generator, options);
+  DSpineOutput out;
+  if (announce_phases) {
+    // model_.forward split, so that the phase hook times the draft pass and the objective terms
+    // apart (micro_step announces "backward" before the trainer's backward).
+    announce("forward");
+    auto pass = model_.draft_pass(batch, context.generator, options, /*full_rows=*/true);
+    announce("objective");
+    out = model_.objective(pass, options);
+  } else {
+    out = model_.forward(batch, context.generator, options);
+  }
   if (observer_) observer_(out);
   return out;
 }
@@ -98,8 +108,9 @@ MicroStepResult DSpineObjective::micro_step(const data::DraftBatch& batch, int64
       fail("DSpine immediate window has one micro-batch; got micro-step {}", index);
     }
     ++immediate_steps_;
-    auto out = run(batch, context, options);
+    auto out = run(batch, context, options, /*announce_phases=*/true);
     accumulate(out);
+    announce("backward");
     return {out.numerator / out.global_denominator.item<double>(),
             static_cast<int64_t>(out.count.item<double>())};
   }
@@ -109,10 +120,11 @@ MicroStepResult DSpineObjective::micro_step(const data::DraftBatch& batch, int64
   DSpineOutput out;
   {
     GeneratorFork fork(context.generator, state);
-    out = run(batch, context, options);
+    out = run(batch, context, options, /*announce_phases=*/true);
   }
   window_.finish_replay(index, out.denominator.item<double>());
   accumulate(out);
+  announce("backward");
   return {out.numerator / window_.global_denominator(),
           static_cast<int64_t>(out.count.item<double>())};
 }

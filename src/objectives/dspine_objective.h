@@ -66,8 +66,9 @@ class DSpineObjective final : public Objective {
   void set_forward_observer(ForwardObserver observer) { observer_ = std::move(observer); }
 
  private:
+  // announce_phases: a training micro-step, which announces its "forward" and "objective".
   DSpineOutput run(const data::DraftBatch& batch, StepContext& context,
-                   DSpineForwardOptions options);
+                   DSpineForwardOptions options, bool announce_phases = false);
   void accumulate(const DSpineOutput& out);
   std::map<std::string, double> reduced_metrics(at::Tensor sums, dist::Communicator& comm,
                                                 const DSpineOutput& last) const;

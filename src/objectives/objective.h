@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -60,6 +61,20 @@ class Objective {
   // No-grad evaluation of one batch: every loss term and metric (reduced over ranks).
   virtual std::map<std::string, double> evaluate(const data::DraftBatch& batch,
                                                  StepContext& context) = 0;
+
+  // The trainer's phase hook (train/trainer.h): an objective may split the trainer's "replay"
+  // into sub-phases by announcing them from micro_step (DSpine: "forward", "objective",
+  // "backward"); the next trainer phase ends the last one. Benchmarks time them.
+  using PhaseHook = std::function<void(const std::string& phase)>;
+  void set_phase_hook(PhaseHook hook) { phase_hook_ = std::move(hook); }
+
+ protected:
+  void announce(const char* phase) const {
+    if (phase_hook_) phase_hook_(phase);
+  }
+
+ private:
+  PhaseHook phase_hook_;
 };
 
 }  // namespace dspine::objectives

@@ -106,7 +106,10 @@ Trainer::~Trainer() = default;
 
 torch::nn::Module& Trainer::module() { return *state_->built.module; }
 
-void Trainer::set_phase_hook(PhaseHook hook) { state_->phase_hook = std::move(hook); }
+void Trainer::set_phase_hook(PhaseHook hook) {
+  state_->built.objective->set_phase_hook(hook);
+  state_->phase_hook = std::move(hook);
+}
 
 void Trainer::set_batch_hook(BatchHook hook) { state_->batch_hook = std::move(hook); }
 

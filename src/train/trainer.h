@@ -55,7 +55,8 @@ class Trainer {
   // Called when a phase of a window starts ("data": reading the window's batches, including an
   // online target's forward; "prepass": begin_window, i.e. the CE-only prepass and the global
   // normalizers; "replay": the micro-steps with backward; "optimizer") and with
-  // "end" after the optimizer step. Benchmarks use it to measure each phase.
+  // "end" after the optimizer step. Benchmarks use it to measure each phase. The objective gets
+  // it too and may announce sub-phases of "replay" (objectives/objective.h).
   using PhaseHook = std::function<void(const std::string& phase)>;
   void set_phase_hook(PhaseHook hook);
 

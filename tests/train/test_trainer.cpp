@@ -249,6 +249,30 @@ TEST(Trainer, DSpineTransferCodesComeFromTheCheckpointOnResume) {
 // The fresh-start initialisation the objective does on the model (DSpine's readouts from the
 // transfer space) is what the optimizer's fp32 masters start from: a step at a negligible rate
 // leaves it in place instead of writing the pre-initialisation weights back.
+// The phase hook sees every window's phases in order; DSpine announces its replay's forward,
+// objective and backward once per micro-batch (the CE objective announces none), and the
+// evaluation after the last step announces nothing.
+TEST(Trainer, PhaseHookSeesTheReplaySubPhasesPerMicroBatch) {
+  auto collect = [](Config config) {
+    config.training.device = "cpu";
+    dspine::train::Trainer trainer(config, dspine::dist::make_single_process_communicator());
+    std::vector<std::string> phases;
+    trainer.set_phase_hook([&](const std::string& phase) { phases.push_back(phase); });
+    trainer.run();
+    return phases;
+  };
+  auto dir = fresh_dir("phase_hook");
+  Config dspine = tiny_dspine_config(dir, 1);  // accumulation 2, evaluation at the last step
+  ASSERT_EQ(dspine.training.accumulation_steps, 2);
+  ASSERT_GT(dspine.training.eval_every, 0);
+  const std::vector<std::string> expected = {
+      "data",     "prepass",   "replay",   "forward",   "objective", "backward",
+      "forward",  "objective", "backward", "optimizer", "end"};
+  EXPECT_EQ(collect(dspine), expected);
+  const std::vector<std::string> plain = {"data", "prepass", "replay", "optimizer", "end"};
+  EXPECT_EQ(collect(small_config(fresh_dir("phase_hook_ce"), 1)), plain);
+}
+
 TEST(Trainer, FreshStartInitialisationReachesTheMasters) {
   auto dir = fresh_dir("fresh_start");
   Config config = tiny_dspine_config(dir, 1);
