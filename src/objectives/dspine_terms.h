@@ -38,6 +38,28 @@ std::vector<at::Tensor> objective_terms(model::DSpineDraftImpl& draft, const at:
                                         const DSpineSettings& settings, int64_t top_k,
                                         const std::vector<at::Tensor>& chunk);
 
+// Chunk input order of candidate_terms (the fused path: the backbone terms come from
+// ops/vocab_objective_ops.h, which also picks the candidates).
+enum CandidateTermInput : size_t {
+  kCandPre,            // [c, T, H]
+  kCandFeatures,       // [c, L, T, r]
+  kCandLabels,         // [c, T] int64
+  kCandPredecessors,   // [c, T] int64
+  kCandWeights,        // [c, T] fp32
+  kCandSupervised,     // [c, T] bool
+  kCandidates,         // [c, T, k] int64 top-k of the draft logits
+  kCandidateMass,      // [c, T, k] fp32 teacher probabilities at the candidates
+  kCandidateTermInputs
+};
+// Output order of candidate_terms.
+enum CandidateTermOutput : size_t { kCandRefine, kCandAlign, kCandCoverage, kCandidateTermOutputs };
+
+// {R, A, coverage} of objective_terms from given candidates: the refinement and alignment terms
+// without any vocabulary-wide work.
+std::vector<at::Tensor> candidate_terms(model::DSpineDraftImpl& draft, const at::Tensor& lm_head,
+                                        const DSpineSettings& settings,
+                                        const std::vector<at::Tensor>& chunk);
+
 // Chunk input order of ce_terms: hidden [c, T, H], labels, weights, supervised.
 enum CeTermInput : size_t { kCeHidden, kCeLabels, kCeWeights, kCeSupervised, kCeTermInputs };
 
