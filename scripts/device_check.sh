@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Builds and runs every GPU test and benchmark on the GPU machine in one go; logs under $OUT.
 # Uses the machine's torch 2.11 and packages (installs nothing); carry .whl for Liger-Kernel.
-# Usage: scripts/device_check.sh [all|gspo|target|attention]  (gspo: only the GSPO policy test and
-# the RL step; target: only the Qwen3 target test and the online-target step,
+# Usage: scripts/device_check.sh [all|gspo|target|attention|vocab]  (gspo: only the GSPO policy
+# test and the RL step; target: only the Qwen3 target test and the online-target step,
 # scripts/bench_online_target.sh; attention: the block attention test, the fused step test and
-# `dspine-bench attention` at the recipe's shapes)
+# `dspine-bench attention` at the recipe's shapes; vocab: the fused vocabulary objective's tests,
+# the fused step test and `dspine-bench vocab`)
 set -uo pipefail
 PHASE="${1:-all}"
 cd "$(dirname "$0")/.."
@@ -22,7 +23,8 @@ TORCH_PREFIX=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)' 2
 { cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$TORCH_PREFIX" &&
   ninja -C "$BUILD_DIR" -j "$(nproc)" test_fused_norm_mlp test_gspo_gpu test_gspo_policy_gpu \
     test_dspine_fused_step test_random_source_gpu test_qwen3_model_gpu test_block_attention_gpu \
-    test_dspine_objective test_trainer dspine-bench; } > "$OUT/build.log" 2>&1 ||
+    test_dspine_objective test_trainer test_vocab_objective_gpu test_fused_vocabulary \
+    dspine-bench; } > "$OUT/build.log" 2>&1 ||
   { grep -E -A12 "error|FAILED" "$OUT/build.log" | head -80; exit 1; }
 echo "build ok in $(( $(date +%s) - start )) s"
 
@@ -36,10 +38,11 @@ gspo_rl_step() {
 }
 tests=(test_fused_norm_mlp test_gspo_gpu test_gspo_policy_gpu test_dspine_fused_step
   test_random_source_gpu test_qwen3_model_gpu test_block_attention_gpu test_dspine_objective
-  test_trainer)
+  test_trainer test_vocab_objective_gpu test_fused_vocabulary)
 [[ $PHASE == gspo ]] && tests=(test_gspo_policy_gpu)
 [[ $PHASE == target ]] && tests=(test_qwen3_model_gpu)
 [[ $PHASE == attention ]] && tests=(test_block_attention_gpu test_dspine_fused_step)
+[[ $PHASE == vocab ]] && tests=(test_vocab_objective_gpu test_dspine_fused_step test_fused_vocabulary)
 # test_trainer trains on the device `auto` picks: the GPU here.
 for test in "${tests[@]}"; do
   "$BUILD_DIR/tests/$test" > "$OUT/$test.log" 2>&1 || status=1
@@ -60,6 +63,16 @@ online_target_step() {
   scripts/bench_online_target.sh "$BUILD_DIR" > "$OUT/bench_online_target.md" 2>&1 || status=1
   cat "$OUT/bench_online_target.md"
 }
+# The recipe-size backbone vocabulary terms (docs/model.md, "Fused vocabulary objective").
+vocab_bench() {
+  "$BUILD_DIR/bin/dspine-bench" vocab > "$OUT/bench_vocab.log" 2>&1 || status=1
+  tail -12 "$OUT/bench_vocab.log"
+}
+if [[ $PHASE == vocab ]]; then
+  vocab_bench
+  echo "done in $(( $(date +%s) - start )) s, status $status"
+  exit $status
+fi
 if [[ $PHASE == target ]]; then
   online_target_step
   echo "done in $(( $(date +%s) - start )) s, status $status"
@@ -84,5 +97,6 @@ tail -30 "$OUT/bench_step.log"
 gspo_rl_step
 online_target_step
 attention_bench
+vocab_bench
 echo "done in $(( $(date +%s) - start )) s, status $status"
 exit $status

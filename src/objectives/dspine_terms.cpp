@@ -89,39 +89,43 @@ std::vector<at::Tensor> refinement_and_alignment(model::DSpineDraftImpl& draft,
 
 }  // namespace
 
+BackboneTerms backbone_terms(const at::Tensor& hidden, const at::Tensor& teacher_hidden,
+                             const at::Tensor& labels, const at::Tensor& weights,
+                             const at::Tensor& supervised, const at::Tensor& lm_head,
+                             int64_t top_k) {
+  torch::Tensor teacher;
+  {
+    torch::NoGradGuard no_grad;
+    teacher = torch::softmax(project_logits(teacher_hidden, lm_head).to(torch::kFloat32), -1);
+  }
+  auto backbone = backbone_ce(hidden, labels, lm_head);
+  auto l1 = (backbone.log_probs.exp() - teacher).abs().sum(-1);
+
+  BackboneTerms out;
+  out.candidates = std::get<1>(backbone.logits.detach().topk(top_k, -1, true, true));
+  {
+    torch::NoGradGuard no_grad;
+    out.candidate_mass = teacher.gather(-1, out.candidates);
+  }
+  out.ce = (weights * backbone.ce).sum();
+  out.l1 = (weights * l1).sum();
+  out.correct = correct_count(backbone.logits, labels, supervised.to(torch::kBool));
+  return out;
+}
+
 std::vector<at::Tensor> objective_terms(model::DSpineDraftImpl& draft, const at::Tensor& lm_head,
                                         const DSpineSettings& settings, int64_t top_k,
                                         const std::vector<at::Tensor>& chunk) {
   const auto& labels = chunk[kLabels];
   const auto& weights = chunk[kWeights];
-
-  torch::Tensor teacher;
-  {
-    torch::NoGradGuard no_grad;
-    teacher =
-        torch::softmax(project_logits(chunk[kTeacherHidden], lm_head).to(torch::kFloat32), -1);
-  }
-  auto backbone = backbone_ce(chunk[kHidden], labels, lm_head);
-  auto l1 = (backbone.log_probs.exp() - teacher).abs().sum(-1);
-
-  auto candidates = std::get<1>(backbone.logits.detach().topk(top_k, -1, true, true));
-  torch::Tensor candidate_mass;
-  {
-    torch::NoGradGuard no_grad;
-    candidate_mass = teacher.gather(-1, candidates);
-  }
+  auto backbone = backbone_terms(chunk[kHidden], chunk[kTeacherHidden], labels, weights,
+                                 chunk[kSupervised], lm_head, top_k);
   auto rest = refinement_and_alignment(
       draft, lm_head, settings,
       {chunk[kPre], chunk[kFeatures], labels, chunk[kPredecessors], weights, chunk[kSupervised],
-       candidates, candidate_mass});
-  return {
-      (weights * backbone.ce).sum(),
-      (weights * l1).sum(),
-      rest[kCandRefine],
-      rest[kCandAlign],
-      correct_count(backbone.logits, labels, chunk[kSupervised].to(torch::kBool)),
-      rest[kCandCoverage],
-  };
+       backbone.candidates, backbone.candidate_mass});
+  return {backbone.ce,       backbone.l1,      rest[kCandRefine],
+          rest[kCandAlign],  backbone.correct, rest[kCandCoverage]};
 }
 
 std::vector<at::Tensor> candidate_terms(model::DSpineDraftImpl& draft, const at::Tensor& lm_head,

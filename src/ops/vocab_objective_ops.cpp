@@ -128,7 +128,9 @@ struct VocabObjectiveFunction : torch::autograd::Function<VocabObjectiveFunction
     auto grad_hidden = ctx->saved_data["grad_hidden"].toTensor();
     ctx->saved_data.erase("grad_hidden");  // dX is used once: free it with this backward
     variable_list grads(9);
-    grads[0] = grad_hidden * grad_outputs[0].to(grad_hidden.scalar_type());
+    // In place (no second [rows, H] copy), by a host scalar so that the scale is applied in fp32,
+    // not rounded to a bf16 tensor first (one synchronisation per backward).
+    grads[0] = grad_hidden.mul_(grad_outputs[0].item<double>());
     return grads;
   }
 };
