@@ -25,10 +25,15 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kUnroll = 4;
 constexpr int64_t kNoIndex = INT64_MAX;
 
+// Elements in a pack type (references included).
+template <typename P>
+constexpr int pack_size = std::extent_v<decltype(std::declval<P>().v)>;
+
 // Calls f(first element index, z pack, t pack) over a row: N-element packs, then the scalar tail.
 // Without a teacher the t pack is z's.
 template <typename T, int N, bool kTeacher, typename F>
 __device__ __forceinline__ void for_each_pack(const T* z, const T* t, int64_t vocab, F&& f) {
+  static_assert(pack_size<const Pack<T, N>&> == N && pack_size<Pack<T, 1>> == 1);
   const int64_t packs = vocab / N;
   for (int64_t j = threadIdx.x; j < packs; j += int64_t(kThreads) * kUnroll) {
     Pack<T, N> zp[kUnroll], tp[kUnroll];
@@ -53,9 +58,6 @@ __device__ __forceinline__ void for_each_pack(const T* z, const T* t, int64_t vo
     f(i, zs, ts);
   }
 }
-
-template <typename P>
-constexpr int pack_size = std::extent_v<decltype(std::declval<P>().v)>;
 
 // Running softmax statistics (m = max, s = Σ exp(x − m)) merged with (m2, s2).
 __device__ __forceinline__ void merge_stats(float& m, float& s, float m2, float s2) {
@@ -86,40 +88,33 @@ __device__ __forceinline__ void merge_argmax(float& v, int64_t& i, float v2, int
   }
 }
 
-// Block-wide (m, s), returned to every thread.
-__device__ __forceinline__ void block_stats(float& m, float& s, float* sm, float* ss) {
+// Block-wide fold of the pair (a, b) by merge(a, b, a2, b2), returned to every thread; (a0, b0)
+// is merge's identity and (sa, sb) hold one pair per warp.
+template <typename A, typename B, typename Merge>
+__device__ __forceinline__ void block_fold(A& a, B& b, A a0, B b0, A* sa, B* sb, Merge merge) {
 #pragma unroll
   for (int offset = 16; offset > 0; offset /= 2)
-    merge_stats(m, s, __shfl_xor_sync(0xffffffffu, m, offset),
-                __shfl_xor_sync(0xffffffffu, s, offset));
+    merge(a, b, __shfl_xor_sync(0xffffffffu, a, offset), __shfl_xor_sync(0xffffffffu, b, offset));
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (lane == 0) {
-    sm[warp] = m;
-    ss[warp] = s;
+    sa[warp] = a;
+    sb[warp] = b;
   }
   __syncthreads();
-  m = -INFINITY;
-  s = 0.f;
-  for (int w = 0; w < kWarps; ++w) merge_stats(m, s, sm[w], ss[w]);
+  a = a0;
+  b = b0;
+  for (int w = 0; w < kWarps; ++w) merge(a, b, sa[w], sb[w]);
   __syncthreads();  // the scratch is reused
 }
 
-// Block-wide argmax, returned to every thread.
+__device__ __forceinline__ void block_stats(float& m, float& s, float* sm, float* ss) {
+  block_fold(m, s, -INFINITY, 0.f, sm, ss,
+             [](float& m1, float& s1, float m2, float s2) { merge_stats(m1, s1, m2, s2); });
+}
+
 __device__ __forceinline__ void block_argmax(float& v, int64_t& i, float* sv, int64_t* si) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2)
-    merge_argmax(v, i, __shfl_xor_sync(0xffffffffu, v, offset),
-                 __shfl_xor_sync(0xffffffffu, i, offset));
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (lane == 0) {
-    sv[warp] = v;
-    si[warp] = i;
-  }
-  __syncthreads();
-  v = -INFINITY;
-  i = kNoIndex;
-  for (int w = 0; w < kWarps; ++w) merge_argmax(v, i, sv[w], si[w]);
-  __syncthreads();
+  block_fold(v, i, -INFINITY, kNoIndex, sv, si,
+             [](float& v1, int64_t& i1, float v2, int64_t i2) { merge_argmax(v1, i1, v2, i2); });
 }
 
 // log(Σ exp) from (m, s), the logarithm in double: it is taken once per row.

@@ -218,7 +218,6 @@ DSpineOutput DSpineTrainingModel::objective(const DraftPass& pass,
     }
     out.alignment_ce = (out.global_ce / out.global_denominator).to(device, torch::kFloat32);
   }
-  const double cw = settings_.ce_weight;
   auto scale = out.schedule.alignment_beta * out.alignment_ce;
   out.numerator = sums.backbone + sums.refinement + scale * sums.alignment;
   out.loss = out.numerator / out.denominator.clamp_min(1.0);

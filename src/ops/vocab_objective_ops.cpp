@@ -28,9 +28,11 @@ void check_rows(const at::Tensor& hidden, const at::Tensor& labels, const at::Te
          c10::toString(hidden.scalar_type()), hidden.device().str(),
          c10::toString(lm_head.scalar_type()), lm_head.device().str());
   }
-  if (labels.dim() != 1 || labels.size(0) != hidden.size(0) || labels.scalar_type() != at::kLong) {
-    fail("vocab objective: labels must be int64 [{}], got {} {}", hidden.size(0),
-         c10::toString(labels.scalar_type()), c10::str(labels.sizes()));
+  if (labels.dim() != 1 || labels.size(0) != hidden.size(0) || labels.scalar_type() != at::kLong ||
+      labels.device() != hidden.device()) {
+    fail("vocab objective: labels must be int64 [{}] on {}, got {} {} on {}", hidden.size(0),
+         hidden.device().str(), c10::toString(labels.scalar_type()), c10::str(labels.sizes()),
+         labels.device().str());
   }
   if (options.top_k < 0 || options.top_k > vocab) {
     fail("vocab objective: top_k must lie in [0, {}], got {}", vocab, options.top_k);
@@ -53,9 +55,10 @@ void check_teacher(const at::Tensor& hidden, const at::Tensor& teacher, const at
          c10::toString(hidden.scalar_type()), c10::str(hidden.sizes()));
   }
   if (weights.dim() != 1 || weights.size(0) != hidden.size(0) ||
-      weights.scalar_type() != at::kFloat) {
-    fail("vocab objective: weights must be fp32 [{}], got {} {}", hidden.size(0),
-         c10::toString(weights.scalar_type()), c10::str(weights.sizes()));
+      weights.scalar_type() != at::kFloat || weights.device() != hidden.device()) {
+    fail("vocab objective: weights must be fp32 [{}] on {}, got {} {} on {}", hidden.size(0),
+         hidden.device().str(), c10::toString(weights.scalar_type()), c10::str(weights.sizes()),
+         weights.device().str());
   }
 }
 
