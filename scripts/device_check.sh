@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Builds and runs every GPU test and benchmark on the GPU machine in one go; logs under $OUT.
 # Uses the machine's torch 2.11 and packages (installs nothing); carry .whl for Liger-Kernel.
-# Usage: scripts/device_check.sh [all|gspo|target|attention|train]  (gspo: only the GSPO policy
-# test and the RL step; target: only the Qwen3 target test and the online-target step,
+# Usage: scripts/device_check.sh [all|gspo|target|attention|vocab|train|step]  (gspo: only the GSPO
+# policy test and the RL step; target: only the Qwen3 target test and the online-target step,
 # scripts/bench_online_target.sh; attention: the block attention test, the fused step test and
-# `dspine-bench attention` at the recipe's shapes; train: only dspine-bench and the recipe-size
-# training step with its kernel profile, scripts/bench_train.sh)
+# `dspine-bench attention` at the recipe's shapes; vocab: the fused vocabulary objective's tests,
+# the fused step test and `dspine-bench vocab`; train: only dspine-bench and the recipe-size
+# training step with its kernel profile, scripts/bench_train.sh; step: the attention, vocabulary
+# and fused-step tests, then the attention, vocabulary and training-step benchmarks)
 set -uo pipefail
 PHASE="${1:-all}"
 cd "$(dirname "$0")/.."
@@ -22,7 +24,7 @@ command -v nvcc >/dev/null || export PATH="/usr/local/cuda/bin:$PATH"
 TORCH_PREFIX=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null)
 targets=(test_fused_norm_mlp test_gspo_gpu test_gspo_policy_gpu test_dspine_fused_step
   test_random_source_gpu test_qwen3_model_gpu test_block_attention_gpu test_kernel_profile_gpu
-  test_dspine_objective test_trainer dspine-bench)
+  test_dspine_objective test_trainer test_vocab_objective_gpu test_fused_vocabulary dspine-bench)
 [[ $PHASE == train ]] && targets=(dspine-bench)
 { cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$TORCH_PREFIX" &&
   ninja -C "$BUILD_DIR" -j "$(nproc)" "${targets[@]}"; } > "$OUT/build.log" 2>&1 ||
@@ -50,11 +52,13 @@ gspo_rl_step() {
 }
 tests=(test_fused_norm_mlp test_gspo_gpu test_gspo_policy_gpu test_dspine_fused_step
   test_random_source_gpu test_qwen3_model_gpu test_block_attention_gpu test_kernel_profile_gpu
-  test_dspine_objective
-  test_trainer)
+  test_dspine_objective test_trainer test_vocab_objective_gpu test_fused_vocabulary)
 [[ $PHASE == gspo ]] && tests=(test_gspo_policy_gpu)
 [[ $PHASE == target ]] && tests=(test_qwen3_model_gpu)
 [[ $PHASE == attention ]] && tests=(test_block_attention_gpu test_dspine_fused_step)
+[[ $PHASE == vocab ]] && tests=(test_vocab_objective_gpu test_dspine_fused_step test_fused_vocabulary)
+[[ $PHASE == step ]] && tests=(test_block_attention_gpu test_vocab_objective_gpu test_fused_vocabulary
+  test_dspine_fused_step test_kernel_profile_gpu)
 # test_trainer trains on the device `auto` picks: the GPU here.
 for test in "${tests[@]}"; do
   "$BUILD_DIR/tests/$test" > "$OUT/$test.log" 2>&1 || status=1
@@ -75,6 +79,23 @@ online_target_step() {
   scripts/bench_online_target.sh "$BUILD_DIR" > "$OUT/bench_online_target.md" 2>&1 || status=1
   cat "$OUT/bench_online_target.md"
 }
+# The recipe-size backbone vocabulary terms (docs/model.md, "Fused vocabulary objective").
+vocab_bench() {
+  "$BUILD_DIR/bin/dspine-bench" vocab > "$OUT/bench_vocab.log" 2>&1 || status=1
+  tail -12 "$OUT/bench_vocab.log"
+}
+if [[ $PHASE == step ]]; then
+  attention_bench
+  vocab_bench
+  train_step
+  echo "done in $(( $(date +%s) - start )) s, status $status"
+  exit $status
+fi
+if [[ $PHASE == vocab ]]; then
+  vocab_bench
+  echo "done in $(( $(date +%s) - start )) s, status $status"
+  exit $status
+fi
 if [[ $PHASE == target ]]; then
   online_target_step
   echo "done in $(( $(date +%s) - start )) s, status $status"
@@ -99,6 +120,7 @@ head -60 "$OUT/bench_step.log"
 gspo_rl_step
 online_target_step
 attention_bench
+vocab_bench
 train_step
 echo "done in $(( $(date +%s) - start )) s, status $status"
 exit $status

@@ -18,6 +18,8 @@ void register_gspo_bench(CLI::App& app);
 void register_step_bench(CLI::App& app);
 // Adds `attention` (DSpine block attention of one layer: fused block kernels vs dense masked SDPA).
 void register_attention_bench(CLI::App& app);
+// Adds `vocab` (DSpine backbone vocabulary terms: fused vs reference chunks, recipe size).
+void register_vocab_bench(CLI::App& app);
 // Adds `collectives` (NCCL all-reduce / all-gather / reduce-scatter bus bandwidth through the
 // NCCL communicator, under mpirun -np N) to `app`.
 void register_collective_bench(CLI::App& app);

@@ -4,8 +4,10 @@
 
 #include "core/error.h"
 #include "model/dspine_config.h"
+#include "model/norm_mlp.h"
 #include "objectives/chunking.h"
 #include "objectives/dspine_terms.h"
+#include "ops/vocab_objective_ops.h"
 
 namespace dspine::objectives {
 
@@ -58,6 +60,21 @@ AnchorSample anchors_for(const torch::Tensor& loss_mask, int64_t num_anchors,
   return {anchors, keep};
 }
 
+ops::VocabObjectiveOptions vocabulary_options(const DSpineSettings& settings, int64_t top_k) {
+  ops::VocabObjectiveOptions o;
+  o.ce_weight = settings.ce_weight;
+  o.top_k = top_k;
+  o.use_kernel = true;  // where the kernel takes the logits (CUDA fp32/bf16)
+  return o;
+}
+
+// Supervised proposals whose draft argmax is the label (fp32 scalar).
+at::Tensor correct(const at::Tensor& argmax, const DraftPass& pass) {
+  return ((argmax == pass.labels.reshape({-1})) & pass.supervised.reshape({-1}).to(torch::kBool))
+      .sum()
+      .to(torch::kFloat32);
+}
+
 }  // namespace
 
 DSpineTrainingModel::DSpineTrainingModel(const core::Config& config,
@@ -85,6 +102,8 @@ DSpineTrainingModel::DSpineTrainingModel(const core::Config& config,
   };
   embed_tokens_ = place(embed_tokens, "embed_tokens");
   lm_head_ = place(lm_head, "lm_head");
+  fused_vocabulary_ = model::use_fused_kernels(
+      model::parse_fused_kernels(model_config_.fused_kernels), lm_head_.device());
 }
 
 DSpineOutput DSpineTrainingModel::forward(const data::DraftBatch& batch, at::Generator& generator,
@@ -162,30 +181,25 @@ DSpineOutput DSpineTrainingModel::objective(const DraftPass& pass,
   const int64_t chunk = settings_.objective_chunk_blocks;
 
   if (options.ce_only) {
-    auto sums = checkpointed_chunk_reduce(
-        [this](const std::vector<at::Tensor>& c) { return ce_terms(lm_head_, c); },
-        {pass.hidden_rows, pass.labels, pass.weights, pass.supervised}, chunk, {});
-    out.ce = sums[0].to(torch::kFloat32);
-    out.correct = sums[1].to(torch::kFloat32);
+    if (fused_vocabulary_) {
+      const auto hidden = pass.hidden_rows.reshape({-1, pass.hidden_rows.size(-1)});
+      auto rows = ops::vocab_ce(hidden, pass.labels.reshape({-1}), lm_head_,
+                                vocabulary_options(settings_, 0));
+      out.ce = (pass.weights.reshape({-1}) * rows.ce).sum();
+      out.correct = correct(rows.argmax, pass);
+    } else {
+      auto sums = checkpointed_chunk_reduce(
+          [this](const std::vector<at::Tensor>& c) { return ce_terms(lm_head_, c); },
+          {pass.hidden_rows, pass.labels, pass.weights, pass.supervised}, chunk, {});
+      out.ce = sums[0].to(torch::kFloat32);
+      out.correct = sums[1].to(torch::kFloat32);
+    }
     out.numerator = out.ce;
     out.loss = out.numerator / out.denominator.clamp_min(1.0);
     return out;
   }
   if (!pass.teacher.defined()) fail("DSpine objective terms need a draft pass with its full rows");
-
-  std::vector<at::Tensor> trainable;
-  for (const auto& p : draft_->parameters()) {
-    if (p.requires_grad()) trainable.push_back(p);
-  }
-  auto& draft_impl = *draft_;
-  const int64_t top_k = model_config_.dspine.top_k;
-  auto sums = checkpointed_chunk_reduce(
-      [this, &draft_impl, top_k](const std::vector<at::Tensor>& c) {
-        return objective_terms(draft_impl, lm_head_, settings_, top_k, c);
-      },
-      {pass.hidden_rows, pass.pre_rows, pass.features, pass.labels, pass.predecessors,
-       pass.teacher, pass.weights, pass.supervised},
-      chunk, trainable);
+  const auto sums = fused_vocabulary_ ? fused_terms(pass) : reference_terms(pass);
 
   // §7.2: CE̅ of the window (replay) or of this batch over all ranks (immediate path).
   if (options.alignment_ce.defined()) {
@@ -193,7 +207,7 @@ DSpineOutput DSpineTrainingModel::objective(const DraftPass& pass,
   } else {
     if (options.comm == nullptr) fail("DSpine immediate forward needs a communicator");
     // Host fp64 buffer, like every collective of the objectives (the check needs the host).
-    auto totals = torch::stack({sums[kCe].detach(), out.denominator.detach()})
+    auto totals = torch::stack({sums.ce, out.denominator.detach()})
                       .to(torch::kCPU, torch::kFloat64)
                       .contiguous();
     options.comm->all_reduce(totals);
@@ -204,16 +218,76 @@ DSpineOutput DSpineTrainingModel::objective(const DraftPass& pass,
     }
     out.alignment_ce = (out.global_ce / out.global_denominator).to(device, torch::kFloat32);
   }
-  const double cw = settings_.ce_weight;
   auto scale = out.schedule.alignment_beta * out.alignment_ce;
-  out.numerator = cw * sums[kCe] + (1.0 - cw) * sums[kL1] + sums[kRefine] + scale * sums[kAlign];
+  out.numerator = sums.backbone + sums.refinement + scale * sums.alignment;
   out.loss = out.numerator / out.denominator.clamp_min(1.0);
+  out.ce = sums.ce;
+  out.l1 = sums.l1;
+  out.refinement = sums.refinement.detach();
+  out.alignment = sums.alignment.detach();
+  out.correct = sums.correct;
+  out.coverage = sums.coverage;
+  return out;
+}
+
+std::vector<at::Tensor> DSpineTrainingModel::trainable_parameters() const {
+  std::vector<at::Tensor> trainable;
+  for (const auto& p : draft_->parameters()) {
+    if (p.requires_grad()) trainable.push_back(p);
+  }
+  return trainable;
+}
+
+DSpineTrainingModel::TermSums DSpineTrainingModel::reference_terms(const DraftPass& pass) {
+  auto& draft_impl = *draft_;
+  const int64_t top_k = model_config_.dspine.top_k;
+  auto sums = checkpointed_chunk_reduce(
+      [this, &draft_impl, top_k](const std::vector<at::Tensor>& c) {
+        return objective_terms(draft_impl, lm_head_, settings_, top_k, c);
+      },
+      {pass.hidden_rows, pass.pre_rows, pass.features, pass.labels, pass.predecessors,
+       pass.teacher, pass.weights, pass.supervised},
+      settings_.objective_chunk_blocks, trainable_parameters());
+  const double cw = settings_.ce_weight;
+  TermSums out;
+  out.backbone = cw * sums[kCe] + (1.0 - cw) * sums[kL1];
   out.ce = sums[kCe].detach();
   out.l1 = sums[kL1].detach();
-  out.refinement = sums[kRefine].detach();
-  out.alignment = sums[kAlign].detach();
+  out.refinement = sums[kRefine];
+  out.alignment = sums[kAlign];
   out.correct = sums[kCorrect].detach().to(torch::kFloat32);
   out.coverage = sums[kCoverage].detach().to(torch::kFloat32);
+  return out;
+}
+
+// The backbone terms in one fused call over all M·T rows (its own row chunks), then the
+// refinement and alignment terms chunked as before, fed the candidates and teacher probabilities.
+DSpineTrainingModel::TermSums DSpineTrainingModel::fused_terms(const DraftPass& pass) {
+  const int64_t top_k = model_config_.dspine.top_k;
+  const int64_t hidden = pass.hidden_rows.size(-1);
+  const auto weights = pass.weights.reshape({-1});
+  auto rows = ops::vocab_objective(pass.hidden_rows.reshape({-1, hidden}),
+                                   pass.teacher.reshape({-1, hidden}), pass.labels.reshape({-1}),
+                                   weights, lm_head_, vocabulary_options(settings_, top_k));
+  TermSums out;
+  out.backbone = rows.loss;
+  out.ce = (weights * rows.ce).sum();
+  out.l1 = (weights * rows.l1).sum();
+  out.correct = correct(rows.argmax, pass);
+
+  const auto blocks = pass.labels.sizes();
+  auto& draft_impl = *draft_;
+  auto sums = checkpointed_chunk_reduce(
+      [this, &draft_impl](const std::vector<at::Tensor>& c) {
+        return candidate_terms(draft_impl, lm_head_, settings_, c);
+      },
+      {pass.pre_rows, pass.features, pass.labels, pass.predecessors, pass.weights,
+       pass.supervised, rows.candidates.view({blocks[0], blocks[1], top_k}),
+       rows.teacher_candidates.view({blocks[0], blocks[1], top_k})},
+      settings_.objective_chunk_blocks, trainable_parameters());
+  out.refinement = sums[kCandRefine];
+  out.alignment = sums[kCandAlign];
+  out.coverage = sums[kCandCoverage].detach().to(torch::kFloat32);
   return out;
 }
 

@@ -8,6 +8,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "core/config.h"
 #include "data/batch.h"
@@ -83,6 +84,12 @@ class DSpineTrainingModel {
   // The objective terms of §7 on a draft pass (CE only when options.ce_only).
   DSpineOutput objective(const DraftPass& pass, const DSpineForwardOptions& options);
 
+  // The vocabulary path of the backbone terms and the prepass: the fused vocabulary objective
+  // (ops/vocab_objective_ops.h; its CUDA row kernel on CUDA, its ATen row pass elsewhere) or the
+  // reference chunk functions. Defaults to model.fused_kernels on the lm_head's device.
+  void use_fused_vocabulary(bool fused) { fused_vocabulary_ = fused; }
+  bool fused_vocabulary() const { return fused_vocabulary_; }
+
   model::DSpineDraft draft() const { return draft_; }
   const at::Tensor& embed_tokens() const { return embed_tokens_; }
   const at::Tensor& lm_head() const { return lm_head_; }
@@ -93,6 +100,16 @@ class DSpineTrainingModel {
   model::DSpineDraft draft_;
   at::Tensor embed_tokens_, lm_head_;
   int64_t mask_token_id_;
+  bool fused_vocabulary_ = false;
+
+  // The objective's sums: `backbone` = cw·CE + (1−cw)·L1 (with grad), the rest detached except
+  // refinement and alignment.
+  struct TermSums {
+    at::Tensor backbone, ce, l1, refinement, alignment, correct, coverage;
+  };
+  TermSums reference_terms(const DraftPass& pass);
+  TermSums fused_terms(const DraftPass& pass);
+  std::vector<at::Tensor> trainable_parameters() const;
 };
 
 }  // namespace dspine::objectives

@@ -33,28 +33,29 @@ torch::Tensor correct_count(const torch::Tensor& logits, const torch::Tensor& la
   return ((logits.argmax(-1) == labels) & supervised).sum();
 }
 
-}  // namespace
+// The chunk tensors the refinement and alignment terms read, whatever the chunk layout.
+struct CandidateInputs {
+  const at::Tensor& pre;
+  const at::Tensor& features;
+  const at::Tensor& labels;
+  const at::Tensor& predecessors;
+  const at::Tensor& weights;
+  const at::Tensor& supervised;
+  const at::Tensor& candidates;      // [c, T, k] int64
+  const at::Tensor& candidate_mass;  // [c, T, k] fp32 teacher probabilities, no grad
+};
 
-std::vector<at::Tensor> objective_terms(model::DSpineDraftImpl& draft, const at::Tensor& lm_head,
-                                        const DSpineSettings& settings, int64_t top_k,
-                                        const std::vector<at::Tensor>& chunk) {
-  const auto& hidden = chunk[kHidden];
-  const auto& labels = chunk[kLabels];
-  const auto& weights = chunk[kWeights];
-  const auto& supervised = chunk[kSupervised].to(torch::kBool);
+// {R, A, coverage} of §7.1 step 10 from the candidates and the teacher's probabilities there.
+std::vector<at::Tensor> refinement_and_alignment(model::DSpineDraftImpl& draft,
+                                                 const at::Tensor& lm_head,
+                                                 const DSpineSettings& settings,
+                                                 const CandidateInputs& in) {
+  const auto& labels = in.labels;
+  const auto& weights = in.weights;
+  const auto& candidates = in.candidates;
+  const auto& candidate_mass = in.candidate_mass;
   const double cw = settings.ce_weight;
-
-  torch::Tensor teacher;
-  {
-    torch::NoGradGuard no_grad;
-    teacher =
-        torch::softmax(project_logits(chunk[kTeacherHidden], lm_head).to(torch::kFloat32), -1);
-  }
-  auto backbone = backbone_ce(hidden, labels, lm_head);
-  auto l1 = (backbone.log_probs.exp() - teacher).abs().sum(-1);
-
-  auto candidates = std::get<1>(backbone.logits.detach().topk(top_k, -1, true, true));
-  auto refined = draft.refine(chunk[kPre], chunk[kPredecessors]);  // [c, T, H]
+  auto refined = draft.refine(in.pre, in.predecessors);  // [c, T, H]
   auto rows = torch::embedding(lm_head, candidates);               // [c, T, k, H]
   auto scores = rows.matmul(refined.unsqueeze(-1)).squeeze(-1).to(torch::kFloat32);
   auto refined_log_probs = torch::log_softmax(scores, -1);
@@ -62,7 +63,6 @@ std::vector<at::Tensor> objective_terms(model::DSpineDraftImpl& draft, const at:
   torch::Tensor target, gate, covered;
   {
     torch::NoGradGuard no_grad;
-    auto candidate_mass = teacher.gather(-1, candidates);
     auto mass = candidate_mass.sum(-1);
     target = candidate_mass / mass.clamp_min(1e-30).unsqueeze(-1);
     gate = (mass > settings.candidate_mass_threshold).to(torch::kFloat32);
@@ -72,22 +72,69 @@ std::vector<at::Tensor> objective_terms(model::DSpineDraftImpl& draft, const at:
   auto refine_l1 = (refined_log_probs.exp() - target).abs().sum(-1) * gate;
 
   auto codes = torch::embedding(draft.transfer_codes, labels).to(torch::kFloat32);  // [c, T, r]
-  auto alignment = 1.0 - torch::cosine_similarity(chunk[kFeatures].to(torch::kFloat32),
+  auto alignment = 1.0 - torch::cosine_similarity(in.features.to(torch::kFloat32),
                                                   codes.unsqueeze(1), -1, 1e-8);  // [c, L, T]
 
   torch::Tensor coverage;
   {
     torch::NoGradGuard no_grad;
-    coverage = (covered.any(-1) & supervised).sum();
+    coverage = (covered.any(-1) & in.supervised.to(torch::kBool)).sum();
   }
   return {
-      (weights * backbone.ce).sum(),
-      (weights * l1).sum(),
       (weights * (cw * refine_ce + (1.0 - cw) * refine_l1)).sum(),
       (weights.unsqueeze(1) * alignment).sum(),
-      correct_count(backbone.logits, labels, supervised),
       coverage,
   };
+}
+
+}  // namespace
+
+BackboneTerms backbone_terms(const at::Tensor& hidden, const at::Tensor& teacher_hidden,
+                             const at::Tensor& labels, const at::Tensor& weights,
+                             const at::Tensor& supervised, const at::Tensor& lm_head,
+                             int64_t top_k) {
+  torch::Tensor teacher;
+  {
+    torch::NoGradGuard no_grad;
+    teacher = torch::softmax(project_logits(teacher_hidden, lm_head).to(torch::kFloat32), -1);
+  }
+  auto backbone = backbone_ce(hidden, labels, lm_head);
+  auto l1 = (backbone.log_probs.exp() - teacher).abs().sum(-1);
+
+  BackboneTerms out;
+  out.candidates = std::get<1>(backbone.logits.detach().topk(top_k, -1, true, true));
+  {
+    torch::NoGradGuard no_grad;
+    out.candidate_mass = teacher.gather(-1, out.candidates);
+  }
+  out.ce = (weights * backbone.ce).sum();
+  out.l1 = (weights * l1).sum();
+  out.correct = correct_count(backbone.logits, labels, supervised.to(torch::kBool));
+  return out;
+}
+
+std::vector<at::Tensor> objective_terms(model::DSpineDraftImpl& draft, const at::Tensor& lm_head,
+                                        const DSpineSettings& settings, int64_t top_k,
+                                        const std::vector<at::Tensor>& chunk) {
+  const auto& labels = chunk[kLabels];
+  const auto& weights = chunk[kWeights];
+  auto backbone = backbone_terms(chunk[kHidden], chunk[kTeacherHidden], labels, weights,
+                                 chunk[kSupervised], lm_head, top_k);
+  auto rest = refinement_and_alignment(
+      draft, lm_head, settings,
+      {chunk[kPre], chunk[kFeatures], labels, chunk[kPredecessors], weights, chunk[kSupervised],
+       backbone.candidates, backbone.candidate_mass});
+  return {backbone.ce,       backbone.l1,      rest[kCandRefine],
+          rest[kCandAlign],  backbone.correct, rest[kCandCoverage]};
+}
+
+std::vector<at::Tensor> candidate_terms(model::DSpineDraftImpl& draft, const at::Tensor& lm_head,
+                                        const DSpineSettings& settings,
+                                        const std::vector<at::Tensor>& chunk) {
+  return refinement_and_alignment(
+      draft, lm_head, settings,
+      {chunk[kCandPre], chunk[kCandFeatures], chunk[kCandLabels], chunk[kCandPredecessors],
+       chunk[kCandWeights], chunk[kCandSupervised], chunk[kCandidates], chunk[kCandidateMass]});
 }
 
 std::vector<at::Tensor> ce_terms(const at::Tensor& lm_head, const std::vector<at::Tensor>& chunk) {

@@ -1,0 +1,151 @@
+// `dspine-bench vocab`: the DSpine backbone vocabulary terms (teacher, CE, L1, top-k candidates and
+// the teacher's probabilities there, the hidden gradient) at the recipe's size in bf16 — the fused
+// vocabulary objective (ops/vocab_objective_ops.h) against the reference chunk function
+// (objectives/dspine_terms.h, backbone_terms) under checkpointed chunks as the objective runs it,
+// forward + backward. One [rows, H] x [H, V] logits GEMM is timed in the same run, so each path
+// is also reported as a multiple of one GEMM pass.
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <torch/torch.h>
+
+#include "bench/bench.h"
+#include "bench/cuda_timing.h"
+#include "core/error.h"
+#include "objectives/chunking.h"
+#include "objectives/dspine_terms.h"
+#include "ops/vocab_objective_ops.h"
+
+namespace dspine::bench {
+namespace {
+
+struct Options {
+  int64_t rows = 15360;  // 2 rows x 512 anchors x 15 proposals
+  int64_t hidden = 4096;
+  int64_t vocab = 151936;
+  int64_t top_k = 16;
+  int64_t proposals = 15;       // rows per block (the reference chunks blocks)
+  int64_t chunk_blocks = 128;   // objective.dspine.objective_chunk_blocks of the recipe
+  double ce_weight = 0.1;
+  int iterations = 5;
+};
+
+// Peak bytes allocated during fn beyond what was held before it and the `output_bytes` it keeps.
+double peak_above_gib(const std::function<void()>& fn, int64_t output_bytes) {
+  torch::cuda::synchronize();
+  const auto device = c10::cuda::current_device();
+  c10::cuda::CUDACachingAllocator::resetPeakStats(device);
+  const auto stats = [&] { return c10::cuda::CUDACachingAllocator::getDeviceStats(device); };
+  const auto before = stats().allocated_bytes[0].current;
+  fn();
+  torch::cuda::synchronize();
+  return double(stats().allocated_bytes[0].peak - before - output_bytes) / double(int64_t(1) << 30);
+}
+
+void run(const Options& o) {
+  if (o.rows % o.proposals != 0) {
+    fail("dspine-bench vocab: --rows ({}) must be a multiple of --proposals ({})", o.rows,
+         o.proposals);
+  }
+  torch::manual_seed(0);
+  const auto cuda = torch::TensorOptions().device(torch::kCUDA);
+  const auto bf16 = cuda.dtype(torch::kBFloat16);
+  const auto lm_head = (torch::randn({o.vocab, o.hidden}, cuda) * 0.02).to(torch::kBFloat16);
+  auto hidden = torch::randn({o.rows, o.hidden}, bf16).requires_grad_(true);
+  const auto teacher = torch::randn({o.rows, o.hidden}, bf16);
+  const auto labels = torch::randint(o.vocab, {o.rows}, cuda.dtype(torch::kInt64));
+  const auto weights = torch::rand({o.rows}, cuda);
+  const auto supervised = torch::ones({o.rows}, cuda.dtype(torch::kBool));
+  const int64_t grad_bytes = hidden.numel() * 2;
+  const double cw = o.ce_weight;
+
+  const double tflops = bf16_gemm_tflops(o.rows, o.hidden, o.vocab);
+  const double gemm_ms = 2.0 * o.rows * o.hidden * o.vocab / (tflops * 1e12) * 1e3;
+
+  ops::VocabObjectiveOptions fused_options;
+  fused_options.ce_weight = cw;
+  fused_options.top_k = o.top_k;
+  fused_options.use_kernel = true;
+  at::Tensor fused_loss, reference_loss;
+  auto fused = [&] {
+    hidden.mutable_grad() = at::Tensor();
+    auto r = ops::vocab_objective(hidden, teacher, labels, weights, lm_head, fused_options);
+    r.loss.backward();
+    fused_loss = r.loss.detach();
+  };
+  const auto blocks = [&](const at::Tensor& t) {
+    auto sizes = t.sizes().vec();
+    sizes[0] = o.proposals;
+    sizes.insert(sizes.begin(), -1);
+    return t.view(sizes);
+  };
+  auto reference = [&] {
+    hidden.mutable_grad() = at::Tensor();
+    auto sums = objectives::checkpointed_chunk_reduce(
+        [&](const std::vector<at::Tensor>& c) {
+          auto b = objectives::backbone_terms(c[0], c[1], c[2], c[3], c[4], lm_head, o.top_k);
+          return std::vector<at::Tensor>{b.ce, b.l1, b.correct};
+        },
+        {blocks(hidden), blocks(teacher), blocks(labels), blocks(weights), blocks(supervised)},
+        o.chunk_blocks, {});
+    auto loss = cw * sums[0] + (1.0 - cw) * sums[1];
+    loss.backward();
+    reference_loss = loss.detach();
+  };
+
+  // Each peak is measured from a state without a gradient, which the call then creates.
+  const double fused_ms = cuda_median_ms(fused, 1, o.iterations);
+  hidden.mutable_grad() = at::Tensor();
+  const double fused_gib = peak_above_gib(fused, grad_bytes);
+  const auto fused_grad = hidden.grad().clone();
+  const double reference_ms = cuda_median_ms(reference, 1, o.iterations);
+  hidden.mutable_grad() = at::Tensor();
+  const double reference_gib = peak_above_gib(reference, grad_bytes);
+  const double cosine =
+      torch::cosine_similarity(fused_grad.flatten().to(torch::kFloat32),
+                               hidden.grad().flatten().to(torch::kFloat32), 0)
+          .item<double>();
+
+  std::printf("\nDSpine backbone vocabulary terms, bf16, rows %ld, H %ld, V %ld, top-k %ld, "
+              "ce_weight %.2f (forward + backward; peak GiB above inputs and dX)\n",
+              long(o.rows), long(o.hidden), long(o.vocab), long(o.top_k), cw);
+  std::printf("one logits GEMM [%ld, %ld] x [%ld, %ld]: %.2f ms (%.0f TFLOP/s)\n", long(o.rows),
+              long(o.hidden), long(o.hidden), long(o.vocab), gemm_ms, tflops);
+  std::printf("%-32s %10s %9s %10s %12s\n", "path", "ms", "x GEMM", "peak GiB", "loss");
+  std::printf("%-32s %10.2f %9.2f %10.3f %12.6g\n", "fused vocabulary objective", fused_ms,
+              fused_ms / gemm_ms, fused_gib, fused_loss.item<double>());
+  std::printf("%-32s %10.2f %9.2f %10.3f %12.6g\n", "reference chunks (checkpointed)",
+              reference_ms, reference_ms / gemm_ms, reference_gib, reference_loss.item<double>());
+  std::printf("speedup %.2fx; hidden gradient cosine (fused vs reference) %.6f\n",
+              reference_ms / fused_ms, cosine);
+}
+
+}  // namespace
+
+void register_vocab_bench(CLI::App& app) {
+  auto options = std::make_shared<Options>();
+  CLI::App* cmd = app.add_subcommand(
+      "vocab",
+      "DSpine backbone vocabulary terms (teacher, CE, L1, top-k, dX): fused vocabulary "
+      "objective vs the reference chunks, forward + backward, against one logits GEMM");
+  cmd->add_option("--rows", options->rows, "proposal rows (recipe: 15360)");
+  cmd->add_option("--hidden", options->hidden, "hidden size H");
+  cmd->add_option("--vocab", options->vocab, "vocabulary size V");
+  cmd->add_option("--top-k", options->top_k, "candidates per row");
+  cmd->add_option("--proposals", options->proposals, "rows per block of the reference chunks");
+  cmd->add_option("--chunk-blocks", options->chunk_blocks, "blocks per reference chunk");
+  cmd->add_option("--ce-weight", options->ce_weight, "CE weight of the backbone loss");
+  cmd->add_option("--iters", options->iterations, "timed calls (the median is reported)");
+  cmd->callback([options] {
+    if (!torch::cuda::is_available()) fail("dspine-bench vocab: the benchmark needs a CUDA device");
+    if (options->iterations < 1)
+      fail("dspine-bench vocab: --iters must be >= 1, got {}", options->iterations);
+    run(*options);
+  });
+}
+
+}  // namespace dspine::bench

@@ -1,0 +1,245 @@
+// Fused vocabulary objective row kernels: see vocab_objective.h. Memory-bound streaming, one block
+// per row: each pass reads the row's z (and t) in 16-byte packs, kUnroll packs of each in flight
+// per thread, and folds a pack into the running statistics with one rescale (its own maximum
+// first). Block reductions run in a fixed order, so results are deterministic.
+#include "kernels/vocab_objective.h"
+
+#include <cuda_bf16.h>
+
+#include <cmath>
+#include <type_traits>
+
+#include "kernels/norm_swiglu_common.cuh"
+
+namespace dspine::kernels {
+namespace {
+
+using detail::load_pack;
+using detail::Pack;
+using detail::pack_from_floats;
+using detail::store_pack;
+using detail::to_float;
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kUnroll = 4;
+constexpr int64_t kNoIndex = INT64_MAX;
+
+// Elements in a pack type (references included).
+template <typename P>
+constexpr int pack_size = std::extent_v<decltype(std::declval<P>().v)>;
+
+// Calls f(first element index, z pack, t pack) over a row: N-element packs, then the scalar tail.
+// Without a teacher the t pack is z's.
+template <typename T, int N, bool kTeacher, typename F>
+__device__ __forceinline__ void for_each_pack(const T* z, const T* t, int64_t vocab, F&& f) {
+  static_assert(pack_size<const Pack<T, N>&> == N && pack_size<Pack<T, 1>> == 1);
+  const int64_t packs = vocab / N;
+  for (int64_t j = threadIdx.x; j < packs; j += int64_t(kThreads) * kUnroll) {
+    Pack<T, N> zp[kUnroll], tp[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t v = j + int64_t(u) * kThreads;
+      if (v < packs) {
+        zp[u] = load_pack<T, N>(z + v * N);
+        tp[u] = kTeacher ? load_pack<T, N>(t + v * N) : zp[u];
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t v = j + int64_t(u) * kThreads;
+      if (v < packs) f(v * N, zp[u], tp[u]);
+    }
+  }
+  for (int64_t i = packs * N + threadIdx.x; i < vocab; i += kThreads) {
+    Pack<T, 1> zs, ts;
+    zs.v[0] = z[i];
+    ts.v[0] = kTeacher ? t[i] : z[i];
+    f(i, zs, ts);
+  }
+}
+
+// Running softmax statistics (m = max, s = Σ exp(x − m)) merged with (m2, s2).
+__device__ __forceinline__ void merge_stats(float& m, float& s, float m2, float s2) {
+  const float top = fmaxf(m, m2);
+  if (top == -INFINITY) return;
+  s = s * __expf(m - top) + s2 * __expf(m2 - top);
+  m = top;
+}
+
+// Folds n values into (m, s) with one rescale: their maximum first, then the exponentials.
+template <int n>
+__device__ __forceinline__ void add_values(float& m, float& s, const float (&x)[n]) {
+  float top = m;
+#pragma unroll
+  for (int e = 0; e < n; ++e) top = fmaxf(top, x[e]);
+  if (top == -INFINITY) return;
+  s *= __expf(m - top);
+  m = top;
+#pragma unroll
+  for (int e = 0; e < n; ++e) s += __expf(x[e] - m);
+}
+
+// (v2, i2) wins over (v, i): larger value, ties to the first index (as torch's argmax).
+__device__ __forceinline__ void merge_argmax(float& v, int64_t& i, float v2, int64_t i2) {
+  if (v2 > v || (v2 == v && i2 < i)) {
+    v = v2;
+    i = i2;
+  }
+}
+
+// Block-wide fold of the pair (a, b) by merge(a, b, a2, b2), returned to every thread; (a0, b0)
+// is merge's identity and (sa, sb) hold one pair per warp.
+template <typename A, typename B, typename Merge>
+__device__ __forceinline__ void block_fold(A& a, B& b, A a0, B b0, A* sa, B* sb, Merge merge) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2)
+    merge(a, b, __shfl_xor_sync(0xffffffffu, a, offset), __shfl_xor_sync(0xffffffffu, b, offset));
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) {
+    sa[warp] = a;
+    sb[warp] = b;
+  }
+  __syncthreads();
+  a = a0;
+  b = b0;
+  for (int w = 0; w < kWarps; ++w) merge(a, b, sa[w], sb[w]);
+  __syncthreads();  // the scratch is reused
+}
+
+__device__ __forceinline__ void block_stats(float& m, float& s, float* sm, float* ss) {
+  block_fold(m, s, -INFINITY, 0.f, sm, ss,
+             [](float& m1, float& s1, float m2, float s2) { merge_stats(m1, s1, m2, s2); });
+}
+
+__device__ __forceinline__ void block_argmax(float& v, int64_t& i, float* sv, int64_t* si) {
+  block_fold(v, i, -INFINITY, kNoIndex, sv, si,
+             [](float& v1, int64_t& i1, float v2, int64_t i2) { merge_argmax(v1, i1, v2, i2); });
+}
+
+// log(Σ exp) from (m, s), the logarithm in double: it is taken once per row.
+__device__ __forceinline__ float log_sum_exp(float m, float s) {
+  return static_cast<float>(double(m) + log(double(s)));
+}
+
+__device__ __forceinline__ float sign_of(float d) {
+  return static_cast<float>((d > 0.f) - (d < 0.f));
+}
+
+template <typename T, int N, bool kTeacher, bool kGradient>
+__global__ void __launch_bounds__(kThreads)
+    vocab_rows_kernel(VocabRows rows, VocabRowStats stats, VocabGradient gradient) {
+  __shared__ float scratch_a[kWarps], scratch_b[kWarps];
+  __shared__ int64_t scratch_index[kWarps];
+  const int64_t row = blockIdx.x;
+  T* z = static_cast<T*>(rows.draft) + row * rows.row_stride;
+  const T* t = kTeacher ? static_cast<const T*>(rows.teacher) + row * rows.row_stride : nullptr;
+  const int64_t y = rows.labels[row];
+
+  // Pass 1: softmax statistics of z (and t), argmax of z.
+  float mz = -INFINITY, sz = 0.f, mt = -INFINITY, st = 0.f, best = -INFINITY;
+  int64_t best_index = kNoIndex;
+  for_each_pack<T, N, kTeacher>(z, t, rows.vocab, [&](int64_t i, const auto& zp, const auto& tp) {
+    constexpr int n = pack_size<decltype(zp)>;
+    float zv[n], tv[n];
+#pragma unroll
+    for (int e = 0; e < n; ++e) {
+      zv[e] = to_float(zp.v[e]);
+      tv[e] = to_float(tp.v[e]);
+      merge_argmax(best, best_index, zv[e], i + e);
+    }
+    add_values(mz, sz, zv);
+    if constexpr (kTeacher) add_values(mt, st, tv);
+  });
+  block_stats(mz, sz, scratch_a, scratch_b);
+  if constexpr (kTeacher) block_stats(mt, st, scratch_a, scratch_b);
+  block_argmax(best, best_index, scratch_a, scratch_index);
+  const float lse_z = log_sum_exp(mz, sz);
+  const float lse_t = kTeacher ? log_sum_exp(mt, st) : 0.f;
+  // z_y is read before any thread can reach pass 3 (the reductions below synchronize).
+  if (threadIdx.x == 0) {
+    if (stats.ce) stats.ce[row] = lse_z - to_float(z[y]);
+    if (stats.lse_draft) stats.lse_draft[row] = lse_z;
+    if (stats.lse_teacher) stats.lse_teacher[row] = lse_t;
+    if (stats.argmax) stats.argmax[row] = best_index == kNoIndex ? -1 : best_index;
+  }
+  if constexpr (!kTeacher) return;
+
+  // Pass 2: l1 = Σ|p − q| and S = Σ p·sign(p − q).
+  float l1 = 0.f, signed_mass = 0.f;
+  for_each_pack<T, N, kTeacher>(z, t, rows.vocab, [&](int64_t, const auto& zp, const auto& tp) {
+    constexpr int n = pack_size<decltype(zp)>;
+#pragma unroll
+    for (int e = 0; e < n; ++e) {
+      const float p = __expf(to_float(zp.v[e]) - lse_z);
+      const float d = p - __expf(to_float(tp.v[e]) - lse_t);
+      l1 += fabsf(d);
+      signed_mass += p * sign_of(d);
+    }
+  });
+  l1 = detail::block_sum(l1, scratch_a);
+  signed_mass = detail::block_sum(signed_mass, scratch_a);
+  if (threadIdx.x == 0 && stats.l1) stats.l1[row] = l1;
+  if constexpr (!kGradient) return;
+
+  // Pass 3: the gradient over z, in place.
+  const float w = gradient.weights[row];
+  if (w == 0.f) {
+    for (int64_t i = threadIdx.x; i < rows.vocab; i += kThreads) z[i] = detail::from_float<T>(0.f);
+    return;
+  }
+  const float a_ce = w * gradient.ce_weight, a_l1 = w * gradient.l1_weight;
+  for_each_pack<T, N, kTeacher>(z, t, rows.vocab, [&](int64_t i, const auto& zp, const auto& tp) {
+    constexpr int n = pack_size<decltype(zp)>;
+    float g[n];
+#pragma unroll
+    for (int e = 0; e < n; ++e) {
+      const float p = __expf(to_float(zp.v[e]) - lse_z);
+      const float s = sign_of(p - __expf(to_float(tp.v[e]) - lse_t));
+      g[e] = a_ce * (p - static_cast<float>(i + e == y)) + a_l1 * p * (s - signed_mass);
+    }
+    store_pack<T, n>(z + i, pack_from_floats<T, n>(g));
+  });
+}
+
+bool packs_aligned(const VocabRows& rows, int64_t element_bytes) {
+  auto aligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
+  return aligned(rows.draft) && (rows.teacher == nullptr || aligned(rows.teacher)) &&
+         (rows.row_stride * element_bytes) % 16 == 0;
+}
+
+// Launches the kernel for the rows' element type, in 16-byte packs when every row start allows.
+template <bool kTeacher, bool kGradient>
+cudaError_t launch(const VocabRows& rows, const VocabRowStats& stats,
+                   const VocabGradient& gradient, cudaStream_t stream) {
+  if (rows.rows == 0) return cudaSuccess;
+  auto go = [&](auto kernel) {
+    kernel<<<static_cast<unsigned>(rows.rows), kThreads, 0, stream>>>(rows, stats, gradient);
+    return cudaGetLastError();
+  };
+  switch (rows.type) {
+    case DType::kBFloat16:
+      return packs_aligned(rows, 2) ? go(vocab_rows_kernel<__nv_bfloat16, 8, kTeacher, kGradient>)
+                                    : go(vocab_rows_kernel<__nv_bfloat16, 1, kTeacher, kGradient>);
+    case DType::kFloat32:
+      return packs_aligned(rows, 4) ? go(vocab_rows_kernel<float, 4, kTeacher, kGradient>)
+                                    : go(vocab_rows_kernel<float, 1, kTeacher, kGradient>);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace
+
+cudaError_t vocab_objective_rows(const VocabRows& rows, const VocabRowStats& stats,
+                                 const VocabGradient* gradient, cudaStream_t stream) {
+  if (rows.teacher == nullptr) return cudaErrorInvalidValue;
+  return gradient != nullptr ? launch<true, true>(rows, stats, *gradient, stream)
+                             : launch<true, false>(rows, stats, VocabGradient{}, stream);
+}
+
+cudaError_t vocab_ce_rows(const VocabRows& rows, const VocabRowStats& stats, cudaStream_t stream) {
+  return launch<false, false>(rows, stats, VocabGradient{}, stream);
+}
+
+}  // namespace dspine::kernels

@@ -1,0 +1,55 @@
+// The fused vocabulary objective (docs/model.md, "Fused vocabulary objective"): the DSpine
+// backbone terms — CE against the labels, L1 between the draft's and the teacher's softmax, the
+// draft's argmax and top-k candidates with the teacher's probabilities there — over row chunks of
+// the frozen lm_head projection. Per chunk: the two logits GEMMs in the training dtype, the row
+// pass (ops/vocab_rows.h), top-k, and with a gradient wanted the logits gradient written over the
+// draft logits and dX = g @ lm_head. Only dX [rows, H] outlives a chunk: no [rows, V] tensor, no
+// full-width teacher softmax, nothing recomputed in backward.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+
+namespace dspine::ops {
+
+struct VocabObjectiveOptions {
+  double ce_weight = 1.0;   // a_ce; a_l1 = 1 − ce_weight
+  int64_t top_k = 0;        // candidates per row (0: none)
+  int64_t chunk_rows = 0;   // rows per chunk; 0: vocab_chunk_rows
+  bool use_kernel = false;  // the CUDA row kernel where it takes the logits (CUDA fp32/bf16);
+                            // otherwise, or when false, the ATen row pass
+};
+
+struct VocabObjectiveResult {
+  at::Tensor loss;                // Σ w·(a_ce·ce + a_l1·l1), fp32 scalar, differentiable in hidden
+  at::Tensor ce, l1;              // [rows] fp32, detached
+  at::Tensor argmax;              // [rows] int64
+  at::Tensor candidates;          // [rows, k] int64, by descending draft logit
+  at::Tensor teacher_candidates;  // [rows, k] fp32 teacher probabilities at the candidates
+};
+
+// hidden [rows, H] (the draft states; the only input given a gradient), teacher_hidden [rows, H],
+// labels [rows] int64 in [0, V), weights [rows] fp32, lm_head [V, H] (frozen). hidden, teacher
+// and lm_head share dtype and device. The gradient is computed in the forward when autograd is on
+// and hidden requires it; backward scales it by the incoming gradient.
+VocabObjectiveResult vocab_objective(const at::Tensor& hidden, const at::Tensor& teacher_hidden,
+                                     const at::Tensor& labels, const at::Tensor& weights,
+                                     const at::Tensor& lm_head,
+                                     const VocabObjectiveOptions& options);
+
+// The CE-only form of the prepass (no teacher, no gradient): ce [rows] fp32 and argmax [rows].
+struct VocabCeResult {
+  at::Tensor ce, argmax;
+};
+VocabCeResult vocab_ce(const at::Tensor& hidden, const at::Tensor& labels,
+                       const at::Tensor& lm_head, const VocabObjectiveOptions& options);
+
+// Bytes of logits a chunk may hold (~0.6 GiB: at the recipe's V = 151,936 in bf16, about a
+// thousand rows of draft and teacher logits, enough to keep the GEMMs efficient).
+constexpr int64_t kVocabChunkBytes = int64_t(614) << 20;
+// Rows per chunk so that `logits_per_row` rows of `vocab` logits of `element_bytes` each fit in
+// kVocabChunkBytes (at least 1).
+int64_t vocab_chunk_rows(int64_t vocab, int64_t element_bytes, int64_t logits_per_row);
+
+}  // namespace dspine::ops

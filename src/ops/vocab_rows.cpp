@@ -1,0 +1,124 @@
+#include "ops/vocab_rows.h"
+
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include "core/error.h"
+#include "kernels/vocab_objective.h"
+#include "ops/kernel_launch.h"
+
+namespace dspine::ops {
+namespace {
+
+kernels::VocabRows kernel_rows(const at::Tensor& z, const at::Tensor* t, const at::Tensor& labels) {
+  if (!vocab_kernel_takes(z) || (t != nullptr && (t->strides() != z.strides() ||
+                                                  t->scalar_type() != z.scalar_type()))) {
+    fail("vocab objective kernel needs CUDA fp32/bf16 logits [n, V] with unit column stride "
+         "(teacher alike); got {} {} on {}",
+         c10::str(z.sizes()), c10::toString(z.scalar_type()), z.device().str());
+  }
+  kernels::VocabRows rows;
+  rows.draft = z.data_ptr();
+  rows.teacher = t != nullptr ? t->data_ptr() : nullptr;
+  kernel_dtype(z.scalar_type(), &rows.type);
+  rows.rows = z.size(0);
+  rows.vocab = z.size(1);
+  rows.row_stride = z.stride(0);
+  rows.labels = labels.data_ptr<int64_t>();
+  return rows;
+}
+
+VocabRowResults empty_results(const at::Tensor& z, bool teacher) {
+  const auto f32 = z.options().dtype(at::kFloat);
+  VocabRowResults out;
+  out.ce = at::empty({z.size(0)}, f32);
+  out.argmax = at::empty({z.size(0)}, z.options().dtype(at::kLong));
+  if (teacher) {
+    out.l1 = at::empty({z.size(0)}, f32);
+    out.lse_teacher = at::empty({z.size(0)}, f32);
+  }
+  return out;
+}
+
+kernels::VocabRowStats kernel_stats(VocabRowResults& out) {
+  kernels::VocabRowStats stats;
+  stats.ce = out.ce.data_ptr<float>();
+  stats.argmax = out.argmax.data_ptr<int64_t>();
+  if (out.l1.defined()) stats.l1 = out.l1.data_ptr<float>();
+  if (out.lse_teacher.defined()) stats.lse_teacher = out.lse_teacher.data_ptr<float>();
+  return stats;
+}
+
+// ce and argmax of fp32 logits into `out` (ATen); returns their log-sum-exp.
+at::Tensor draft_statistics(const at::Tensor& zf, const at::Tensor& labels, VocabRowResults& out) {
+  auto lse = zf.logsumexp(-1);
+  out.ce = lse - zf.gather(1, labels.unsqueeze(1)).squeeze(1);
+  out.argmax = zf.argmax(-1);
+  return lse;
+}
+
+VocabRowResults reference_rows(at::Tensor& z, const at::Tensor& t, const at::Tensor& labels,
+                               const VocabRowGradient* gradient) {
+  VocabRowResults out;
+  const auto zf = z.to(at::kFloat);
+  const auto tf = t.to(at::kFloat);
+  const auto lse_z = draft_statistics(zf, labels, out);
+  out.lse_teacher = tf.logsumexp(-1);
+  const auto p = (zf - lse_z.unsqueeze(1)).exp();
+  const auto diff = p - (tf - out.lse_teacher.unsqueeze(1)).exp();
+  const auto sign = diff.sign();  // sign(0) = 0
+  out.l1 = diff.abs().sum(-1);
+  if (gradient != nullptr) {
+    const auto signed_mass = (p * sign).sum(-1, true);
+    auto g = gradient->ce_weight * p + gradient->l1_weight * p * (sign - signed_mass);
+    g.scatter_add_(1, labels.unsqueeze(1),
+                   at::full({z.size(0), 1}, -gradient->ce_weight, g.options()));
+    z.copy_(g * gradient->weights.unsqueeze(1));
+  }
+  return out;
+}
+
+}  // namespace
+
+bool vocab_kernel_takes(const at::Tensor& logits) {
+  return logits.is_cuda() && logits.dim() == 2 && logits.stride(1) == 1 &&
+         (logits.scalar_type() == at::kFloat || logits.scalar_type() == at::kBFloat16);
+}
+
+VocabRowResults vocab_rows(at::Tensor& z, const at::Tensor& t, const at::Tensor& labels,
+                           const VocabRowGradient* gradient, bool use_kernel) {
+  if (!use_kernel) return reference_rows(z, t, labels, gradient);
+  const c10::cuda::CUDAGuard guard(z.device());
+  auto rows = kernel_rows(z, &t, labels);
+  auto out = empty_results(z, true);
+  kernels::VocabGradient coefficients;
+  at::Tensor weights;
+  if (gradient != nullptr) {
+    weights = gradient->weights.to(at::kFloat).contiguous();
+    coefficients.weights = weights.data_ptr<float>();
+    coefficients.ce_weight = static_cast<float>(gradient->ce_weight);
+    coefficients.l1_weight = static_cast<float>(gradient->l1_weight);
+  }
+  check_launch(kernels::vocab_objective_rows(rows, kernel_stats(out),
+                                             gradient != nullptr ? &coefficients : nullptr,
+                                             at::cuda::getCurrentCUDAStream()),
+               "vocab objective rows", z);
+  return out;
+}
+
+VocabRowResults vocab_ce_rows(const at::Tensor& z, const at::Tensor& labels, bool use_kernel) {
+  VocabRowResults out;
+  if (!use_kernel) {
+    draft_statistics(z.to(at::kFloat), labels, out);
+    return out;
+  }
+  const c10::cuda::CUDAGuard guard(z.device());
+  auto rows = kernel_rows(z, nullptr, labels);
+  out = empty_results(z, false);
+  check_launch(kernels::vocab_ce_rows(rows, kernel_stats(out), at::cuda::getCurrentCUDAStream()),
+               "vocab CE rows", z);
+  return out;
+}
+
+}  // namespace dspine::ops

@@ -1,0 +1,35 @@
+// One chunk's row pass of the fused vocabulary objective (docs/model.md, "Fused vocabulary
+// objective"): per-row statistics of draft logits z [n, V] and teacher logits t [n, V], and
+// optionally the logits gradient written over z. The CUDA row kernel (kernels/vocab_objective.h)
+// or the same math in ATen (the CPU path and the kernel's parity oracle).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+namespace dspine::ops {
+
+// Per-row results, [n] each: fp32 ce, l1 (teacher form), lse_t (teacher form), int64 argmax.
+struct VocabRowResults {
+  at::Tensor ce, l1, lse_teacher, argmax;
+};
+
+// Gradient request: w [n] fp32; g = w·(a_ce·(p − δ_y) + a_l1·p·(sign(p − q) − Σ p·sign(p − q))).
+struct VocabRowGradient {
+  at::Tensor weights;
+  double ce_weight = 1.0;
+  double l1_weight = 0.0;
+};
+
+// Whether the CUDA row kernel takes these logits (CUDA, fp32 or bf16, unit column stride).
+bool vocab_kernel_takes(const at::Tensor& logits);
+
+// Teacher form. z and t: [n, V] of one dtype and layout, labels [n] int64 in [0, V). With a
+// gradient, z is overwritten by it (same dtype). use_kernel: the CUDA kernel (vocab_kernel_takes
+// must hold), else ATen.
+VocabRowResults vocab_rows(at::Tensor& z, const at::Tensor& t, const at::Tensor& labels,
+                           const VocabRowGradient* gradient, bool use_kernel);
+
+// CE-only form: ce and argmax of z (l1 and lse_teacher undefined).
+VocabRowResults vocab_ce_rows(const at::Tensor& z, const at::Tensor& labels, bool use_kernel);
+
+}  // namespace dspine::ops

@@ -1,0 +1,162 @@
+// The fused vocabulary objective's CUDA row kernel against its ATen row pass on the same CUDA
+// logits: fp32 (tight), bf16 at the recipe's vocabulary (values within bf16 tolerance, gradient
+// cosine), the CE-only form, hand-built rows, and the memory claim at the recipe's size (no
+// [rows, V] tensor: the peak stays within 1 GiB above the inputs and dX).
+#include <gtest/gtest.h>
+
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <torch/torch.h>
+
+#include <string>
+
+#include "ops/vocab_objective_ops.h"
+#include "ops/vocab_rows.h"
+
+namespace dspine::ops {
+namespace {
+
+#define SKIP_WITHOUT_CUDA() \
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device"
+
+struct Inputs {
+  torch::Tensor hidden, teacher, labels, weights, lm_head;
+};
+
+Inputs random_inputs(int64_t rows, int64_t hidden, int64_t vocab, torch::Dtype dtype) {
+  torch::manual_seed(11);
+  const auto cuda = torch::TensorOptions().device(torch::kCUDA);
+  Inputs in;
+  in.hidden = torch::randn({rows, hidden}, cuda).to(dtype);
+  in.teacher = (in.hidden.to(torch::kFloat32) + 0.5 * torch::randn({rows, hidden}, cuda)).to(dtype);
+  in.labels = torch::randint(0, vocab, {rows}, cuda.dtype(torch::kInt64));
+  in.weights = torch::rand({rows}, cuda);
+  in.weights.index_put_({torch::arange(0, rows, 5, cuda.dtype(torch::kInt64))}, 0.0);
+  in.lm_head = (torch::randn({vocab, hidden}, cuda) * (2.0 / std::sqrt(double(hidden)))).to(dtype);
+  return in;
+}
+
+struct Run {
+  VocabObjectiveResult result;
+  torch::Tensor grad;
+};
+
+Run run(const Inputs& in, bool kernel, int64_t chunk_rows) {
+  VocabObjectiveOptions o;
+  o.ce_weight = 0.1;
+  o.top_k = 16;
+  o.chunk_rows = chunk_rows;
+  o.use_kernel = kernel;
+  auto x = in.hidden.detach().clone().requires_grad_(true);
+  Run r;
+  r.result = vocab_objective(x, in.teacher, in.labels, in.weights, in.lm_head, o);
+  r.result.loss.backward();
+  r.grad = x.grad().to(torch::kFloat32);
+  return r;
+}
+
+void expect_close(const torch::Tensor& a, const torch::Tensor& b, double tol, const std::string& what) {
+  const auto fa = a.to(torch::kFloat32), fb = b.to(torch::kFloat32);
+  const double scale = std::max(1.0, fb.abs().max().item<double>());
+  EXPECT_LE((fa - fb).abs().max().item<double>(), tol * scale) << what;
+}
+
+TEST(VocabObjectiveGpu, Fp32KernelMatchesTheAtenRowPass) {
+  SKIP_WITHOUT_CUDA();
+  // 4096: 16-byte packs; 1003: rows not 16-byte aligned, the scalar path and its tail.
+  for (int64_t vocab : {4096, 1003}) {
+    const auto in = random_inputs(37, 64, vocab, torch::kFloat32);
+    const auto tag = "V " + std::to_string(vocab);
+    const auto aten = run(in, false, 16);
+    const auto fused = run(in, true, 16);
+    expect_close(fused.result.loss, aten.result.loss, 1e-5, tag + " loss");
+    expect_close(fused.result.ce, aten.result.ce, 1e-5, tag + " ce");
+    expect_close(fused.result.l1, aten.result.l1, 1e-5, tag + " l1");
+    expect_close(fused.grad, aten.grad, 1e-5, tag + " grad");
+    expect_close(fused.result.teacher_candidates, aten.result.teacher_candidates, 1e-5,
+                 tag + " teacher probs");
+    EXPECT_TRUE(torch::equal(fused.result.argmax, aten.result.argmax)) << tag;
+    EXPECT_TRUE(torch::equal(fused.result.candidates, aten.result.candidates)) << tag;
+
+    VocabObjectiveOptions o;
+    o.use_kernel = true;
+    const auto ce_kernel = vocab_ce(in.hidden, in.labels, in.lm_head, o);
+    o.use_kernel = false;
+    const auto ce_aten = vocab_ce(in.hidden, in.labels, in.lm_head, o);
+    expect_close(ce_kernel.ce, ce_aten.ce, 1e-5, tag + " CE-only ce");
+    EXPECT_TRUE(torch::equal(ce_kernel.argmax, ce_aten.argmax)) << tag;
+  }
+}
+
+TEST(VocabObjectiveGpu, HandBuiltRowsMatchTheAtenRowPass) {
+  SKIP_WITHOUT_CUDA();
+  // p = q; weight 0; exact ties at entries 0 and 1 (sign(0) = 0); the first of equal maxima.
+  const auto cuda = torch::TensorOptions().device(torch::kCUDA);
+  auto z = torch::tensor({{1.f, 2.f, 0.5f, -1.f}, {3.f, 0.f, 0.f, 3.f}, {0.f, 0.f, -30.f, -31.f}})
+               .to(torch::kCUDA);
+  auto t = torch::tensor({{1.f, 2.f, 0.5f, -1.f}, {0.f, 1.f, 2.f, 3.f}, {0.f, 0.f, -31.f, -30.f}})
+               .to(torch::kCUDA);
+  auto labels = torch::tensor({1, 2, 0}, cuda.dtype(torch::kInt64));
+  VocabRowGradient gradient{torch::tensor({0.7f, 0.f, 1.3f}).to(torch::kCUDA), 0.25, 0.75};
+  auto g_kernel = z.clone(), g_aten = z.clone();
+  const auto k = vocab_rows(g_kernel, t, labels, &gradient, true);
+  const auto a = vocab_rows(g_aten, t, labels, &gradient, false);
+  expect_close(g_kernel, g_aten, 1e-6, "gradient");
+  expect_close(k.l1, a.l1, 1e-6, "l1");
+  expect_close(k.ce, a.ce, 1e-6, "ce");
+  EXPECT_EQ(k.l1[0].item<float>(), 0.f);
+  EXPECT_TRUE(torch::equal(g_kernel[1], torch::zeros({4}, cuda)));
+  EXPECT_NEAR(g_kernel[2][0].item<double>(), 1.3 * 0.25 * (0.5 - 1.0), 1e-6);
+  EXPECT_EQ(k.argmax[1].item<int64_t>(), 0);
+}
+
+TEST(VocabObjectiveGpu, Bf16AtTheRecipeVocabularyMatchesTheAtenRowPass) {
+  SKIP_WITHOUT_CUDA();
+  const auto in = random_inputs(300, 256, 151936, torch::kBFloat16);
+  const auto aten = run(in, false, 128);
+  const auto fused = run(in, true, 128);
+  // Both read the same bf16 logits and compute in fp32: the values agree closely.
+  expect_close(fused.result.loss, aten.result.loss, 1e-4, "loss");
+  expect_close(fused.result.ce, aten.result.ce, 1e-4, "ce");
+  expect_close(fused.result.l1, aten.result.l1, 1e-4, "l1");
+  expect_close(fused.result.teacher_candidates, aten.result.teacher_candidates, 1e-4,
+               "teacher probs");
+  EXPECT_TRUE(torch::equal(fused.result.candidates, aten.result.candidates));
+  const double agree = (fused.result.argmax == aten.result.argmax).to(torch::kFloat64).mean()
+                           .item<double>();
+  EXPECT_GE(agree, 0.99) << "argmax agreement";  // bf16 ties may resolve differently
+  const double cosine =
+      torch::cosine_similarity(fused.grad.flatten(), aten.grad.flatten(), 0).item<double>();
+  EXPECT_GE(cosine, 0.9999);
+  const double relative = ((fused.grad - aten.grad).norm() / aten.grad.norm()).item<double>();
+  EXPECT_LE(relative, 1e-2);
+}
+
+TEST(VocabObjectiveGpu, RecipeSizeStaysWithinOneGibAboveInputsAndOutputs) {
+  SKIP_WITHOUT_CUDA();
+  const int64_t rows = 15360, hidden = 4096, vocab = 151936;
+  auto in = random_inputs(rows, hidden, vocab, torch::kBFloat16);
+  auto x = in.hidden.detach().clone().requires_grad_(true);
+  VocabObjectiveOptions o;
+  o.ce_weight = 0.1;
+  o.top_k = 16;
+  o.use_kernel = true;
+  torch::cuda::synchronize();
+  const auto device = c10::cuda::current_device();
+  c10::cuda::CUDACachingAllocator::resetPeakStats(device);
+  const auto before =
+      c10::cuda::CUDACachingAllocator::getDeviceStats(device).allocated_bytes[0].current;
+  auto r = vocab_objective(x, in.teacher, in.labels, in.weights, in.lm_head, o);
+  r.loss.backward();
+  torch::cuda::synchronize();
+  const auto peak = c10::cuda::CUDACachingAllocator::getDeviceStats(device).allocated_bytes[0].peak;
+  const int64_t outputs = rows * hidden * 2 /* dX */ + rows * (4 + 4 + 8 + 16 * 12);
+  const double extra_gib = double(peak - before - outputs) / double(int64_t(1) << 30);
+  std::printf("recipe-size fused vocabulary objective: %.3f GiB above inputs and outputs\n",
+              extra_gib);
+  EXPECT_LE(extra_gib, 1.0);
+  EXPECT_TRUE(std::isfinite(r.loss.item<double>()));
+  EXPECT_TRUE(torch::isfinite(x.grad()).all().item<bool>());
+}
+
+}  // namespace
+}  // namespace dspine::ops
