@@ -7,6 +7,8 @@
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <torch/torch.h>
 
+#include <cmath>
+#include <cstdio>
 #include <string>
 
 #include "ops/vocab_objective_ops.h"
