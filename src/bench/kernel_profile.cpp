@@ -153,8 +153,8 @@ void print_kernel_profile(const KernelProfile& profile, std::FILE* out, size_t l
   const size_t shown = limit == 0 ? profile.rows.size() : std::min(limit, profile.rows.size());
   if (!profile.device) {
     // CPU operators nest (an op's time includes the ops it calls): no shares, no idle gap.
-    std::fprintf(out, "profile: no CUDA activity recorded (CPU run); CPU operators, inclusive "
-                      "times, one window\n\n");
+    std::fprintf(out, "profile: no CUDA activity recorded (a CPU run, or no CUPTI); CPU "
+                      "operators, inclusive times, one window\n\n");
     std::fprintf(out, "| operator | total ms | calls |\n|---|---:|---:|\n");
     for (size_t i = 0; i < shown; ++i) {
       const auto& row = profile.rows[i];
@@ -172,8 +172,8 @@ void print_kernel_profile(const KernelProfile& profile, std::FILE* out, size_t l
     category.total_ms += row.total_ms;
     category.calls += row.calls;
   }
-  std::fprintf(out, "profile: one window, %.2f ms wall, %.2f ms kernel time, idle gap %.2f ms "
-                    "(%.1f%% of the wall time)\n\n",
+  std::fprintf(out, "profile: one window, %.2f ms wall (median window), %.2f ms kernel time, "
+                    "idle gap %.2f ms (%.1f%% of the wall time)\n\n",
                profile.wall_ms, kernel_ms, profile.wall_ms - kernel_ms,
                profile.wall_ms > 0 ? 100.0 * (profile.wall_ms - kernel_ms) / profile.wall_ms : 0.0);
   std::fprintf(out, "| category | total ms | calls | share of GPU time |\n|---|---:|---:|---:|\n");

@@ -32,7 +32,7 @@ struct KernelProfile {
   bool device = false;            // CUDA activity was recorded (else `rows` are CPU operators)
   std::string unavailable;        // why nothing was recorded ("" when the profiler ran)
   std::vector<KernelRow> rows;    // grouped by name, longest total first
-  double wall_ms = 0.0;           // the profiled stretch's wall time (set by the caller)
+  double wall_ms = 0.0;           // the stretch's unprofiled wall time (set by the caller)
   double kernel_ms() const;       // sum of the rows' totals
 };
 

@@ -7,6 +7,8 @@
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <torch/torch.h>
 
+#include <cmath>
+#include <cstdio>
 #include <string>
 
 #include "ops/vocab_objective_ops.h"
@@ -91,9 +93,9 @@ TEST(VocabObjectiveGpu, HandBuiltRowsMatchTheAtenRowPass) {
   SKIP_WITHOUT_CUDA();
   // p = q; weight 0; exact ties at entries 0 and 1 (sign(0) = 0); the first of equal maxima.
   const auto cuda = torch::TensorOptions().device(torch::kCUDA);
-  auto z = torch::tensor({{1.f, 2.f, 0.5f, -1.f}, {3.f, 0.f, 0.f, 3.f}, {0.f, 0.f, -30.f, -31.f}})
+  auto z = torch::tensor({{1.f, 2.f, 0.5f, -1.f}, {3.f, 0.f, 0.f, 3.f}, {0.f, 0.f, 0.f, -30.f}})
                .to(torch::kCUDA);
-  auto t = torch::tensor({{1.f, 2.f, 0.5f, -1.f}, {0.f, 1.f, 2.f, 3.f}, {0.f, 0.f, -31.f, -30.f}})
+  auto t = torch::tensor({{1.f, 2.f, 0.5f, -1.f}, {0.f, 1.f, 2.f, 3.f}, {0.f, 0.f, -30.f, 0.f}})
                .to(torch::kCUDA);
   auto labels = torch::tensor({1, 2, 0}, cuda.dtype(torch::kInt64));
   VocabRowGradient gradient{torch::tensor({0.7f, 0.f, 1.3f}).to(torch::kCUDA), 0.25, 0.75};
@@ -105,7 +107,9 @@ TEST(VocabObjectiveGpu, HandBuiltRowsMatchTheAtenRowPass) {
   expect_close(k.ce, a.ce, 1e-6, "ce");
   EXPECT_EQ(k.l1[0].item<float>(), 0.f);
   EXPECT_TRUE(torch::equal(g_kernel[1], torch::zeros({4}, cuda)));
-  EXPECT_NEAR(g_kernel[2][0].item<double>(), 1.3 * 0.25 * (0.5 - 1.0), 1e-6);
+  // p = (1/3, 1/3, 1/3, ~0), q = (1/3, 1/3, ~0, 1/3): S = 1/3 (it would be 1 with sign(0) = 1).
+  EXPECT_NEAR(g_kernel[2][0].item<double>(), 1.3 * (0.25 * (1.0 / 3 - 1) - 0.75 / 9), 1e-6);
+  EXPECT_NEAR(g_kernel[2][1].item<double>(), 1.3 * (0.25 / 3 - 0.75 / 9), 1e-6);
   EXPECT_EQ(k.argmax[1].item<int64_t>(), 0);
 }
 

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <string>
 
 #include "core/error.h"
@@ -124,10 +125,10 @@ torch::Tensor autograd_row_gradient(const torch::Tensor& z, const torch::Tensor&
 
 TEST(VocabRows, HandBuiltRowsEqualTeacherZeroWeightAndSignTies) {
   // Row 0: p = q (l1 = 0, the L1 gradient vanishes). Row 1: weight 0 (gradient 0). Row 2: entries
-  // 0 and 1 tie exactly (p = q = 1/2: the tiny tail rounds away from the sum of 2) while the tail
-  // differs, so only sign(0) = 0 gives them the CE gradient alone.
-  auto z = torch::tensor({{1.f, 2.f, 0.5f, -1.f}, {3.f, 0.f, 0.f, 1.f}, {0.f, 0.f, -30.f, -31.f}});
-  auto t = torch::tensor({{1.f, 2.f, 0.5f, -1.f}, {0.f, 1.f, 2.f, 3.f}, {0.f, 0.f, -31.f, -30.f}});
+  // 0 and 1 tie exactly (p = q = 1/3: exp(-30) rounds away from the sum of 3) while the mass of
+  // entries 2 and 3 moves, so the gradient there depends on sign(0) = 0.
+  auto z = torch::tensor({{1.f, 2.f, 0.5f, -1.f}, {3.f, 0.f, 0.f, 1.f}, {0.f, 0.f, 0.f, -30.f}});
+  auto t = torch::tensor({{1.f, 2.f, 0.5f, -1.f}, {0.f, 1.f, 2.f, 3.f}, {0.f, 0.f, -30.f, 0.f}});
   auto labels = torch::tensor({1, 2, 0}, torch::kInt64);
   auto w = torch::tensor({0.7f, 0.f, 1.3f});
   const double cw = 0.25;
@@ -141,8 +142,9 @@ TEST(VocabRows, HandBuiltRowsEqualTeacherZeroWeightAndSignTies) {
   auto ce_only = 0.7 * cw * (p0 - torch::one_hot(labels[0], 4).to(torch::kFloat32));
   expect_close(g[0], ce_only, 1e-7, "p = q row");
   EXPECT_TRUE(torch::equal(g[1], torch::zeros({4}))) << g[1];
-  EXPECT_NEAR(g[2][0].item<double>(), 1.3 * cw * (0.5 - 1.0), 1e-6);
-  EXPECT_NEAR(g[2][1].item<double>(), 1.3 * cw * 0.5, 1e-6);
+  // p = (1/3, 1/3, 1/3, ~0), q = (1/3, 1/3, ~0, 1/3): S = 1/3 (it would be 1 with sign(0) = 1).
+  EXPECT_NEAR(g[2][0].item<double>(), 1.3 * (cw * (1.0 / 3 - 1) - (1 - cw) / 9), 1e-6);
+  EXPECT_NEAR(g[2][1].item<double>(), 1.3 * (cw / 3 - (1 - cw) / 9), 1e-6);
   expect_close(g, expected, 1e-6, "autograd");
   EXPECT_TRUE(torch::equal(r.argmax, torch::tensor({1, 0, 0}, torch::kInt64)));  // first maximum
 }
