@@ -126,6 +126,12 @@ TEST(BlockAttentionGpu, LongPrefixesMatchDenseReference) {
   check_case({1, 1100, 40, 16, 8, 2, 128, true}, "bs16 H8/2 D128 S1100");
 }
 
+TEST(BlockAttentionGpu, RecipeShapeMatchesDenseReference) {
+  REQUIRE_CUDA();
+  // configs/qwen3-8b-dspine.yaml: S 3072, 512 blocks of 16 per row, 32/8 heads, head_dim 128.
+  check_case({2, 3072, 512, 16, 32, 8, 128, true}, "recipe shape");
+}
+
 TEST(BlockAttentionGpu, IsDeterministic) {
   REQUIRE_CUDA();
   const Case c{2, 300, 20, 16, 32, 8, 128, true};
