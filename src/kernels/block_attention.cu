@@ -235,7 +235,7 @@ __device__ __forceinline__ bool whole_tile_visible(bool block_tile, int64_t star
 // Forward: one CTA per (block, kv head, row).
 
 template <int D>
-__global__ void __launch_bounds__(kThreads, 3) forward_kernel(Problem p, const bf16* __restrict__ q,
+__global__ void __launch_bounds__(kThreads, 3) attention_forward_kernel(Problem p, const bf16* __restrict__ q,
                                                            const bf16* __restrict__ k,
                                                            const bf16* __restrict__ v,
                                                            bf16* __restrict__ out,
@@ -386,7 +386,7 @@ __global__ void __launch_bounds__(kThreads, 3) forward_kernel(Problem p, const b
 
 // delta = rowsum(dout ∘ out) over D, one warp per (query, head) row.
 template <int D>
-__global__ void delta_kernel(const bf16* __restrict__ out, const bf16* __restrict__ dout,
+__global__ void attention_delta_kernel(const bf16* __restrict__ out, const bf16* __restrict__ dout,
                              float* __restrict__ delta, int64_t rows) {
   const int64_t row = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
@@ -407,7 +407,7 @@ __global__ void delta_kernel(const bf16* __restrict__ out, const bf16* __restric
 // dq: one CTA per (block, kv head, row), over the block's visible key tiles as in the forward.
 template <int D>
 __global__ void __launch_bounds__(kThreads)
-    dq_kernel(Problem p, const bf16* __restrict__ q, const bf16* __restrict__ k,
+    attention_dq_kernel(Problem p, const bf16* __restrict__ q, const bf16* __restrict__ k,
               const bf16* __restrict__ v, const bf16* __restrict__ dout,
               const float* __restrict__ lse, const float* __restrict__ delta,
               bf16* __restrict__ dq) {
@@ -513,7 +513,7 @@ __global__ void __launch_bounds__(kThreads)
 // warp accumulates 16 keys' gradients over all of them (every query head of the group included).
 template <int D>
 __global__ void __launch_bounds__(kThreads)
-    dkdv_kernel(Problem p, const bf16* __restrict__ q, const bf16* __restrict__ k,
+    attention_dkdv_kernel(Problem p, const bf16* __restrict__ q, const bf16* __restrict__ k,
                 const bf16* __restrict__ v, const bf16* __restrict__ dout,
                 const float* __restrict__ lse, const float* __restrict__ delta,
                 bf16* __restrict__ dk, bf16* __restrict__ dv) {
@@ -643,12 +643,12 @@ template <int D>
 cudaError_t forward_impl(const Problem& p, const void* q, const void* k, const void* v, void* out,
                          float* lse, cudaStream_t stream) {
   const size_t smem = 4 * Smem<D>::kTile * sizeof(bf16);
-  cudaError_t status = cudaFuncSetAttribute(forward_kernel<D>,
+  cudaError_t status = cudaFuncSetAttribute(attention_forward_kernel<D>,
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (status != cudaSuccess) return status;
   const dim3 grid(static_cast<unsigned>(p.shape.blocks), static_cast<unsigned>(p.shape.kv_heads),
                   static_cast<unsigned>(p.shape.rows));
-  forward_kernel<D><<<grid, kThreads, smem, stream>>>(
+  attention_forward_kernel<D><<<grid, kThreads, smem, stream>>>(
       p, static_cast<const bf16*>(q), static_cast<const bf16*>(k), static_cast<const bf16*>(v),
       static_cast<bf16*>(out), lse);
   return cudaGetLastError();
@@ -660,7 +660,7 @@ cudaError_t backward_impl(const Problem& p, const void* q, const void* k, const 
                           void* dq, void* dk, void* dv, cudaStream_t stream) {
   const int64_t stat_rows = p.shape.rows * p.queries * p.shape.heads;
   const int rows_per_cta = 8;  // warps of 32 threads
-  delta_kernel<D><<<static_cast<unsigned>((stat_rows + rows_per_cta - 1) / rows_per_cta),
+  attention_delta_kernel<D><<<static_cast<unsigned>((stat_rows + rows_per_cta - 1) / rows_per_cta),
                     rows_per_cta * 32, 0, stream>>>(static_cast<const bf16*>(out),
                                                     static_cast<const bf16*>(dout), delta,
                                                     stat_rows);
@@ -668,11 +668,11 @@ cudaError_t backward_impl(const Problem& p, const void* q, const void* k, const 
   if (status != cudaSuccess) return status;
 
   const size_t dq_smem = 6 * Smem<D>::kTile * sizeof(bf16);
-  status = cudaFuncSetAttribute(dq_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, dq_smem);
+  status = cudaFuncSetAttribute(attention_dq_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, dq_smem);
   if (status != cudaSuccess) return status;
   const dim3 dq_grid(static_cast<unsigned>(p.shape.blocks), static_cast<unsigned>(p.shape.kv_heads),
                      static_cast<unsigned>(p.shape.rows));
-  dq_kernel<D><<<dq_grid, kThreads, dq_smem, stream>>>(
+  attention_dq_kernel<D><<<dq_grid, kThreads, dq_smem, stream>>>(
       p, static_cast<const bf16*>(q), static_cast<const bf16*>(k), static_cast<const bf16*>(v),
       static_cast<const bf16*>(dout), lse, delta, static_cast<bf16*>(dq));
   status = cudaGetLastError();
@@ -680,11 +680,11 @@ cudaError_t backward_impl(const Problem& p, const void* q, const void* k, const 
 
   const size_t kv_smem = 6 * Smem<D>::kTile * sizeof(bf16) + 4 * kRows * sizeof(float);
   status =
-      cudaFuncSetAttribute(dkdv_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, kv_smem);
+      cudaFuncSetAttribute(attention_dkdv_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, kv_smem);
   if (status != cudaSuccess) return status;
   const dim3 kv_grid(static_cast<unsigned>(p.context_tiles + p.shape.blocks),
                      static_cast<unsigned>(p.shape.kv_heads), static_cast<unsigned>(p.shape.rows));
-  dkdv_kernel<D><<<kv_grid, kThreads, kv_smem, stream>>>(
+  attention_dkdv_kernel<D><<<kv_grid, kThreads, kv_smem, stream>>>(
       p, static_cast<const bf16*>(q), static_cast<const bf16*>(k), static_cast<const bf16*>(v),
       static_cast<const bf16*>(dout), lse, delta, static_cast<bf16*>(dk), static_cast<bf16*>(dv));
   return cudaGetLastError();

@@ -3,12 +3,13 @@
 // (cosine and relative norm error), for fp32 and bf16, at two points of the replacement schedule;
 // on the tiny head layout (norm/SwiGLU kernels) and on one the block attention kernels take (bf16).
 // With DSPINE_RECIPE_PARITY=1 (scripts/device_check.sh sets it), also one window of the recipe
-// (configs/qwen3-8b-dspine.yaml, random inputs) in bf16: gradient cosine >= 0.9999.
+// (configs/qwen3-8b-dspine.yaml, random inputs) in bf16: the loss within 0.2%, and the gradient
+// no farther from the reference than the reference is from itself under a bf16-level input
+// perturbation.
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include <algorithm>
 #include <cstdlib>
 
 #include "core/config.h"
@@ -190,6 +191,7 @@ TEST(FusedDSpineStep, RecipeSizeGradientsMatchReferenceKernels) {
   WindowResult reference = recipe_window("false");
   WindowResult fused = recipe_window("true");
   const auto agreement = compare(fused, reference);
+  EXPECT_LE(std::abs(fused.loss - reference.loss), 2e-3 * std::abs(reference.loss));
   // The noise floor: the reference against itself with its inputs scaled by 1 + 2^-10, which
   // moves about a quarter of their bf16 roundings by one unit, a perturbation of the size the two
   // kernel sets' roundings differ by. Near-ties among the top-k candidates of random logits flip
@@ -197,24 +199,15 @@ TEST(FusedDSpineStep, RecipeSizeGradientsMatchReferenceKernels) {
   const auto floor = compare(recipe_window("false", 1.0 + 1.0 / 1024), reference);
   std::printf("reference vs reference with inputs x (1 + 2^-10): grad cosine %.8f, relative error "
               "%.3g\n", floor.cosine, floor.relative);
-  EXPECT_GE(agreement.cosine, 0.9999);
-  EXPECT_LE(std::abs(fused.loss - reference.loss), 2e-2 * std::abs(reference.loss));
+  // At random initialization the recipe's gradient is not a smooth function of bf16 roundings
+  // (measured: the floor's cosine is ~0.97), so 0.9999 is out of reach for any two bf16
+  // evaluations; the fused kernels must be no farther from the reference than that floor. The
+  // kernels themselves are held to 0.9999 at the recipe's shapes (test_block_attention_gpu,
+  // test_vocab_objective_gpu) and the whole window on the small layouts above.
+  EXPECT_GE(agreement.cosine, floor.cosine - 0.01);
   std::printf("fused vs reference (bf16, recipe size): loss %.6f vs %.6f, grad cosine %.8f, "
               "relative error %.3g\n",
               fused.loss, reference.loss, agreement.cosine, agreement.relative);
-  // Where they differ: the parameters with the lowest gradient cosine.
-  std::vector<std::pair<double, std::string>> worst;
-  for (const auto& [name, grad] : reference.grads) {
-    const auto& other = fused.grads.at(name);
-    worst.emplace_back(
-        ((grad * other).sum() / (grad.norm() * other.norm()).clamp_min(1e-300)).item<double>(),
-        name);
-  }
-  std::sort(worst.begin(), worst.end());
-  for (size_t i = 0; i < std::min<size_t>(12, worst.size()); ++i) {
-    std::printf("  recipe grad cosine %.6f  %s (norm %.3g)\n", worst[i].first,
-                worst[i].second.c_str(), reference.grads.at(worst[i].second).norm().item<double>());
-  }
 }
 
 }  // namespace
