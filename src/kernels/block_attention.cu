@@ -218,6 +218,28 @@ __device__ __forceinline__ void load_key_tile(bf16* dst, const bf16* src, const 
   }
 }
 
+// Zeroes this CTA's query rows of a [B, N·bs, H, D] tensor (a dropped block's output or dq).
+template <int D>
+__device__ __forceinline__ void zero_query_rows(bf16* dst, const Problem& p, int b, int n, int g) {
+  constexpr int kChunks = D / 8;
+  for (int i = threadIdx.x; i < kRows * kChunks; i += kThreads) {
+    const int r = i / kChunks, c = i % kChunks;
+    if (!query_row(p, g, r).valid) continue;
+    *reinterpret_cast<uint4*>(dst + query_offset(p, b, n, g, r) + c * 8) = make_uint4(0, 0, 0, 0);
+  }
+}
+
+// Starts the copy of a key tile and its value tile into buffer `buf` (one commit group).
+template <int D>
+__device__ __forceinline__ void prefetch_key_value_tiles(bf16* s_k, bf16* s_v, const bf16* k,
+                                                         const bf16* v, const Problem& p, int b,
+                                                         int g, int buf, bool block_tile,
+                                                         int64_t start) {
+  load_key_tile<D>(s_k + buf * Smem<D>::kTile, k, p, b, g, block_tile, start);
+  load_key_tile<D>(s_v + buf * Smem<D>::kTile, v, p, b, g, block_tile, start);
+  commit_async();
+}
+
 // Is key c of the tile visible to a query at block position j? Context tile: c + start < anchor;
 // block tile: c <= j.
 __device__ __forceinline__ bool visible(bool block_tile, int64_t start, int64_t anchor, int c,
@@ -255,12 +277,7 @@ __global__ void __launch_bounds__(kThreads, 3) attention_forward_kernel(Problem 
   const int row_a = warp * 16 + lane / 4, row_b = row_a + 8;
 
   if (!keep) {
-    constexpr int kChunks = D / 8;
-    for (int i = threadIdx.x; i < kRows * kChunks; i += kThreads) {
-      const int r = i / kChunks, c = i % kChunks;
-      if (!query_row(p, g, r).valid) continue;
-      *reinterpret_cast<uint4*>(out + query_offset(p, b, n, g, r) + c * 8) = make_uint4(0, 0, 0, 0);
-    }
+    zero_query_rows<D>(out, p, b, n, g);
     if (threadIdx.x < kRows && query_row(p, g, threadIdx.x).valid) {
       lse[query_stat_offset(p, b, n, g, threadIdx.x)] = INFINITY;
     }
@@ -274,9 +291,7 @@ __global__ void __launch_bounds__(kThreads, 3) attention_forward_kernel(Problem 
   };
   load_query_tile<D>(s_q, q, p, b, n, g);
   commit_async();
-  load_key_tile<D>(s_k, k, p, b, g, context_tiles == 0, tile_start(0));
-  load_key_tile<D>(s_v, v, p, b, g, context_tiles == 0, tile_start(0));
-  commit_async();
+  prefetch_key_value_tiles<D>(s_k, s_v, k, v, p, b, g, 0, context_tiles == 0, tile_start(0));
   wait_async<1>();
   __syncthreads();
   uint32_t q_frag[D / 16][4];
@@ -291,12 +306,8 @@ __global__ void __launch_bounds__(kThreads, 3) attention_forward_kernel(Problem 
   for (int t = 0; t < tiles; ++t) {
     const int buf = t & 1;
     if (t + 1 < tiles) {
-      const int next = (t + 1) & 1;
-      load_key_tile<D>(s_k + next * Smem<D>::kTile, k, p, b, g, t + 1 == context_tiles,
-                       tile_start(t + 1));
-      load_key_tile<D>(s_v + next * Smem<D>::kTile, v, p, b, g, t + 1 == context_tiles,
-                       tile_start(t + 1));
-      commit_async();
+      prefetch_key_value_tiles<D>(s_k, s_v, k, v, p, b, g, (t + 1) & 1, t + 1 == context_tiles,
+                                  tile_start(t + 1));
       wait_async<1>();
     } else {
       wait_async<0>();
@@ -425,12 +436,7 @@ __global__ void __launch_bounds__(kThreads)
   const bool valid_a = query_row(p, g, row_a).valid, valid_b = query_row(p, g, row_b).valid;
 
   if (!keep) {
-    constexpr int kChunks = D / 8;
-    for (int i = threadIdx.x; i < kRows * kChunks; i += kThreads) {
-      const int r = i / kChunks, c = i % kChunks;
-      if (!query_row(p, g, r).valid) continue;
-      *reinterpret_cast<uint4*>(dq + query_offset(p, b, n, g, r) + c * 8) = make_uint4(0, 0, 0, 0);
-    }
+    zero_query_rows<D>(dq, p, b, n, g);
     return;
   }
 
@@ -441,9 +447,7 @@ __global__ void __launch_bounds__(kThreads)
   };
   load_query_tile<D>(s_q, q, p, b, n, g);
   load_query_tile<D>(s_do, dout, p, b, n, g);
-  load_key_tile<D>(s_k, k, p, b, g, context_tiles == 0, tile_start(0));
-  load_key_tile<D>(s_v, v, p, b, g, context_tiles == 0, tile_start(0));
-  commit_async();
+  prefetch_key_value_tiles<D>(s_k, s_v, k, v, p, b, g, 0, context_tiles == 0, tile_start(0));
 
   const float scale_log2 = p.scale * kLog2e;
   const int pos_a = query_row(p, g, row_a).position, pos_b = query_row(p, g, row_b).position;
@@ -457,12 +461,8 @@ __global__ void __launch_bounds__(kThreads)
   for (int t = 0; t < tiles; ++t) {
     const int buf = t & 1;
     if (t + 1 < tiles) {
-      const int next = (t + 1) & 1;
-      load_key_tile<D>(s_k + next * Smem<D>::kTile, k, p, b, g, t + 1 == context_tiles,
-                       tile_start(t + 1));
-      load_key_tile<D>(s_v + next * Smem<D>::kTile, v, p, b, g, t + 1 == context_tiles,
-                       tile_start(t + 1));
-      commit_async();
+      prefetch_key_value_tiles<D>(s_k, s_v, k, v, p, b, g, (t + 1) & 1, t + 1 == context_tiles,
+                                  tile_start(t + 1));
       wait_async<1>();
     } else {
       wait_async<0>();
