@@ -26,7 +26,9 @@ const std::map<std::string, std::string>& core_descriptions() {
       {"model.block_size", "tokens per block: the anchor and block_size - 1 proposals"},
       {"model.mask_token_id", "token whose embedding fills the proposal slots"},
       {"model.target_layer_ids", "target layers (0-based) whose outputs the draft reads"},
-      {"model.fused_kernels", "fused CUDA RMSNorm/SwiGLU (auto: on CUDA devices)"},
+      {"model.fused_kernels",
+       "fused CUDA kernels: RMSNorm/SwiGLU, block attention (bf16), vocabulary objective (auto: on "
+       "CUDA devices)"},
       {"model.dspine.transfer_rank", "r, rank of the fixed transfer space"},
       {"model.dspine.message_size", "m, width of the adjacent-injection message"},
       {"model.dspine.top_k", "candidates of the refinement head"},
