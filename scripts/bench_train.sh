@@ -68,10 +68,17 @@ step_row() {
 
 profile_args=()
 if [[ "${BENCH_PROFILE:-1}" != 0 ]]; then
-  profile_args=(--profile --profile-out "$OUT_DIR/bench_train_kernels.md")
+  profile_args=(--profile --profile-out "$OUT_DIR/bench_train_kernels.md"
+                --profile-trace "$OUT_DIR/bench_train_trace.json")
 fi
 step_run fused "$BENCH" "${step_args[@]}" "${profile_args[@]}" "${extra_args[@]}"
 step_row fused 1
+# The profiled window by launching code (scripts/profile_by_op.py), and its trace, compressed.
+if [[ -f "$OUT_DIR/bench_train_trace.json" ]]; then
+  python3 scripts/profile_by_op.py "$OUT_DIR/bench_train_trace.json" \
+    > "$OUT_DIR/bench_train_by_op.md" 2>&1 || status=1
+  gzip -f "$OUT_DIR/bench_train_trace.json"
+fi
 step_run reference "$BENCH" "${step_args[@]}" --set model.fused_kernels=false "${extra_args[@]}"
 step_row reference 1
 step_run accum2 "$BENCH" "${step_args[@]}" --set training.accumulation_steps=2 "${extra_args[@]}"

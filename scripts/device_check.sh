@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Builds and runs every GPU test and benchmark on the GPU machine in one go; logs under $OUT.
 # Uses the machine's torch 2.11 and packages (installs nothing); carry .whl for Liger-Kernel.
-# Usage: scripts/device_check.sh [all|gspo|target|attention|vocab|train|step]  (gspo: only the GSPO
+# Usage: scripts/device_check.sh [all|gspo|target|attention|vocab|train|step|profile]  (gspo: only the GSPO
 # policy test and the RL step; target: only the Qwen3 target test and the online-target step,
 # scripts/bench_online_target.sh; attention: the block attention test, the fused step test and
 # `dspine-bench attention` at the recipe's shapes; vocab: the fused vocabulary objective's tests,
 # the fused step test and `dspine-bench vocab`; train: only dspine-bench and the recipe-size
 # training step with its kernel profile, scripts/bench_train.sh; step: the attention, vocabulary
-# and fused-step tests, then the attention, vocabulary and training-step benchmarks)
+# and fused-step tests, then the attention, vocabulary and training-step benchmarks; profile: only
+# the fused recipe step, profiled, its kernels by launching code and its trace)
 set -uo pipefail
 PHASE="${1:-all}"
 cd "$(dirname "$0")/.."
@@ -25,7 +26,7 @@ TORCH_PREFIX=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)' 2
 targets=(test_fused_norm_mlp test_gspo_gpu test_gspo_policy_gpu test_dspine_fused_step
   test_random_source_gpu test_qwen3_model_gpu test_block_attention_gpu test_kernel_profile_gpu
   test_dspine_objective test_trainer test_vocab_objective_gpu test_fused_vocabulary dspine-bench)
-[[ $PHASE == train ]] && targets=(dspine-bench)
+[[ $PHASE == train || $PHASE == profile ]] && targets=(dspine-bench)
 { cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$TORCH_PREFIX" &&
   ninja -C "$BUILD_DIR" -j "$(nproc)" "${targets[@]}"; } > "$OUT/build.log" 2>&1 ||
   { grep -E -A12 "error|FAILED" "$OUT/build.log" | head -80; exit 1; }
@@ -39,6 +40,17 @@ train_step() {
   scripts/bench_train.sh "$BUILD_DIR" > "$OUT/bench_train.log" 2>&1 || status=1
   cat "$OUT/bench_train.md" 2>/dev/null || tail -20 "$OUT/bench_train.log"
 }
+if [[ $PHASE == profile ]]; then
+  "$BUILD_DIR/bin/dspine-bench" step --config configs/qwen3-8b-dspine.yaml --steps 3 \
+    --set data.source=random --set training.accumulation_steps=1 \
+    --profile-trace "$OUT/trace.json" > "$OUT/bench_profile.log" 2>&1 || status=1
+  python3 scripts/profile_by_op.py "$OUT/trace.json" > "$OUT/by_op.md" 2>&1 || status=1
+  gzip -f "$OUT/trace.json"
+  grep -E "^(replay|forward|objective|backward|window) " "$OUT/bench_profile.log"
+  head -30 "$OUT/by_op.md"
+  echo "done in $(( $(date +%s) - start )) s, status $status"
+  exit $status
+fi
 if [[ $PHASE == train ]]; then
   train_step
   echo "done in $(( $(date +%s) - start )) s, status $status"

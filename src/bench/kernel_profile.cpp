@@ -108,7 +108,7 @@ void start_kernel_profile(bool cuda) {
   profiler::enableProfiler(config, activities);
 }
 
-KernelProfile stop_kernel_profile() {
+KernelProfile stop_kernel_profile(const std::string& trace_path) {
   KernelProfile profile;
   std::unique_ptr<profiler::ProfilerResult> result;
   try {
@@ -121,6 +121,7 @@ KernelProfile stop_kernel_profile() {
     profile.unavailable = "the profiler recorded nothing";
     return profile;
   }
+  if (!trace_path.empty()) result->save(trace_path);
   std::map<std::string, KernelRow> device, host;
   for (const auto& event : result->events()) {
     const auto type = static_cast<libkineto::ActivityType>(event.activityType());

@@ -40,7 +40,9 @@ struct KernelProfile {
 // A LibTorch without Kineto leaves it off; stop_kernel_profile then says so.
 void start_kernel_profile(bool cuda);
 // Stops it and groups what it recorded.
-KernelProfile stop_kernel_profile();
+// `trace_path` non-empty: the Chrome trace (kernels linked to the operators that launched them)
+// is also saved there.
+KernelProfile stop_kernel_profile(const std::string& trace_path = "");
 
 // The report: categories with their share of the kernel time, the idle gap (wall − kernel time)
 // and the `limit` longest kernels, as markdown tables (`limit` 0: every kernel).

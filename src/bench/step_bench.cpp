@@ -45,6 +45,7 @@ struct StepOptions {
   int64_t steps = 6;
   bool profile = false;
   std::string profile_out;
+  std::string profile_trace;
 };
 
 constexpr const char* kPhases[] = {"data", "prepass", "replay", "optimizer"};
@@ -80,6 +81,7 @@ struct PhaseMeter {
   bool cuda = false;
   int device = 0;
   int64_t profile_window = -1;  // window index run under the profiler; -1: none
+  std::string trace_path;       // where the profiled window's Chrome trace goes ("": nowhere)
   int64_t windows = 0;          // windows begun
   bool profiling = false;
   KernelProfile kernel_profile;
@@ -167,7 +169,7 @@ struct PhaseMeter {
   void end_window() {
     if (profiling) {
       profiling = false;
-      kernel_profile = stop_kernel_profile();
+      kernel_profile = stop_kernel_profile(trace_path);
     } else {
       for (const auto& [name, total] : window_sub_seconds) {
         record(name, total, mib(window_sub_extra[name]), gib(window_sub_peak[name]));
@@ -236,7 +238,8 @@ void run_step_bench(const StepOptions& options) {
       dist::training_device(config.training.device, dist::rank_layout().local_rank);
   auto comm = dist::make_communicator(config.distributed, device);
   const std::string scratch = "/tmp/dspine-bench-step-" + shared_id(*comm, device);
-  const bool profile = options.profile || !options.profile_out.empty();
+  const bool profile =
+      options.profile || !options.profile_out.empty() || !options.profile_trace.empty();
   if (!options.profile_out.empty() && comm->rank() == 0) {
     std::FILE* out = std::fopen(options.profile_out.c_str(), "w");  // fail before the run
     if (out == nullptr) fail("--profile-out {}: cannot write the file", options.profile_out);
@@ -256,6 +259,7 @@ void run_step_bench(const StepOptions& options) {
   meter.cuda = device.is_cuda();
   meter.device = device.is_cuda() ? device.index() : 0;
   if (profile) meter.profile_window = options.steps;
+  if (comm->rank() == 0) meter.trace_path = options.profile_trace;
   if (!meter.cuda) CpuMemoryTracker::install();
   const bool dspine = config.objective.name == "dspine";
   train::Trainer trainer(config, comm);
@@ -401,6 +405,8 @@ void register_step_bench(CLI::App& app) {
                     "run one more window under the Kineto profiler and print its kernel table");
   command->add_option("--profile-out", options->profile_out,
                       "write the full per-kernel table (markdown) here; implies --profile");
+  command->add_option("--profile-trace", options->profile_trace,
+                      "save the profiled window's Chrome trace (JSON) here; implies --profile");
   command->callback([options] { run_step_bench(*options); });
 }
 

@@ -1,5 +1,6 @@
 #include "model/decoder_layer.h"
 
+#include <ATen/record_function.h>
 #include <torch/torch.h>
 
 namespace dspine::model {
@@ -15,7 +16,12 @@ DecoderLayerImpl::DecoderLayerImpl(const core::ModelConfig& c, bool fused) {
 
 torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& x, const torch::Tensor& context,
                                         const AttentionMask& mask, const RopeTables& rope) {
-  auto h = x + self_attn(input_layernorm(x), context, mask, rope);
+  torch::Tensor h;
+  {
+    RECORD_USER_SCOPE("dspine.attention");  // named in profiles (scripts/profile_by_op.py)
+    h = x + self_attn(input_layernorm(x), context, mask, rope);
+  }
+  RECORD_USER_SCOPE("dspine.mlp");
   return h + mlp(post_attention_layernorm(h));
 }
 

@@ -1,5 +1,6 @@
 #include "model/dspine_draft.h"
 
+#include <ATen/record_function.h>
 #include <torch/torch.h>
 
 #include <cmath>
@@ -82,6 +83,7 @@ torch::Tensor DSpineDraftImpl::leave(const std::string& unit, const torch::Tenso
 
 torch::Tensor DSpineDraftImpl::context(const torch::Tensor& target_hidden) {
   enter("context");
+  RECORD_USER_SCOPE("dspine.context");
   return leave("context", hidden_norm(fc(target_hidden)));
 }
 
@@ -120,6 +122,7 @@ DraftOutput DSpineDraftImpl::forward(const torch::Tensor& position_ids,
     enter(unit);
     x = leave(unit, layer_modules[i](x, ctx, mask, rope));
     pre = x.view({rows, blocks, bs, hidden});
+    RECORD_USER_SCOPE("dspine.injection");
     auto y = injection->forward(pre, i, block_token_ids, transfer_codes, replace_mask);
     features.push_back(injection->feature(y, i));
     x = y.view({rows, queries, hidden});
@@ -130,6 +133,7 @@ DraftOutput DSpineDraftImpl::forward(const torch::Tensor& position_ids,
 torch::Tensor DSpineDraftImpl::refine(const torch::Tensor& h, const torch::Tensor& pred_ids) {
   const int64_t last = config_.num_hidden_layers - 1;
   enter("head");
+  RECORD_USER_SCOPE("dspine.refine");
   auto receiver = injection->feature(h, last);
   auto pred = injection->scaled_codes(transfer_codes, pred_ids);
   return norm(injection->write(h, receiver, pred, last));

@@ -1,5 +1,6 @@
 #include "objectives/dspine_forward.h"
 
+#include <ATen/record_function.h>
 #include <torch/torch.h>
 
 #include "core/error.h"
@@ -181,6 +182,7 @@ DSpineOutput DSpineTrainingModel::objective(const DraftPass& pass,
   const int64_t chunk = settings_.objective_chunk_blocks;
 
   if (options.ce_only) {
+    RECORD_USER_SCOPE("dspine.vocab_ce");
     if (fused_vocabulary_) {
       const auto hidden = pass.hidden_rows.reshape({-1, pass.hidden_rows.size(-1)});
       auto rows = ops::vocab_ce(hidden, pass.labels.reshape({-1}), lm_head_,
@@ -266,6 +268,7 @@ DSpineTrainingModel::TermSums DSpineTrainingModel::fused_terms(const DraftPass& 
   const int64_t top_k = model_config_.dspine.top_k;
   const int64_t hidden = pass.hidden_rows.size(-1);
   const auto weights = pass.weights.reshape({-1});
+  RECORD_USER_SCOPE("dspine.vocab_objective");
   auto rows = ops::vocab_objective(pass.hidden_rows.reshape({-1, hidden}),
                                    pass.teacher.reshape({-1, hidden}), pass.labels.reshape({-1}),
                                    weights, lm_head_, vocabulary_options(settings_, top_k));
@@ -279,6 +282,7 @@ DSpineTrainingModel::TermSums DSpineTrainingModel::fused_terms(const DraftPass& 
   auto& draft_impl = *draft_;
   auto sums = checkpointed_chunk_reduce(
       [this, &draft_impl](const std::vector<at::Tensor>& c) {
+        RECORD_USER_SCOPE("dspine.candidate_terms");
         return candidate_terms(draft_impl, lm_head_, settings_, c);
       },
       {pass.pre_rows, pass.features, pass.labels, pass.predecessors, pass.weights,
