@@ -25,7 +25,8 @@ command -v nvcc >/dev/null || export PATH="/usr/local/cuda/bin:$PATH"
 TORCH_PREFIX=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null)
 targets=(test_fused_norm_mlp test_gspo_gpu test_gspo_policy_gpu test_dspine_fused_step
   test_random_source_gpu test_qwen3_model_gpu test_block_attention_gpu test_kernel_profile_gpu
-  test_dspine_objective test_trainer test_vocab_objective_gpu test_fused_vocabulary dspine-bench)
+  test_dspine_objective test_trainer test_vocab_objective_gpu test_fused_vocabulary
+  test_injection_residual_gpu dspine-bench)
 [[ $PHASE == train || $PHASE == profile ]] && targets=(dspine-bench)
 { cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$TORCH_PREFIX" &&
   ninja -C "$BUILD_DIR" -j "$(nproc)" "${targets[@]}"; } > "$OUT/build.log" 2>&1 ||
@@ -64,13 +65,14 @@ gspo_rl_step() {
 }
 tests=(test_fused_norm_mlp test_gspo_gpu test_gspo_policy_gpu test_dspine_fused_step
   test_random_source_gpu test_qwen3_model_gpu test_block_attention_gpu test_kernel_profile_gpu
-  test_dspine_objective test_trainer test_vocab_objective_gpu test_fused_vocabulary)
+  test_dspine_objective test_trainer test_vocab_objective_gpu test_fused_vocabulary
+  test_injection_residual_gpu)
 [[ $PHASE == gspo ]] && tests=(test_gspo_policy_gpu)
 [[ $PHASE == target ]] && tests=(test_qwen3_model_gpu)
 [[ $PHASE == attention ]] && tests=(test_block_attention_gpu test_dspine_fused_step)
 [[ $PHASE == vocab ]] && tests=(test_vocab_objective_gpu test_dspine_fused_step test_fused_vocabulary)
 [[ $PHASE == step ]] && tests=(test_block_attention_gpu test_vocab_objective_gpu test_fused_vocabulary
-  test_dspine_fused_step test_kernel_profile_gpu)
+  test_injection_residual_gpu test_dspine_fused_step test_kernel_profile_gpu)
 # test_trainer trains on the device `auto` picks: the GPU here.
 for test in "${tests[@]}"; do
   "$BUILD_DIR/tests/$test" > "$OUT/$test.log" 2>&1 || status=1

@@ -4,6 +4,9 @@
 
 #include <cmath>
 
+#include "ops/injection_residual_ops.h"
+#include "ops/rms_norm_ops.h"
+
 namespace dspine::model {
 
 namespace {
@@ -14,8 +17,11 @@ torch::nn::Linear linear(int64_t in, int64_t out) {
 
 AdjacentInjectionImpl::AdjacentInjectionImpl(int64_t hidden_size, int64_t transfer_rank,
                                              int64_t message_size, int64_t num_layers,
-                                             int64_t replacement_layers)
-    : hidden_size_(hidden_size), rank_(transfer_rank), replacement_layers_(replacement_layers) {
+                                             int64_t replacement_layers, bool fused)
+    : hidden_size_(hidden_size),
+      rank_(transfer_rank),
+      replacement_layers_(replacement_layers),
+      fused_(fused) {
   bias = register_parameter("bias", torch::zeros({message_size}));
   readouts = register_module("readouts", torch::nn::ModuleList());
   writes = register_module("writes", torch::nn::ModuleList());
@@ -35,22 +41,46 @@ AdjacentInjectionImpl::AdjacentInjectionImpl(int64_t hidden_size, int64_t transf
   predecessor_gate->weight.zero_();
 }
 
+// Below this norm a readout counts as zero (the reference clamps the norm; the fused RMSNorm adds
+// r·eps to ‖p‖², which maps p = 0 to 0 and changes nothing above it in fp32).
+constexpr double kZeroNorm = 1e-12;
+
 torch::Tensor AdjacentInjectionImpl::feature(const torch::Tensor& h, int64_t layer) {
-  auto p = readout_layers.at(layer)(h).to(torch::kFloat32);
-  auto unit = p / p.norm(2, -1, true).clamp_min(1e-12);
+  auto readout = readout_layers.at(layer)(h);
+  if (fused_ && readout.is_cuda()) {
+    // sqrt(r) · p / ‖p‖ is RMSNorm with unit weight: one kernel each way.
+    if (!unit_weight_.defined() || unit_weight_.device() != readout.device() ||
+        unit_weight_.scalar_type() != readout.scalar_type()) {
+      unit_weight_ = torch::ones({rank_}, readout.options());
+    }
+    const double eps = kZeroNorm * kZeroNorm / static_cast<double>(rank_);
+    if (ops::rms_norm_fusable(readout, unit_weight_)) {
+      return ops::rms_norm_fused(readout, unit_weight_, eps);
+    }
+  }
+  auto p = readout.to(torch::kFloat32);
+  auto unit = p / p.norm(2, -1, true).clamp_min(kZeroNorm);
   return (std::sqrt(static_cast<double>(rank_)) * unit).to(h.scalar_type());
+}
+
+torch::Tensor AdjacentInjectionImpl::delta(const torch::Tensor& receiver, const torch::Tensor& pred,
+                                           int64_t layer) {
+  auto p = pred.to(receiver.scalar_type());
+  auto gate = torch::sigmoid(receiver_gate(receiver) + predecessor_gate(p) + bias);
+  return write_layers.at(layer)(gate * message(p));
+}
+
+torch::Tensor AdjacentInjectionImpl::residual(const torch::Tensor& h, const torch::Tensor& delta,
+                                              bool skip_first) {
+  if (fused_ && ops::injection_residual_fusable(h, delta, skip_first)) {
+    return ops::injection_residual_fused(h, delta, skip_first);
+  }
+  return ops::injection_residual_reference(h, delta, skip_first);
 }
 
 torch::Tensor AdjacentInjectionImpl::write(const torch::Tensor& h, const torch::Tensor& receiver,
                                            const torch::Tensor& pred, int64_t layer) {
-  auto p = pred.to(receiver.scalar_type());
-  auto gate = torch::sigmoid(receiver_gate(receiver) + predecessor_gate(p) + bias);
-  auto delta = write_layers.at(layer)(gate * message(p));
-  // The norm accumulates in fp32 without an fp32 copy of h (which its backward would keep).
-  auto rms = (at::linalg_vector_norm(h, 2, {-1}, true, torch::kFloat32) /
-              std::sqrt(static_cast<double>(hidden_size_)))
-                 .to(h.scalar_type());
-  return h + rms * delta;
+  return residual(h, delta(receiver, pred, layer), /*skip_first=*/false);
 }
 
 torch::Tensor AdjacentInjectionImpl::scaled_codes(const torch::Tensor& codes,
@@ -71,8 +101,7 @@ torch::Tensor AdjacentInjectionImpl::forward(const torch::Tensor& h, int64_t lay
     pred = torch::where(replace.to(torch::kBool).view({replace.size(0), replace.size(1), 1, 1}),
                         truth, pred);
   }
-  auto written = write(h.slice(2, 1), features.slice(2, 1), pred, layer);
-  return torch::cat({h.slice(2, 0, 1), written}, 2);
+  return residual(h, delta(features.slice(2, 1), pred, layer), /*skip_first=*/true);
 }
 
 }  // namespace dspine::model

@@ -18,16 +18,21 @@ class AdjacentInjectionImpl : public torch::nn::Module {
   // Registration order (state-dict keys): bias, readouts.{i}, writes.{i}, message,
   // receiver_gate, predecessor_gate. writes, predecessor_gate and bias start at zero so every
   // write is the identity at init; message/receiver_gate/readouts keep the default Linear init.
+  // `fused`: the feature normalisation and the residual write run as fused CUDA kernels
+  // (docs/kernels.md, "Injection residual"), same parameters and function.
   AdjacentInjectionImpl(int64_t hidden_size, int64_t transfer_rank, int64_t message_size,
-                        int64_t num_layers, int64_t replacement_layers);
+                        int64_t num_layers, int64_t replacement_layers, bool fused = false);
 
   // sqrt(r) * normalize(fp32(readouts[layer](h))), returned in h's dtype: [..., r].
   torch::Tensor feature(const torch::Tensor& h, int64_t layer);
 
-  // h + rms(h) * writes[layer](sigmoid(receiver_gate(receiver) + predecessor_gate(pred) + bias)
-  //                            * message(pred)); pred is cast to receiver's dtype first.
+  // h + rms(h) * delta(receiver, pred, layer), rms(h) = ‖h‖ / √H.
   torch::Tensor write(const torch::Tensor& h, const torch::Tensor& receiver,
                       const torch::Tensor& pred, int64_t layer);
+
+  // writes[layer](sigmoid(receiver_gate(receiver) + predecessor_gate(pred) + bias)
+  //               * message(pred)); pred is cast to receiver's dtype first.
+  torch::Tensor delta(const torch::Tensor& receiver, const torch::Tensor& pred, int64_t layer);
 
   // h [B, N, bs, H] pre-injection state of `layer`; token_ids [B, N, bs] (slot 0 = anchor);
   // codes [V, r]; replace [B, N] bool or undefined. Slot 0 is never written. Blocks with
@@ -44,7 +49,12 @@ class AdjacentInjectionImpl : public torch::nn::Module {
   torch::nn::Linear message{nullptr}, receiver_gate{nullptr}, predecessor_gate{nullptr};
 
  private:
+  // h + rms(h) · delta; with skip_first, slot 0 of every block is kept and delta covers slots 1..
+  torch::Tensor residual(const torch::Tensor& h, const torch::Tensor& delta, bool skip_first);
+
   int64_t hidden_size_, rank_, replacement_layers_;
+  bool fused_;
+  torch::Tensor unit_weight_;  // ones [r] for the fused feature norm; not a parameter or buffer
 };
 TORCH_MODULE(AdjacentInjection);
 

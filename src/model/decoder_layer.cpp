@@ -16,13 +16,15 @@ DecoderLayerImpl::DecoderLayerImpl(const core::ModelConfig& c, bool fused) {
 
 torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& x, const torch::Tensor& context,
                                         const AttentionMask& mask, const RopeTables& rope) {
-  torch::Tensor h;
+  torch::Tensor attended;
   {
     RECORD_USER_SCOPE("dspine.attention");  // named in profiles (scripts/profile_by_op.py)
-    h = x + self_attn(input_layernorm(x), context, mask, rope);
+    attended = self_attn(input_layernorm(x), context, mask, rope);
   }
   RECORD_USER_SCOPE("dspine.mlp");
-  return h + mlp(post_attention_layernorm(h));
+  // The residual add and the post-attention norm in one pass (one fused kernel each way).
+  auto [h, normed] = post_attention_layernorm->forward_add(attended, x);
+  return h + mlp(normed);
 }
 
 }  // namespace dspine::model

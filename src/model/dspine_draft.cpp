@@ -44,7 +44,8 @@ DSpineDraftImpl::DSpineDraftImpl(const core::ModelConfig& config, bool fused)
   const auto& d = config.dspine;
   injection = register_module("injection",
                               AdjacentInjection(hidden, d.transfer_rank, d.message_size,
-                                                config.num_hidden_layers, d.replacement_layers));
+                                                config.num_hidden_layers, d.replacement_layers,
+                                                fused));
   transfer_codes =
       register_buffer("transfer_codes", torch::zeros({config.vocab_size, d.transfer_rank}));
   transfer_ready_flag = register_buffer("transfer_ready", torch::zeros({}, torch::kBool));

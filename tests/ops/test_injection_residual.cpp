@@ -1,0 +1,73 @@
+// The injection residual's ATen reference (src/ops/injection_residual_ops.h) against the
+// adjacent injection's original composition, and the rules for when the fused kernels apply.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+
+#include "core/error.h"
+#include "ops/injection_residual_ops.h"
+
+namespace dspine {
+namespace {
+
+// The write as the injection composed it before the op existed: rms of the written slots, a
+// product in h's dtype, then the anchor slot concatenated back.
+torch::Tensor composed(const torch::Tensor& h, const torch::Tensor& delta, bool skip_first) {
+  auto written = skip_first ? h.slice(2, 1) : h;
+  auto rms = (at::linalg_vector_norm(written, 2, {-1}, true, torch::kFloat32) /
+              std::sqrt(static_cast<double>(h.size(-1))))
+                 .to(h.scalar_type());
+  auto out = written + rms * delta;
+  return skip_first ? torch::cat({h.slice(2, 0, 1), out}, 2) : out;
+}
+
+TEST(InjectionResidual, ReferenceMatchesTheComposition) {
+  torch::manual_seed(3);
+  for (bool skip_first : {false, true}) {
+    auto h = torch::randn({2, 3, 5, 24}).to(torch::kBFloat16);
+    auto delta = torch::randn({2, 3, skip_first ? 4 : 5, 24}).to(torch::kBFloat16);
+    EXPECT_TRUE(torch::equal(ops::injection_residual_reference(h, delta, skip_first),
+                             composed(h, delta, skip_first)));
+  }
+}
+
+TEST(InjectionResidual, SkippedSlotIsUnchangedAndWrittenSlotsScaleByRms) {
+  auto h = torch::zeros({1, 1, 3, 4});
+  h[0][0][0] = torch::tensor({1.0, 2.0, 3.0, 4.0});
+  h[0][0][1] = torch::tensor({2.0, 2.0, 2.0, 2.0});  // rms 2
+  auto delta = torch::ones({1, 1, 2, 4});
+  auto out = ops::injection_residual_reference(h, delta, true);
+  EXPECT_TRUE(torch::equal(out[0][0][0], h[0][0][0]));
+  EXPECT_TRUE(torch::allclose(out[0][0][1], torch::full({4}, 4.0)));
+  EXPECT_TRUE(torch::equal(out[0][0][2], torch::zeros({4})));  // rms 0: nothing written
+}
+
+TEST(InjectionResidual, FusableOnlyOnCudaWithPairedShapes) {
+  auto h = torch::randn({2, 4, 64});
+  EXPECT_FALSE(ops::injection_residual_fusable(h, torch::randn({2, 3, 64}), true));  // CPU
+  if (!torch::cuda::is_available()) return;
+  auto hc = h.to(torch::kCUDA);
+  EXPECT_TRUE(ops::injection_residual_fusable(hc, torch::randn({2, 3, 64}, hc.options()), true));
+  EXPECT_TRUE(ops::injection_residual_fusable(hc, torch::randn({2, 4, 64}, hc.options()), false));
+  EXPECT_FALSE(ops::injection_residual_fusable(hc, torch::randn({2, 4, 64}, hc.options()), true));
+  EXPECT_FALSE(ops::injection_residual_fusable(
+      hc, torch::randn({2, 3, 64}, hc.options().dtype(torch::kFloat64)), true));
+  EXPECT_FALSE(ops::injection_residual_fusable(torch::randn({2, 4, 6}, hc.options()),
+                                               torch::randn({2, 3, 6}, hc.options()), true));
+}
+
+TEST(InjectionResidual, FusedRefusesInputsItCannotTakeByName) {
+  auto h = torch::randn({2, 4, 8});
+  try {
+    ops::injection_residual_fused(h, torch::randn({2, 4, 8}), true);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    const std::string text = e.what();
+    EXPECT_NE(text.find("[2, 4, 8]"), std::string::npos) << text;
+    EXPECT_NE(text.find("skip_first true"), std::string::npos) << text;
+  }
+}
+
+}  // namespace
+}  // namespace dspine
