@@ -58,13 +58,11 @@ at::Tensor draft_statistics(const at::Tensor& zf, const at::Tensor& labels, Voca
   return lse;
 }
 
-// The top_k largest z per row (ATen), ordered as a stable descending sort: topk's set, its equal
-// values put in index order. Which of several values tied at the k-th enter the set is topk's
-// choice (the kernel takes the lowest indices).
+// The top_k largest z per row (ATen): the head of a stable descending sort. topk would be cheaper
+// but leaves open which of the values tied at the k-th it takes; this fixes the contract exactly,
+// at the cost of an int64 [n, V] permutation (the reference path, and top_k > kVocabMaxTopK).
 at::Tensor top_candidates(const at::Tensor& z, int64_t top_k) {
-  const auto by_index = std::get<0>(std::get<1>(z.topk(top_k, -1)).sort(-1));
-  const auto order = std::get<1>(z.gather(1, by_index).sort(true, -1, true));
-  return by_index.gather(1, order);
+  return std::get<1>(z.sort(true, -1, true)).narrow(1, 0, top_k).contiguous();  // drop the rest
 }
 
 // q = exp(t − lse_t) at the candidates, fp32.
