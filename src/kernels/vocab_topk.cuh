@@ -4,8 +4,9 @@
 //
 // Each warp keeps its running top-k spread over its lanes (lane j holds the j-th best as one
 // 64-bit key). While streaming, a lane tests each value against the warp's current k-th value —
-// one compare per element — and only the rare values that pass are inserted, one at a time, by
-// the whole warp. The warps' lists are then merged in shared memory by warp 0.
+// one compare per element — and only the rare values that pass are inserted by the whole warp: one
+// at a time when few lanes have one, else a lane's best each by a bitonic merge (the first values
+// of a row all pass). The warps' lists are then merged in shared memory by warp 0.
 #pragma once
 
 #include <cstdint>
@@ -40,7 +41,7 @@ class WarpTopK {
 
   // Offers n consecutive values starting at element `first` (all lanes of the warp call this,
   // `valid` false where a lane has nothing). Within a warp, calls must come in increasing index
-  // order (lane order within a call): a value equal to the k-th is then never better than it.
+  // order (lane order within a call): a value equal to the k-th on entry is then never better.
   template <int n>
   __device__ __forceinline__ void offer(const float (&v)[n], int64_t first, bool valid) {
     unsigned pending = 0;
@@ -49,16 +50,18 @@ class WarpTopK {
       for (int e = 0; e < n; ++e) pending |= unsigned(!(v[e] <= threshold_)) << e;  // NaN passes
     }
     for (unsigned lanes; (lanes = __ballot_sync(kFullWarp, pending != 0)) != 0;) {
-      const int source = __ffs(lanes) - 1;
-      uint64_t candidate = 0;
-      if (lane_ == source) {
-        const int chosen = __ffs(pending) - 1;
-        pending &= pending - 1;
+      if (__popc(lanes) > kSerialLanes) {
+        insert_all(take_best(v, first, pending));
+        // Only values below the new k-th can go: an equal one may have a lower index.
 #pragma unroll
         for (int e = 0; e < n; ++e)
-          if (e == chosen) candidate = topk_key(v[e], first + e);
+          if (v[e] < threshold_) pending &= ~(1u << e);
+        continue;
       }
-      insert(__shfl_sync(kFullWarp, candidate, source));
+      const int source = __ffs(lanes) - 1;
+      uint64_t candidate = 0;
+      if (lane_ == source) candidate = take_best(v, first, pending);
+      insert_one(__shfl_sync(kFullWarp, candidate, source));
     }
   }
 
@@ -69,13 +72,7 @@ class WarpTopK {
     lists[warp * kWarpLanes + lane_] = key_;
     __syncthreads();
     if (warp == 0) {
-      for (int w = 1; w < int(blockDim.x / 32); ++w) {
-        for (int j = 0; j < k_; ++j) {  // each list is sorted: stop at its first loser
-          const uint64_t candidate = lists[w * kWarpLanes + j];
-          if (candidate <= kth_) break;
-          insert(candidate);
-        }
-      }
+      for (int w = 1; w < int(blockDim.x / 32); ++w) insert_all(lists[w * kWarpLanes + lane_]);
     }
     __syncthreads();  // the lists may be reused
   }
@@ -84,15 +81,63 @@ class WarpTopK {
   __device__ int64_t index() const { return topk_index(key_); }
 
  private:
+  // Below this many lanes with candidates, inserting them one by one is cheaper than insert_all.
+  static constexpr int kSerialLanes = 4;
+
+  // The key of this lane's best pending value (0 if none), taken off `pending`.
+  template <int n>
+  __device__ __forceinline__ static uint64_t take_best(const float (&v)[n], int64_t first,
+                                                       unsigned& pending) {
+    uint64_t best = 0;
+    int chosen = 0;
+#pragma unroll
+    for (int e = 0; e < n; ++e) {
+      const uint64_t key = topk_key(v[e], first + e);
+      if (((pending >> e) & 1u) && key > best) {
+        best = key;
+        chosen = e;
+      }
+    }
+    if (best != 0) pending &= ~(1u << chosen);
+    return best;
+  }
+
+  __device__ __forceinline__ void set_kth() {
+    if (lane_ >= k_) key_ = 0;  // only the first k lanes are the list
+    kth_ = __shfl_sync(kFullWarp, key_, k_ - 1);
+    threshold_ = topk_value(kth_);
+  }
+
   // Inserts a key given to every lane, if it beats the k-th.
-  __device__ __forceinline__ void insert(uint64_t candidate) {
+  __device__ __forceinline__ void insert_one(uint64_t candidate) {
     if (candidate <= kth_) return;
-    const int position = __popc(__ballot_sync(kFullWarp, lane_ < k_ && key_ > candidate));
+    const int position = __popc(__ballot_sync(kFullWarp, key_ > candidate));
     const uint64_t above = __shfl_up_sync(kFullWarp, key_, 1);
     if (lane_ > position) key_ = above;
     if (lane_ == position) key_ = candidate;
-    kth_ = __shfl_sync(kFullWarp, key_, k_ - 1);
-    threshold_ = topk_value(kth_);
+    set_kth();
+  }
+
+  // Inserts one key per lane (0: none) at once: a bitonic sort of the candidates, descending,
+  // then the top 32 of list ∪ candidates as the elementwise maximum of the list and the reversed
+  // candidates (a bitonic sequence), sorted by one bitonic merge.
+  __device__ __forceinline__ void insert_all(uint64_t candidate) {
+#pragma unroll
+    for (int size = 2; size <= 32; size *= 2) {
+#pragma unroll
+      for (int stride = size / 2; stride > 0; stride /= 2) {
+        const uint64_t other = __shfl_xor_sync(kFullWarp, candidate, stride);
+        const bool keep_max = ((lane_ & stride) == 0) == ((lane_ & size) == 0);  // descending runs
+        candidate = keep_max ? max(candidate, other) : min(candidate, other);
+      }
+    }
+    key_ = max(key_, __shfl_sync(kFullWarp, candidate, 31 - lane_));
+#pragma unroll
+    for (int stride = 16; stride > 0; stride /= 2) {
+      const uint64_t other = __shfl_xor_sync(kFullWarp, key_, stride);
+      key_ = (lane_ & stride) == 0 ? max(key_, other) : min(key_, other);
+    }
+    set_kth();
   }
 
   int k_;
