@@ -30,7 +30,7 @@ bool vocab_kernel_takes(const at::Tensor& logits);
 // Teacher form. z and t: [n, V] of one dtype and layout, labels [n] int64 in [0, V). With a
 // gradient, z is overwritten by it (same dtype). use_kernel: the CUDA kernel (vocab_kernel_takes
 // must hold), else ATen. top_k in [0, V]: the kernel selects up to kernels::kVocabMaxTopK in its
-// first pass, ATen's topk the rest.
+// first pass; beyond, ATen (a stable sort, [n, V] int64 transient) does.
 VocabRowResults vocab_rows(at::Tensor& z, const at::Tensor& t, const at::Tensor& labels,
                            const VocabRowGradient* gradient, bool use_kernel, int64_t top_k = 0);
 

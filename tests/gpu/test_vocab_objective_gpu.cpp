@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdio>
 #include <string>
+#include <utility>
 
 #include "kernels/vocab_objective.h"
 #include "ops/vocab_objective_ops.h"
@@ -149,11 +150,12 @@ void expect_stable_top_k(const torch::Tensor& z, const torch::Tensor& idx, int64
   ASSERT_EQ(idx.sizes(), top_indices.sizes()) << what;
   const auto got = zf.gather(1, idx);
   EXPECT_TRUE(torch::equal(got, top_values)) << what << ": values";
-  EXPECT_TRUE((std::get<0>(idx.sort(-1)).diff(1, -1) > 0).all().item<bool>()) << what << ": distinct";
+  EXPECT_TRUE((std::get<0>(idx.sort(-1)).diff(1, -1) > 0).all().item<bool>())
+      << what << ": distinct";
   const auto head = Slice(0, k - 1), tail = Slice(1, k);
   const auto tied = got.index({Slice(), head}) == got.index({Slice(), tail});
-  EXPECT_TRUE((~tied | (idx.index({Slice(), head}) < idx.index({Slice(), tail}))).all().item<bool>())
-      << what << ": equal values in index order";
+  const auto in_order = idx.index({Slice(), head}) < idx.index({Slice(), tail});
+  EXPECT_TRUE((~tied | in_order).all().item<bool>()) << what << ": equal values in index order";
   const auto kth = got.index({Slice(), Slice(k - 1, k)});
   const auto last = idx.index({Slice(), Slice(k - 1, k)});
   const auto columns = torch::arange(z.size(1), idx.options()).unsqueeze(0);
@@ -185,12 +187,15 @@ TEST(VocabObjectiveGpu, KernelTopKIsAStableDescendingTopKWithTheTeacherProbabili
   torch::manual_seed(5);
   const auto cuda = torch::TensorOptions().device(torch::kCUDA);
   const int64_t rows = 24;
-  // 151936: the recipe (16-byte packs); 1000: packs, V not a multiple of the block's 256 threads;
-  // 1003: rows not 16-byte aligned (one element per load, scalar tail for fp32 packs).
+  // V in rows of `width`: 151936, the recipe (16-byte packs); 1000, packs, V not a multiple of
+  // the block's 256 threads; 1003, rows not 16-byte aligned (one element per load); 1001 in rows
+  // of 1008, packs and a scalar tail.
+  const std::pair<int64_t, int64_t> shapes[] = {{151936, 151936}, {1000, 1000}, {1003, 1003},
+                                                {1001, 1008}};
   for (auto dtype : {torch::kFloat32, torch::kBFloat16}) {
-    for (int64_t vocab : {151936, 1000, 1003}) {
-      auto z = tied_logits(rows, vocab, dtype);
-      const auto t = (3 * torch::randn({rows, vocab}, cuda)).to(dtype);
+    for (const auto& [vocab, width] : shapes) {
+      auto z = tied_logits(rows, width, dtype).narrow(1, 0, vocab);
+      const auto t = (3 * torch::randn({rows, width}, cuda)).to(dtype).narrow(1, 0, vocab);
       const auto labels = torch::randint(0, vocab, {rows}, cuda.dtype(torch::kInt64));
       const auto q = torch::softmax(t.to(torch::kFloat32), -1);
       const double rtol = dtype == torch::kFloat32 ? 1e-5 : 1e-3;
@@ -211,10 +216,11 @@ TEST(VocabObjectiveGpu, KernelTopKIsAStableDescendingTopKWithTheTeacherProbabili
         auto ce_candidates = torch::full({rows, k}, -1, cuda.dtype(torch::kInt64));
         kernels::VocabRows draft;
         draft.draft = z.data_ptr();
-        draft.type = dtype == torch::kFloat32 ? kernels::DType::kFloat32 : kernels::DType::kBFloat16;
+        draft.type =
+            dtype == torch::kFloat32 ? kernels::DType::kFloat32 : kernels::DType::kBFloat16;
         draft.rows = rows;
         draft.vocab = vocab;
-        draft.row_stride = vocab;
+        draft.row_stride = z.stride(0);
         draft.labels = labels.data_ptr<int64_t>();
         kernels::VocabRowStats stats;
         stats.top_k = static_cast<int>(k);
