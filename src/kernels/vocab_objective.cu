@@ -166,7 +166,10 @@ __global__ void __launch_bounds__(kThreads)
     for (int e = 0; e < n; ++e) {
       zv[e] = to_float(zp.v[e]);
       tv[e] = to_float(tp.v[e]);
-      merge_argmax(best, best_index, zv[e], i + e);
+    }
+    if (top_k == 0) {  // else the argmax is the first candidate
+#pragma unroll
+      for (int e = 0; e < n; ++e) merge_argmax(best, best_index, zv[e], i + e);
     }
     add_values(mz, sz, zv);
     if constexpr (kTeacher) add_values(mt, st, tv);
@@ -182,8 +185,12 @@ __global__ void __launch_bounds__(kThreads)
   for_each_pack<T, N, kTeacher>(z, t, rows.vocab, statistics, select);
   block_stats(mz, sz, scratch_a, scratch_b);
   if constexpr (kTeacher) block_stats(mt, st, scratch_a, scratch_b);
-  block_argmax(best, best_index, scratch_a, scratch_index);
-  if (top_k > 0) top.merge_block(top_lists);
+  if (top_k > 0) {
+    top.merge_block(top_lists);
+    best_index = top.index();  // thread 0 holds the first candidate
+  } else {
+    block_argmax(best, best_index, scratch_a, scratch_index);
+  }
   const float lse_z = log_sum_exp(mz, sz);
   const float lse_t = kTeacher ? log_sum_exp(mt, st) : 0.f;
   // z_y is read before any thread can reach pass 3 (the reductions below synchronize).

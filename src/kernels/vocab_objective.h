@@ -35,7 +35,7 @@ struct VocabRowStats {
   float* l1 = nullptr;           // Σ|p − q| (teacher form)
   float* lse_draft = nullptr;    // log Σ exp z
   float* lse_teacher = nullptr;  // log Σ exp t (teacher form): q_i = exp(t_i − lse_t)
-  int64_t* argmax = nullptr;     // first index of max z
+  int64_t* argmax = nullptr;     // first index of max z (NaN ignored; with top_k, top_indices[0])
   // The top_k largest z per row, [rows, top_k] row-major, in the order of a stable descending
   // sort (equal values by lower index; NaN above +inf, as torch.topk), and q there (teacher form).
   int top_k = 0;                         // 0: none; at most kVocabMaxTopK and vocab
