@@ -204,6 +204,8 @@ TEST(VocabObjectiveGpu, KernelTopKIsAStableDescendingTopKWithTheTeacherProbabili
                          std::to_string(vocab) + " k " + std::to_string(k);
         const auto r = vocab_rows(z, t, labels, nullptr, true, k);
         expect_stable_top_k(z, r.candidates, k, tag);
+        // With candidates the argmax is the first one: torch's first maximal index.
+        EXPECT_TRUE(torch::equal(r.argmax, z.to(torch::kFloat32).argmax(-1))) << tag << ": argmax";
         // atol: below 1e-10 the fp32 rounding of t − lse_t alone exceeds rtol.
         EXPECT_TRUE(torch::allclose(r.teacher_candidates, q.gather(1, r.candidates), rtol, 1e-10))
             << tag << ": teacher probabilities";
