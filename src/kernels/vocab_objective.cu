@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "kernels/norm_swiglu_common.cuh"
+#include "kernels/vocab_topk.cuh"
 
 namespace dspine::kernels {
 namespace {
@@ -24,18 +25,30 @@ constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kUnroll = 4;
 constexpr int64_t kNoIndex = INT64_MAX;
+static_assert(kVocabMaxTopK <= detail::kWarpLanes);
+
+// for_each_pack's default step: nothing.
+struct NoStep {
+  template <typename P>
+  __device__ void operator()(int64_t, const P&, bool) const {}
+};
 
 // Elements in a pack type (references included).
 template <typename P>
 constexpr int pack_size = std::extent_v<decltype(std::declval<P>().v)>;
 
 // Calls f(first element index, z pack, t pack) over a row: N-element packs, then the scalar tail.
-// Without a teacher the t pack is z's.
-template <typename T, int N, bool kTeacher, typename F>
-__device__ __forceinline__ void for_each_pack(const T* z, const T* t, int64_t vocab, F&& f) {
+// Without a teacher the t pack is z's. After each f, step(first element index, z pack, valid) runs
+// with the whole warp converged (valid: whether this lane had a pack), for warp-collective work;
+// a warp's steps come in increasing element order, lane order within a step.
+template <typename T, int N, bool kTeacher, typename F, typename Step = NoStep>
+__device__ __forceinline__ void for_each_pack(const T* z, const T* t, int64_t vocab, F&& f,
+                                              Step&& step = {}) {
   static_assert(pack_size<const Pack<T, N>&> == N && pack_size<Pack<T, 1>> == 1);
   const int64_t packs = vocab / N;
-  for (int64_t j = threadIdx.x; j < packs; j += int64_t(kThreads) * kUnroll) {
+  const int lane = threadIdx.x % 32;
+  // The loop conditions test the warp's first lane, so that every lane takes each step.
+  for (int64_t j = threadIdx.x; j - lane < packs; j += int64_t(kThreads) * kUnroll) {
     Pack<T, N> zp[kUnroll], tp[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
@@ -49,13 +62,17 @@ __device__ __forceinline__ void for_each_pack(const T* z, const T* t, int64_t vo
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t v = j + int64_t(u) * kThreads;
       if (v < packs) f(v * N, zp[u], tp[u]);
+      step(v * N, zp[u], v < packs);
     }
   }
-  for (int64_t i = packs * N + threadIdx.x; i < vocab; i += kThreads) {
+  for (int64_t i = packs * N + threadIdx.x; i - lane < vocab; i += kThreads) {
     Pack<T, 1> zs, ts;
-    zs.v[0] = z[i];
-    ts.v[0] = kTeacher ? t[i] : z[i];
-    f(i, zs, ts);
+    if (i < vocab) {
+      zs.v[0] = z[i];
+      ts.v[0] = kTeacher ? t[i] : z[i];
+      f(i, zs, ts);
+    }
+    step(i, zs, i < vocab);
   }
 }
 
@@ -131,29 +148,49 @@ __global__ void __launch_bounds__(kThreads)
     vocab_rows_kernel(VocabRows rows, VocabRowStats stats, VocabGradient gradient) {
   __shared__ float scratch_a[kWarps], scratch_b[kWarps];
   __shared__ int64_t scratch_index[kWarps];
+  __shared__ uint64_t top_lists[kWarps * detail::kWarpLanes];
   const int64_t row = blockIdx.x;
   T* z = static_cast<T*>(rows.draft) + row * rows.row_stride;
   const T* t = kTeacher ? static_cast<const T*>(rows.teacher) + row * rows.row_stride : nullptr;
   const int64_t y = rows.labels[row];
 
-  // Pass 1: softmax statistics of z (and t), argmax of z.
+  // Pass 1: softmax statistics of z (and t), argmax and top-k of z.
   float mz = -INFINITY, sz = 0.f, mt = -INFINITY, st = 0.f, best = -INFINITY;
   int64_t best_index = kNoIndex;
-  for_each_pack<T, N, kTeacher>(z, t, rows.vocab, [&](int64_t i, const auto& zp, const auto& tp) {
+  const int top_k = stats.top_k;
+  detail::WarpTopK top(top_k);
+  auto statistics = [&](int64_t i, const auto& zp, const auto& tp) {
     constexpr int n = pack_size<decltype(zp)>;
     float zv[n], tv[n];
 #pragma unroll
     for (int e = 0; e < n; ++e) {
       zv[e] = to_float(zp.v[e]);
       tv[e] = to_float(tp.v[e]);
-      merge_argmax(best, best_index, zv[e], i + e);
+    }
+    if (top_k == 0) {  // else the argmax is the first candidate
+#pragma unroll
+      for (int e = 0; e < n; ++e) merge_argmax(best, best_index, zv[e], i + e);
     }
     add_values(mz, sz, zv);
     if constexpr (kTeacher) add_values(mt, st, tv);
-  });
+  };
+  auto select = [&](int64_t i, const auto& zp, bool valid) {
+    if (top_k == 0) return;
+    constexpr int n = pack_size<decltype(zp)>;
+    float zv[n];
+#pragma unroll
+    for (int e = 0; e < n; ++e) zv[e] = to_float(zp.v[e]);
+    top.offer(zv, i, valid);
+  };
+  for_each_pack<T, N, kTeacher>(z, t, rows.vocab, statistics, select);
   block_stats(mz, sz, scratch_a, scratch_b);
   if constexpr (kTeacher) block_stats(mt, st, scratch_a, scratch_b);
-  block_argmax(best, best_index, scratch_a, scratch_index);
+  if (top_k > 0) {
+    top.merge_block(top_lists);
+    best_index = top.index();  // thread 0 holds the first candidate
+  } else {
+    block_argmax(best, best_index, scratch_a, scratch_index);
+  }
   const float lse_z = log_sum_exp(mz, sz);
   const float lse_t = kTeacher ? log_sum_exp(mt, st) : 0.f;
   // z_y is read before any thread can reach pass 3 (the reductions below synchronize).
@@ -162,6 +199,13 @@ __global__ void __launch_bounds__(kThreads)
     if (stats.lse_draft) stats.lse_draft[row] = lse_z;
     if (stats.lse_teacher) stats.lse_teacher[row] = lse_t;
     if (stats.argmax) stats.argmax[row] = best_index == kNoIndex ? -1 : best_index;
+  }
+  if (int(threadIdx.x) < top_k) {  // warp 0 holds the row's list
+    const int64_t index = top.index(), slot = row * top_k + threadIdx.x;
+    if (stats.top_indices) stats.top_indices[slot] = index;
+    if constexpr (kTeacher) {
+      if (stats.top_teacher_probs) stats.top_teacher_probs[slot] = expf(to_float(t[index]) - lse_t);
+    }
   }
   if constexpr (!kTeacher) return;
 
@@ -212,6 +256,11 @@ bool packs_aligned(const VocabRows& rows, int64_t element_bytes) {
 template <bool kTeacher, bool kGradient>
 cudaError_t launch(const VocabRows& rows, const VocabRowStats& stats,
                    const VocabGradient& gradient, cudaStream_t stream) {
+  // Keys hold 32-bit indices; the top-k list is one entry per lane.
+  if (stats.top_k < 0 || stats.top_k > kVocabMaxTopK || stats.top_k > rows.vocab ||
+      (stats.top_k > 0 && rows.vocab > int64_t(UINT32_MAX))) {
+    return cudaErrorInvalidValue;
+  }
   if (rows.rows == 0) return cudaSuccess;
   auto go = [&](auto kernel) {
     kernel<<<static_cast<unsigned>(rows.rows), kThreads, 0, stream>>>(rows, stats, gradient);

@@ -1,7 +1,9 @@
 // Row kernels of the fused vocabulary objective (docs/model.md, "Fused vocabulary objective"), on
 // raw device pointers. One block per row of draft logits z [rows, V] (and teacher logits t of the
 // same shape, type and strides), statistics in fp32, so no fp32 [rows, V] intermediate exists:
-//   pass 1  max / sum-exp of z and of t, argmax of z;
+//   pass 1  max / sum-exp of z and of t, argmax of z, and optionally the top-k of z (warp lists
+//           filtered by one compare per element, merged per row; kernels/vocab_topk.cuh) with the
+//           teacher's probabilities there;
 //   pass 2  p = softmax(z), q = softmax(t): l1 = Σ|p − q|, S = Σ p·sign(p − q), ce = lse_z − z_y;
 //   pass 3  (gradient only) z_i := w·[a_ce·(p_i − [i = y]) + a_l1·p_i·(sign(p_i − q_i) − S)],
 //           the gradient of w·(a_ce·ce + a_l1·l1) with respect to z_i, in z's own type
@@ -33,8 +35,16 @@ struct VocabRowStats {
   float* l1 = nullptr;           // Σ|p − q| (teacher form)
   float* lse_draft = nullptr;    // log Σ exp z
   float* lse_teacher = nullptr;  // log Σ exp t (teacher form): q_i = exp(t_i − lse_t)
-  int64_t* argmax = nullptr;     // first index of max z
+  int64_t* argmax = nullptr;     // first index of max z (NaN ignored; with top_k, top_indices[0])
+  // The top_k largest z per row, [rows, top_k] row-major, in the order of a stable descending
+  // sort (equal values by lower index; NaN above +inf, as torch.topk), and q there (teacher form).
+  int top_k = 0;                         // 0: none; at most kVocabMaxTopK and vocab
+  int64_t* top_indices = nullptr;
+  float* top_teacher_probs = nullptr;    // exp(t_i − lse_t)
 };
+
+// The largest top_k the kernels take (larger: cudaErrorInvalidValue).
+constexpr int kVocabMaxTopK = 32;
 
 // Gradient coefficients: w [rows] fp32, a_ce, a_l1.
 struct VocabGradient {
@@ -47,7 +57,7 @@ struct VocabGradient {
 cudaError_t vocab_objective_rows(const VocabRows& rows, const VocabRowStats& stats,
                                  const VocabGradient* gradient, cudaStream_t stream);
 
-// The CE-only form (no teacher, no gradient): pass 1 on z, ce, lse_draft, argmax.
+// The CE-only form (no teacher, no gradient): pass 1 on z, ce, lse_draft, argmax, top_indices.
 cudaError_t vocab_ce_rows(const VocabRows& rows, const VocabRowStats& stats, cudaStream_t stream);
 
 }  // namespace dspine::kernels

@@ -91,18 +91,15 @@ VocabObjectiveResult run_chunks(const at::Tensor& hidden, const at::Tensor& teac
     auto z = at::mm(hidden.slice(0, begin, end), head_t);
     const auto t = at::mm(teacher.slice(0, begin, end), head_t);
     const auto y = labels.slice(0, begin, end);
-    at::Tensor candidates;
-    if (k > 0) candidates = std::get<1>(z.topk(k, -1, true, true));  // before z becomes g
     gradient.weights = weights.slice(0, begin, end);
     auto r = vocab_rows(z, t, y, grad_hidden != nullptr ? &gradient : nullptr,
-                        options.use_kernel && vocab_kernel_takes(z));
+                        options.use_kernel && vocab_kernel_takes(z), k);
     out.ce.slice(0, begin, end).copy_(r.ce);
     out.l1.slice(0, begin, end).copy_(r.l1);
     out.argmax.slice(0, begin, end).copy_(r.argmax);
     if (k > 0) {
-      out.candidates.slice(0, begin, end).copy_(candidates);
-      out.teacher_candidates.slice(0, begin, end)
-          .copy_((t.gather(1, candidates).to(at::kFloat) - r.lse_teacher.unsqueeze(1)).exp());
+      out.candidates.slice(0, begin, end).copy_(r.candidates);
+      out.teacher_candidates.slice(0, begin, end).copy_(r.teacher_candidates);
     }
     if (grad_hidden != nullptr) {
       auto rows_grad = grad_hidden->slice(0, begin, end);

@@ -58,13 +58,30 @@ at::Tensor draft_statistics(const at::Tensor& zf, const at::Tensor& labels, Voca
   return lse;
 }
 
+// The top_k largest z per row (ATen): the head of a stable descending sort. topk would be cheaper
+// but leaves open which of the values tied at the k-th it takes; this fixes the contract exactly,
+// at the cost of an int64 [n, V] permutation (the reference path, and top_k > kVocabMaxTopK).
+at::Tensor top_candidates(const at::Tensor& z, int64_t top_k) {
+  return std::get<1>(z.sort(true, -1, true)).narrow(1, 0, top_k).contiguous();  // drop the rest
+}
+
+// q = exp(t − lse_t) at the candidates, fp32.
+at::Tensor teacher_probabilities(const at::Tensor& t, const at::Tensor& candidates,
+                                 const at::Tensor& lse_teacher) {
+  return (t.gather(1, candidates).to(at::kFloat) - lse_teacher.unsqueeze(1)).exp();
+}
+
 VocabRowResults reference_rows(at::Tensor& z, const at::Tensor& t, const at::Tensor& labels,
-                               const VocabRowGradient* gradient) {
+                               const VocabRowGradient* gradient, int64_t top_k) {
   VocabRowResults out;
   const auto zf = z.to(at::kFloat);
   const auto tf = t.to(at::kFloat);
   const auto lse_z = draft_statistics(zf, labels, out);
   out.lse_teacher = tf.logsumexp(-1);
+  if (top_k > 0) {  // before z becomes the gradient
+    out.candidates = top_candidates(z, top_k);
+    out.teacher_candidates = teacher_probabilities(t, out.candidates, out.lse_teacher);
+  }
   const auto p = (zf - lse_z.unsqueeze(1)).exp();
   const auto diff = p - (tf - out.lse_teacher.unsqueeze(1)).exp();
   const auto sign = diff.sign();  // sign(0) = 0
@@ -87,11 +104,27 @@ bool vocab_kernel_takes(const at::Tensor& logits) {
 }
 
 VocabRowResults vocab_rows(at::Tensor& z, const at::Tensor& t, const at::Tensor& labels,
-                           const VocabRowGradient* gradient, bool use_kernel) {
-  if (!use_kernel) return reference_rows(z, t, labels, gradient);
+                           const VocabRowGradient* gradient, bool use_kernel, int64_t top_k) {
+  if (top_k < 0 || top_k > z.size(-1)) {
+    fail("vocab rows: top_k must lie in [0, {}], got {}", z.size(-1), top_k);
+  }
+  if (!use_kernel) return reference_rows(z, t, labels, gradient, top_k);
   const c10::cuda::CUDAGuard guard(z.device());
   auto rows = kernel_rows(z, &t, labels);
   auto out = empty_results(z, true);
+  auto stats = kernel_stats(out);
+  const bool kernel_selects = top_k <= kernels::kVocabMaxTopK;
+  if (top_k > 0) {
+    if (kernel_selects) {
+      out.candidates = at::empty({z.size(0), top_k}, z.options().dtype(at::kLong));
+      out.teacher_candidates = at::empty({z.size(0), top_k}, z.options().dtype(at::kFloat));
+      stats.top_k = static_cast<int>(top_k);
+      stats.top_indices = out.candidates.data_ptr<int64_t>();
+      stats.top_teacher_probs = out.teacher_candidates.data_ptr<float>();
+    } else {
+      out.candidates = top_candidates(z, top_k);  // before z becomes the gradient
+    }
+  }
   kernels::VocabGradient coefficients;
   at::Tensor weights;
   if (gradient != nullptr) {
@@ -100,10 +133,13 @@ VocabRowResults vocab_rows(at::Tensor& z, const at::Tensor& t, const at::Tensor&
     coefficients.ce_weight = static_cast<float>(gradient->ce_weight);
     coefficients.l1_weight = static_cast<float>(gradient->l1_weight);
   }
-  check_launch(kernels::vocab_objective_rows(rows, kernel_stats(out),
+  check_launch(kernels::vocab_objective_rows(rows, stats,
                                              gradient != nullptr ? &coefficients : nullptr,
                                              at::cuda::getCurrentCUDAStream()),
                "vocab objective rows", z);
+  if (top_k > 0 && !kernel_selects) {
+    out.teacher_candidates = teacher_probabilities(t, out.candidates, out.lse_teacher);
+  }
   return out;
 }
 

@@ -8,9 +8,13 @@
 
 namespace dspine::ops {
 
-// Per-row results, [n] each: fp32 ce, l1 (teacher form), lse_t (teacher form), int64 argmax.
+// Per-row results, [n] each: fp32 ce, l1 (teacher form), lse_t (teacher form), int64 argmax; with
+// top_k > 0 also the candidates, int64 [n, top_k]: the top_k largest z of each row as a stable
+// descending sort orders them (equal values by lower index), and the teacher's probabilities
+// q = softmax(t) there, fp32 [n, top_k].
 struct VocabRowResults {
   at::Tensor ce, l1, lse_teacher, argmax;
+  at::Tensor candidates, teacher_candidates;
 };
 
 // Gradient request: w [n] fp32; g = w·(a_ce·(p − δ_y) + a_l1·p·(sign(p − q) − Σ p·sign(p − q))).
@@ -25,9 +29,10 @@ bool vocab_kernel_takes(const at::Tensor& logits);
 
 // Teacher form. z and t: [n, V] of one dtype and layout, labels [n] int64 in [0, V). With a
 // gradient, z is overwritten by it (same dtype). use_kernel: the CUDA kernel (vocab_kernel_takes
-// must hold), else ATen.
+// must hold), else ATen. top_k in [0, V]: the kernel selects up to kernels::kVocabMaxTopK in its
+// first pass; beyond, ATen (a stable sort, [n, V] int64 transient) does.
 VocabRowResults vocab_rows(at::Tensor& z, const at::Tensor& t, const at::Tensor& labels,
-                           const VocabRowGradient* gradient, bool use_kernel);
+                           const VocabRowGradient* gradient, bool use_kernel, int64_t top_k = 0);
 
 // CE-only form: ce and argmax of z (l1 and lse_teacher undefined).
 VocabRowResults vocab_ce_rows(const at::Tensor& z, const at::Tensor& labels, bool use_kernel);

@@ -1,16 +1,20 @@
 // The fused vocabulary objective's CUDA row kernel against its ATen row pass on the same CUDA
 // logits: fp32 (tight), bf16 at the recipe's vocabulary (values within bf16 tolerance, gradient
-// cosine), the CE-only form, hand-built rows, and the memory claim at the recipe's size (no
-// [rows, V] tensor: the peak stays within 1 GiB above the inputs and dX).
+// cosine), the CE-only form, hand-built rows, the top-k candidates against torch::topk (ties by
+// lower index), and the memory claim at the recipe's size (no [rows, V] tensor: the peak stays
+// within 1 GiB above the inputs and dX).
 #include <gtest/gtest.h>
 
+#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <torch/torch.h>
 
 #include <cmath>
 #include <cstdio>
 #include <string>
+#include <utility>
 
+#include "kernels/vocab_objective.h"
 #include "ops/vocab_objective_ops.h"
 #include "ops/vocab_rows.h"
 
@@ -133,6 +137,128 @@ TEST(VocabObjectiveGpu, Bf16AtTheRecipeVocabularyMatchesTheAtenRowPass) {
   EXPECT_GE(cosine, 0.9999);
   const double relative = ((fused.grad - aten.grad).norm() / aten.grad.norm()).item<double>();
   EXPECT_LE(relative, 1e-2);
+}
+
+// idx [rows, k] must be what a stable descending sort of z puts first: the values of torch::topk
+// exactly, equal values in index order, and of the values tied at the k-th place the lowest
+// indices; where a value is unique in the row, topk's index.
+void expect_stable_top_k(const torch::Tensor& z, const torch::Tensor& idx, int64_t k,
+                         const std::string& what) {
+  using torch::indexing::Slice;
+  const auto zf = z.to(torch::kFloat32);
+  const auto [top_values, top_indices] = zf.topk(k, -1);
+  ASSERT_EQ(idx.sizes(), top_indices.sizes()) << what;
+  const auto got = zf.gather(1, idx);
+  EXPECT_TRUE(torch::equal(got, top_values)) << what << ": values";
+  EXPECT_TRUE((std::get<0>(idx.sort(-1)).diff(1, -1) > 0).all().item<bool>())
+      << what << ": distinct";
+  const auto head = Slice(0, k - 1), tail = Slice(1, k);
+  const auto tied = got.index({Slice(), head}) == got.index({Slice(), tail});
+  const auto in_order = idx.index({Slice(), head}) < idx.index({Slice(), tail});
+  EXPECT_TRUE((~tied | in_order).all().item<bool>()) << what << ": equal values in index order";
+  const auto kth = got.index({Slice(), Slice(k - 1, k)});
+  const auto last = idx.index({Slice(), Slice(k - 1, k)});
+  const auto columns = torch::arange(z.size(1), idx.options()).unsqueeze(0);
+  const auto before_last = ((zf == kth) & (columns < last)).sum(-1);
+  EXPECT_TRUE(torch::equal(before_last, (got == kth).sum(-1) - 1))
+      << what << ": the lowest indices of the values tied at the k-th place";
+  auto unique = got > kth;
+  unique.index({Slice(), head}) &= ~tied;
+  unique.index({Slice(), tail}) &= ~tied;
+  EXPECT_TRUE(torch::equal(idx.masked_select(unique), top_indices.masked_select(unique)))
+      << what << ": indices of untied values";
+}
+
+// Logits with exact ties: random (bf16 rounding ties some), row 0 all equal, row 1 on a coarse
+// grid, row 2 finite at three places only (-inf elsewhere: the selection must take -inf entries).
+torch::Tensor tied_logits(int64_t rows, int64_t vocab, torch::Dtype dtype) {
+  const auto cuda = torch::TensorOptions().device(torch::kCUDA);
+  auto z = 3 * torch::randn({rows, vocab}, cuda);
+  z[0].fill_(0.25);
+  z[1].copy_((2 * torch::randn({vocab}, cuda)).round().abs());  // abs: no -0 (sorts may split it)
+  z[2].fill_(-INFINITY);
+  z[2].index_put_({torch::tensor({vocab / 2, 7, vocab - 1}, cuda.dtype(torch::kInt64))},
+                  torch::tensor({1.f, 2.f, 1.f}, cuda));
+  return z.to(dtype);
+}
+
+TEST(VocabObjectiveGpu, KernelTopKIsAStableDescendingTopKWithTheTeacherProbabilities) {
+  SKIP_WITHOUT_CUDA();
+  torch::manual_seed(5);
+  const auto cuda = torch::TensorOptions().device(torch::kCUDA);
+  const int64_t rows = 24;
+  // V in rows of `width`: 151936, the recipe (16-byte packs); 1000, packs, V not a multiple of
+  // the block's 256 threads; 1003, rows not 16-byte aligned (one element per load); 1001 in rows
+  // of 1008, packs and a scalar tail.
+  const std::pair<int64_t, int64_t> shapes[] = {{151936, 151936}, {1000, 1000}, {1003, 1003},
+                                                {1001, 1008}};
+  for (auto dtype : {torch::kFloat32, torch::kBFloat16}) {
+    for (const auto& [vocab, width] : shapes) {
+      auto z = tied_logits(rows, width, dtype).narrow(1, 0, vocab);
+      const auto t = (3 * torch::randn({rows, width}, cuda)).to(dtype).narrow(1, 0, vocab);
+      const auto labels = torch::randint(0, vocab, {rows}, cuda.dtype(torch::kInt64));
+      const auto q = torch::softmax(t.to(torch::kFloat32), -1);
+      const double rtol = dtype == torch::kFloat32 ? 1e-5 : 1e-3;
+      for (int64_t k : {1, 16, 32}) {
+        const auto tag = std::string(dtype == torch::kFloat32 ? "fp32" : "bf16") + " V " +
+                         std::to_string(vocab) + " k " + std::to_string(k);
+        const auto r = vocab_rows(z, t, labels, nullptr, true, k);
+        expect_stable_top_k(z, r.candidates, k, tag);
+        // With candidates the argmax is the first one: torch's first maximal index.
+        EXPECT_TRUE(torch::equal(r.argmax, z.to(torch::kFloat32).argmax(-1))) << tag << ": argmax";
+        // atol: below 1e-10 the fp32 rounding of t − lse_t alone exceeds rtol.
+        EXPECT_TRUE(torch::allclose(r.teacher_candidates, q.gather(1, r.candidates), rtol, 1e-10))
+            << tag << ": teacher probabilities";
+        auto z_aten = z.clone();
+        EXPECT_TRUE(torch::equal(r.candidates,
+                                 vocab_rows(z_aten, t, labels, nullptr, false, k).candidates))
+            << tag << ": the ATen row pass";
+
+        // The CE-only form selects the same candidates.
+        auto ce_candidates = torch::full({rows, k}, -1, cuda.dtype(torch::kInt64));
+        kernels::VocabRows draft;
+        draft.draft = z.data_ptr();
+        draft.type =
+            dtype == torch::kFloat32 ? kernels::DType::kFloat32 : kernels::DType::kBFloat16;
+        draft.rows = rows;
+        draft.vocab = vocab;
+        draft.row_stride = z.stride(0);
+        draft.labels = labels.data_ptr<int64_t>();
+        kernels::VocabRowStats stats;
+        stats.top_k = static_cast<int>(k);
+        stats.top_indices = ce_candidates.data_ptr<int64_t>();
+        ASSERT_EQ(kernels::vocab_ce_rows(draft, stats, at::cuda::getCurrentCUDAStream()),
+                  cudaSuccess);
+        EXPECT_TRUE(torch::equal(ce_candidates, r.candidates)) << tag << ": CE-only form";
+      }
+    }
+  }
+}
+
+TEST(VocabObjectiveGpu, TopKBeyondTheKernelsListFallsBackToAten) {
+  SKIP_WITHOUT_CUDA();
+  torch::manual_seed(6);
+  const auto cuda = torch::TensorOptions().device(torch::kCUDA);
+  auto z = tied_logits(5, 1000, torch::kBFloat16);
+  const auto t = torch::randn({5, 1000}, cuda).to(torch::kBFloat16);
+  const auto labels = torch::zeros({5}, cuda.dtype(torch::kInt64));
+  const int64_t k = kernels::kVocabMaxTopK + 1;
+  const auto r = vocab_rows(z, t, labels, nullptr, true, k);
+  expect_stable_top_k(z, r.candidates, k, "k 33");
+  EXPECT_TRUE(torch::allclose(r.teacher_candidates,
+                              torch::softmax(t.to(torch::kFloat32), -1).gather(1, r.candidates),
+                              1e-3, 1e-10));
+  // The kernel itself refuses it.
+  kernels::VocabRows draft;
+  draft.draft = z.data_ptr();
+  draft.rows = 5;
+  draft.vocab = 1000;
+  draft.row_stride = 1000;
+  draft.labels = labels.data_ptr<int64_t>();
+  kernels::VocabRowStats stats;
+  stats.top_k = static_cast<int>(k);
+  EXPECT_EQ(kernels::vocab_ce_rows(draft, stats, at::cuda::getCurrentCUDAStream()),
+            cudaErrorInvalidValue);
 }
 
 TEST(VocabObjectiveGpu, RecipeSizeStaysWithinOneGibAboveInputsAndOutputs) {

@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <limits>
 #include <string>
 
 #include "core/error.h"
@@ -147,6 +148,35 @@ TEST(VocabRows, HandBuiltRowsEqualTeacherZeroWeightAndSignTies) {
   EXPECT_NEAR(g[2][1].item<double>(), 1.3 * (cw / 3 - (1 - cw) / 9), 1e-6);
   expect_close(g, expected, 1e-6, "autograd");
   EXPECT_TRUE(torch::equal(r.argmax, torch::tensor({1, 0, 0}, torch::kInt64)));  // first maximum
+}
+
+TEST(VocabRows, ReferenceCandidatesAreAStableDescendingTopKWithTeacherProbabilities) {
+  // Row 0: 2.0 at 1 and 3 tie inside the set (index order). Row 1: all equal: the first k.
+  // Row 2: NaN ranks first (as torch.topk); 0.5 at 3 and 4 tie across the 2nd place and +0 at 0
+  // and -0 at 2 across the 4th: the lower index enters.
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  auto z = torch::tensor({{1.f, 2.f, -1.f, 2.f, 0.5f, 0.f},
+                          {3.f, 3.f, 3.f, 3.f, 3.f, 3.f},
+                          {0.f, nan, -0.f, 0.5f, 0.5f, -2.f}});
+  auto t = torch::tensor({{0.f, 1.f, 2.f, 3.f, 4.f, 5.f},
+                          {1.f, -1.f, 0.f, 2.f, 0.f, 0.f},
+                          {-3.f, 0.f, 1.f, 0.25f, 0.f, 2.f}});
+  auto labels = torch::zeros({3}, torch::kInt64);
+  for (int64_t k : {1, 2, 4}) {
+    auto g = z.clone();
+    const auto r = vocab_rows(g, t, labels, nullptr, false, k);
+    const auto expected = torch::tensor({{1, 3, 0, 4}, {0, 1, 2, 3}, {1, 3, 4, 0}}, torch::kInt64)
+                              .narrow(1, 0, k);
+    EXPECT_TRUE(torch::equal(r.candidates, expected)) << "k " << k << "\n" << r.candidates;
+    const auto q = torch::softmax(t, -1).gather(1, expected);
+    expect_close(r.teacher_candidates, q, 1e-7, "teacher probabilities, k " + std::to_string(k));
+  }
+  // Plain topk agrees wherever its order is fixed (no ties): row 0 with k = 1.
+  auto g = z.clone();
+  EXPECT_EQ(vocab_rows(g, t, labels, nullptr, false, 1).candidates[0][0].item<int64_t>(),
+            std::get<1>(z[0].topk(1)).item<int64_t>());
+  EXPECT_FALSE(vocab_rows(g, t, labels, nullptr, false).candidates.defined());
+  EXPECT_THROW(vocab_rows(g, t, labels, nullptr, false, 7), Error);
 }
 
 TEST(VocabObjective, BadInputsNameWhatIsWrong) {
