@@ -268,9 +268,10 @@ __global__ void __launch_bounds__(kThreads, 3) attention_forward_kernel(Problem 
   bf16* s_k = reinterpret_cast<bf16*>(smem_bytes);  // two buffers
   bf16* s_v = s_k + 2 * Smem<D>::kTile;             // two buffers
   bf16* s_q = s_k + Smem<D>::kTile;
-  // Later blocks have longer prefixes (anchors usually ascend): start them first.
-  const int n = static_cast<int>(p.shape.blocks - 1 - blockIdx.x);
-  const int g = blockIdx.y, b = blockIdx.z;
+  // Later blocks have longer prefixes (anchors usually ascend): start them first, across all
+  // (kv head, row) pairs (the grid's slowest dimension is the block).
+  const int n = static_cast<int>(p.shape.blocks - 1 - blockIdx.z);
+  const int g = blockIdx.x, b = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t anchor = p.anchors[b * p.shape.blocks + n];
   const bool keep = p.keep[b * p.shape.blocks + n] != 0;
@@ -427,8 +428,8 @@ __global__ void __launch_bounds__(kThreads)
   bf16* s_do = s_q + Smem<D>::kTile;
   bf16* s_k = s_do + Smem<D>::kTile;     // two buffers
   bf16* s_v = s_k + 2 * Smem<D>::kTile;  // two buffers
-  const int n = static_cast<int>(p.shape.blocks - 1 - blockIdx.x);
-  const int g = blockIdx.y, b = blockIdx.z;
+  const int n = static_cast<int>(p.shape.blocks - 1 - blockIdx.z);
+  const int g = blockIdx.x, b = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t anchor = p.anchors[b * p.shape.blocks + n];
   const bool keep = p.keep[b * p.shape.blocks + n] != 0;
@@ -525,7 +526,10 @@ __global__ void __launch_bounds__(kThreads)
   float* s_lse = reinterpret_cast<float*>(s_do + 2 * Smem<D>::kTile);  // two buffers of 64
   float* s_delta = s_lse + 2 * kRows;                                   // two buffers of 64
 
-  const int tile = blockIdx.x, g = blockIdx.y, b = blockIdx.z;
+  // Tiles go out in order, slowest grid dimension: context tile t is seen by the blocks anchored
+  // after 64t, so the first tiles are the longest CTAs (hundreds of blocks at the recipe's size)
+  // and start first for every (kv head, row) pair; the single-block tiles fill in at the end.
+  const int tile = blockIdx.z, g = blockIdx.x, b = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const bool block_tile = tile >= p.context_tiles;
   const int own_block = tile - p.context_tiles;
@@ -646,8 +650,8 @@ cudaError_t forward_impl(const Problem& p, const void* q, const void* k, const v
   cudaError_t status = cudaFuncSetAttribute(attention_forward_kernel<D>,
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (status != cudaSuccess) return status;
-  const dim3 grid(static_cast<unsigned>(p.shape.blocks), static_cast<unsigned>(p.shape.kv_heads),
-                  static_cast<unsigned>(p.shape.rows));
+  const dim3 grid(static_cast<unsigned>(p.shape.kv_heads), static_cast<unsigned>(p.shape.rows),
+                  static_cast<unsigned>(p.shape.blocks));
   attention_forward_kernel<D><<<grid, kThreads, smem, stream>>>(
       p, static_cast<const bf16*>(q), static_cast<const bf16*>(k), static_cast<const bf16*>(v),
       static_cast<bf16*>(out), lse);
@@ -670,8 +674,8 @@ cudaError_t backward_impl(const Problem& p, const void* q, const void* k, const 
   const size_t dq_smem = 6 * Smem<D>::kTile * sizeof(bf16);
   status = cudaFuncSetAttribute(attention_dq_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, dq_smem);
   if (status != cudaSuccess) return status;
-  const dim3 dq_grid(static_cast<unsigned>(p.shape.blocks), static_cast<unsigned>(p.shape.kv_heads),
-                     static_cast<unsigned>(p.shape.rows));
+  const dim3 dq_grid(static_cast<unsigned>(p.shape.kv_heads), static_cast<unsigned>(p.shape.rows),
+                     static_cast<unsigned>(p.shape.blocks));
   attention_dq_kernel<D><<<dq_grid, kThreads, dq_smem, stream>>>(
       p, static_cast<const bf16*>(q), static_cast<const bf16*>(k), static_cast<const bf16*>(v),
       static_cast<const bf16*>(dout), lse, delta, static_cast<bf16*>(dq));
@@ -682,8 +686,8 @@ cudaError_t backward_impl(const Problem& p, const void* q, const void* k, const 
   status =
       cudaFuncSetAttribute(attention_dkdv_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, kv_smem);
   if (status != cudaSuccess) return status;
-  const dim3 kv_grid(static_cast<unsigned>(p.context_tiles + p.shape.blocks),
-                     static_cast<unsigned>(p.shape.kv_heads), static_cast<unsigned>(p.shape.rows));
+  const dim3 kv_grid(static_cast<unsigned>(p.shape.kv_heads), static_cast<unsigned>(p.shape.rows),
+                     static_cast<unsigned>(p.context_tiles + p.shape.blocks));
   attention_dkdv_kernel<D><<<kv_grid, kThreads, kv_smem, stream>>>(
       p, static_cast<const bf16*>(q), static_cast<const bf16*>(k), static_cast<const bf16*>(v),
       static_cast<const bf16*>(dout), lse, delta, static_cast<bf16*>(dk), static_cast<bf16*>(dv));
@@ -697,7 +701,9 @@ bool block_attention_supported(const BlockAttentionShape& s) {
   if (s.head_dim != 64 && s.head_dim != 128) return false;
   if (s.kv_heads < 1 || s.heads % s.kv_heads != 0) return false;
   if (s.block_size * (s.heads / s.kv_heads) > kRows) return false;
-  return s.rows <= 65535 && s.kv_heads <= 65535 && s.blocks < (int64_t(1) << 30);
+  // Grids are (kv head, row, block or key tile); y and z are limited to 65535.
+  const int64_t key_tiles = (s.context + kKeys - 1) / kKeys + s.blocks;
+  return s.rows <= 65535 && key_tiles <= 65535;
 }
 
 cudaError_t block_attention_forward(const BlockAttentionShape& shape, const void* q, const void* k,

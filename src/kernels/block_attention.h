@@ -28,7 +28,8 @@ struct BlockAttentionShape {
   int64_t head_dim = 0;    // D
 };
 
-// True when the kernels take the shape: D 64 or 128, H a multiple of KVH, bs · H/KVH ≤ 64.
+// True when the kernels take the shape: D 64 or 128, H a multiple of KVH, bs · H/KVH ≤ 64, at
+// most 65535 rows and 65535 key tiles (⌈S/64⌉ + N).
 bool block_attention_supported(const BlockAttentionShape& shape);
 
 // out = softmax(scale · q kᵀ + mask) v; lse receives each row's log-sum-exp of the scaled scores

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <string>
 
 #include "model/adjacent_injection.h"
@@ -105,35 +106,54 @@ TEST(InjectionResidualGpu, FusedModuleMatchesReferenceModule) {
     auto target = fused->parameters();
     for (size_t i = 0; i < source.size(); ++i) target[i].copy_(source[i]);
   }
+  model::AdjacentInjection oracle(hidden, rank, message, layers, 1, false);
+  {
+    torch::NoGradGuard no_grad;
+    auto source = reference->parameters();
+    auto target = oracle->parameters();
+    for (size_t i = 0; i < source.size(); ++i) target[i].copy_(source[i]);
+  }
   reference->to(kCuda, torch::kBFloat16);
   fused->to(kCuda, torch::kBFloat16);
+  oracle->to(kCuda, torch::kFloat32);
   auto options = torch::TensorOptions().dtype(torch::kBFloat16).device(kCuda);
   auto h = torch::randn({2, 6, positions, hidden}, options);
   auto tokens = torch::randint(0, 100, {2, 6, positions}, options.dtype(torch::kInt64));
   auto codes = torch::randn({100, rank}, options);
   auto replace = torch::rand({2, 6}, options.dtype(torch::kFloat32)) < 0.5;
-  auto grad = torch::randn(h.sizes(), options);
-  auto run_module = [&](model::AdjacentInjection& module) {
-    auto x = h.clone().requires_grad_(true);
-    auto y = module->forward(x, 0, tokens, codes, replace);
+  // Random projections of the written state and of the next layer's feature (Σ feature² would
+  // be constant, its gradient pure rounding noise).
+  auto grad = torch::randn(h.sizes(), options.dtype(torch::kFloat32));
+  auto feature_grad = torch::randn({2, 6, positions, rank}, options.dtype(torch::kFloat32));
+  auto run_module = [&](model::AdjacentInjection& module, torch::Dtype dtype) {
+    auto x = h.to(dtype).requires_grad_(true);
+    auto y = module->forward(x, 0, tokens, codes.to(dtype), replace);
     auto features = module->feature(y, 1);
-    (y.to(torch::kFloat32) * grad.to(torch::kFloat32)).sum().add(features.to(torch::kFloat32).square().sum()).backward();
+    ((y.to(torch::kFloat32) * grad).sum() + (features.to(torch::kFloat32) * feature_grad).sum())
+        .backward();
     std::vector<torch::Tensor> grads{x.grad()};
     for (auto& p : module->parameters()) {
       grads.push_back(p.grad().defined() ? p.grad() : torch::zeros_like(p));
     }
     return std::make_pair(y.detach(), grads);
   };
-  auto [out_ref, grads_ref] = run_module(reference);
-  auto [out_fused, grads_fused] = run_module(fused);
-  EXPECT_LE(relative_error(out_fused, out_ref), 1e-2);
-  for (size_t i = 0; i < grads_ref.size(); ++i) {
-    if (grads_ref[i].abs().max().item<double>() == 0.0) {
+  auto [out_oracle, grads_oracle] = run_module(oracle, torch::kFloat32);
+  auto [out_ref, grads_ref] = run_module(reference, torch::kBFloat16);
+  auto [out_fused, grads_fused] = run_module(fused, torch::kBFloat16);
+  EXPECT_LE(relative_error(out_fused, out_oracle), 1e-2);
+  // Each gradient of the fused bf16 module is as close to the fp32 oracle as the reference bf16
+  // module's is (gradients summed over many rows lose digits to bf16 in either path).
+  for (size_t i = 0; i < grads_oracle.size(); ++i) {
+    if (grads_oracle[i].abs().max().item<double>() == 0.0) {
       EXPECT_EQ(grads_fused[i].abs().max().item<double>(), 0.0) << "gradient " << i;
       continue;
     }
-    EXPECT_GE(cosine(grads_fused[i], grads_ref[i]), 0.999) << "gradient " << i;
-    EXPECT_LE(relative_error(grads_fused[i], grads_ref[i]), 3e-2) << "gradient " << i;
+    const double floor = cosine(grads_ref[i], grads_oracle[i]);
+    EXPECT_GE(cosine(grads_fused[i], grads_oracle[i]), std::min(0.9999, floor - 1e-3))
+        << "gradient " << i << ", reference bf16 cosine " << floor;
+    EXPECT_LE(relative_error(grads_fused[i], grads_oracle[i]),
+              std::max(1e-2, 1.5 * relative_error(grads_ref[i], grads_oracle[i])))
+        << "gradient " << i;
   }
 }
 
