@@ -177,7 +177,7 @@ torch::Tensor tied_logits(int64_t rows, int64_t vocab, torch::Dtype dtype) {
   z[0].fill_(0.25);
   z[1].copy_((2 * torch::randn({vocab}, cuda)).round().abs());  // abs: no -0 (sorts may split it)
   z[2].fill_(-INFINITY);
-  z[2].index_put_({torch::tensor({vocab / 2, 7, vocab - 1}, cuda.dtype(torch::kInt64))},
+  z[2].index_put_({torch::tensor({vocab / 2, int64_t{7}, vocab - 1}, cuda.dtype(torch::kInt64))},
                   torch::tensor({1.f, 2.f, 1.f}, cuda));
   return z.to(dtype);
 }
