@@ -191,8 +191,12 @@ cudaError_t dispatch_head_dim(int64_t head_dim, F&& f) {
 }
 
 Geometry geometry(const QkNormRopeShape& s, const RopeTableView& rope) {
-  return {s.batch * s.positions * s.heads, s.heads,           s.positions,
-          s.x_row_stride,                  rope.batch_stride, rope.position_stride};
+  return {s.batch * s.positions * s.heads,
+          s.heads,
+          s.positions,
+          s.x_row_stride,
+          rope.batch_stride,
+          rope.position_stride};
 }
 
 bool multiple_of_16_bytes(int64_t elements, DType dtype) {
@@ -231,9 +235,8 @@ cudaError_t qk_norm_rope_forward(const QkNormRopeShape& shape, const void* x, co
     using T = typename decltype(tag)::type;
     return dispatch_head_dim(shape.head_dim, [&](auto d) {
       qk_norm_rope_forward_kernel<T, decltype(d)::value><<<unsigned(grid), kThreads, 0, stream>>>(
-          static_cast<const T*>(x), static_cast<const T*>(weight),
-          static_cast<const T*>(rope.cos), static_cast<const T*>(rope.sin), static_cast<T*>(out),
-          rstd, geometry(shape, rope), eps);
+          static_cast<const T*>(x), static_cast<const T*>(weight), static_cast<const T*>(rope.cos),
+          static_cast<const T*>(rope.sin), static_cast<T*>(out), rstd, geometry(shape, rope), eps);
       return cudaGetLastError();
     });
   });
@@ -244,10 +247,10 @@ int64_t qk_norm_rope_backward_ctas(const QkNormRopeShape& shape) {
   return std::min<int64_t>(needed, int64_t(kBackwardCtasPerSm) * detail::multiprocessor_count());
 }
 
-cudaError_t qk_norm_rope_backward(const QkNormRopeShape& shape, const void* grad_out,
-                                  const void* x, const void* weight, const float* rstd,
-                                  const RopeTableView& rope, void* dx, float* dweight_partials,
-                                  DType dtype, cudaStream_t stream) {
+cudaError_t qk_norm_rope_backward(const QkNormRopeShape& shape, const void* grad_out, const void* x,
+                                  const void* weight, const float* rstd, const RopeTableView& rope,
+                                  void* dx, float* dweight_partials, DType dtype,
+                                  cudaStream_t stream) {
   if (!launchable(shape, rope, dtype, {grad_out, x, weight, dx})) return cudaErrorInvalidValue;
   const int64_t ctas = qk_norm_rope_backward_ctas(shape);
   if (ctas == 0) return cudaSuccess;
@@ -255,10 +258,9 @@ cudaError_t qk_norm_rope_backward(const QkNormRopeShape& shape, const void* grad
     using T = typename decltype(tag)::type;
     return dispatch_head_dim(shape.head_dim, [&](auto d) {
       qk_norm_rope_backward_kernel<T, decltype(d)::value><<<unsigned(ctas), kThreads, 0, stream>>>(
-          static_cast<const T*>(grad_out), static_cast<const T*>(x),
-          static_cast<const T*>(weight), rstd, static_cast<const T*>(rope.cos),
-          static_cast<const T*>(rope.sin), static_cast<T*>(dx), dweight_partials,
-          geometry(shape, rope));
+          static_cast<const T*>(grad_out), static_cast<const T*>(x), static_cast<const T*>(weight),
+          rstd, static_cast<const T*>(rope.cos), static_cast<const T*>(rope.sin),
+          static_cast<T*>(dx), dweight_partials, geometry(shape, rope));
       return cudaGetLastError();
     });
   });

@@ -48,9 +48,9 @@ int64_t qk_norm_rope_backward_ctas(const QkNormRopeShape& shape);
 
 // dx from grad_out (contiguous) and the forward's x, weight and rstd; the CTA partials of dweight
 // to dweight_partials [qk_norm_rope_backward_ctas(shape), head_dim]. No float atomics.
-cudaError_t qk_norm_rope_backward(const QkNormRopeShape& shape, const void* grad_out,
-                                  const void* x, const void* weight, const float* rstd,
-                                  const RopeTableView& rope, void* dx, float* dweight_partials,
-                                  DType dtype, cudaStream_t stream);
+cudaError_t qk_norm_rope_backward(const QkNormRopeShape& shape, const void* grad_out, const void* x,
+                                  const void* weight, const float* rstd, const RopeTableView& rope,
+                                  void* dx, float* dweight_partials, DType dtype,
+                                  cudaStream_t stream);
 
 }  // namespace dspine::kernels

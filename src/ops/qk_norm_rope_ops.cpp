@@ -18,9 +18,7 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-bool aligned16(const at::Tensor& t) {
-  return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
-}
+bool aligned16(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
 
 bool strides_of_16_bytes(const at::Tensor& t, std::initializer_list<int64_t> dims) {
   for (int64_t dim : dims) {
@@ -38,10 +36,9 @@ at::Tensor contiguous_aligned(const at::Tensor& t) {
 // x as the kernels read it: head vectors contiguous, rows (b, p) evenly strided and 16-byte
 // aligned. A slice of a wider projection (a fused qkv GEMM) is read in place.
 at::Tensor readable_x(const at::Tensor& x) {
-  const bool in_place = x.stride(3) == 1 && x.stride(2) == x.size(3) &&
-                        x.stride(0) == x.size(1) * x.stride(1) &&
-                        x.stride(1) >= x.size(2) * x.size(3) && strides_of_16_bytes(x, {1}) &&
-                        aligned16(x);
+  const bool in_place =
+      x.stride(3) == 1 && x.stride(2) == x.size(3) && x.stride(0) == x.size(1) * x.stride(1) &&
+      x.stride(1) >= x.size(2) * x.size(3) && strides_of_16_bytes(x, {1}) && aligned16(x);
   return in_place ? x : contiguous_aligned(x);
 }
 

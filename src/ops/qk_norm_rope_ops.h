@@ -1,6 +1,7 @@
-// The draft attention's per-head q/k RMSNorm followed by RoPE as tensor operations (docs/kernels.md,
-// "Query/key norm and RoPE"): the ATen reference (the oracle, and the path for inputs the kernels
-// do not take) and the fused CUDA kernels (src/kernels/qk_norm_rope.h) as an autograd function.
+// The draft attention's per-head q/k RMSNorm followed by RoPE as tensor operations
+// (docs/kernels.md, "Query/key norm and RoPE"): the ATen reference (the oracle, and the path for
+// inputs the kernels do not take) and the fused CUDA kernels (src/kernels/qk_norm_rope.h) as an
+// autograd function.
 #pragma once
 
 #include <ATen/core/Tensor.h>

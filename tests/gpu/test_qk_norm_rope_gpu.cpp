@@ -79,8 +79,8 @@ void expect_allclose(const torch::Tensor& fused, const torch::Tensor& reference,
                      const std::string& what) {
   ASSERT_EQ(fused.sizes(), reference.sizes()) << what;
   const double worst = (fused - reference).abs().max().item<double>();
-  EXPECT_TRUE(torch::allclose(fused, reference, 1e-5, atol)) << what << ": max difference "
-                                                              << worst;
+  EXPECT_TRUE(torch::allclose(fused, reference, 1e-5, atol))
+      << what << ": max difference " << worst;
   std::printf("%-44s max abs difference %.2e\n", what.c_str(), worst);
 }
 
@@ -181,8 +181,8 @@ TEST(QkNormRopeGpu, FusableRules) {
   EXPECT_FALSE(ops::qk_norm_rope_fusable(in.x, in.weight.to(torch::kFloat), in.cos, in.sin));
   EXPECT_FALSE(ops::qk_norm_rope_fusable(in.x, in.weight, in.cos.slice(1, 5), in.sin.slice(1, 5)))
       << "tables shorter than P";
-  EXPECT_FALSE(ops::qk_norm_rope_fusable(in.x, in.weight, in.cos.clone().requires_grad_(true),
-                                         in.sin))
+  EXPECT_FALSE(
+      ops::qk_norm_rope_fusable(in.x, in.weight, in.cos.clone().requires_grad_(true), in.sin))
       << "tables with grad";
   EXPECT_FALSE(ops::qk_norm_rope_fusable(in.x[0], in.weight, in.cos, in.sin)) << "3-d x";
 }
@@ -224,9 +224,8 @@ AttentionResult run_attention(bool fused, torch::Dtype dtype) {
   keep[1][1] = false;
   auto mask = model::prepare_attention_mask(
       model::block_attention_mask(anchors.to(kCuda), keep.to(kCuda), context, c.block_size));
-  auto positions = torch::arange(context + queries, options.dtype(torch::kLong))
-                       .unsqueeze(0)
-                       .repeat({rows, 1});
+  auto positions =
+      torch::arange(context + queries, options.dtype(torch::kLong)).unsqueeze(0).repeat({rows, 1});
   auto rope = model::rope_tables(positions, model::rope_inv_freq(c.head_dim, c.rope_theta), dtype);
   auto out = attention(x, ctx, mask, rope);
   out.backward(torch::randn_like(out));
