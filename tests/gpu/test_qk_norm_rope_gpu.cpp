@@ -3,12 +3,13 @@
 // within rtol/atol 1e-5 (dweight's absolute tolerance scaled by its largest entry, since it sums
 // B·P·heads terms); bf16 inputs against the fp32 reference on the same bf16 values, by relative
 // error (≤ 1e-2 of the norm) and cosine (≥ 0.9999) as for the other bf16 kernels. Shapes: D 128
-// and 64, 32 and 8 heads, P 37 of 50 table positions, B 2, the recipe's queries [2, 8192, 32,
-// 128]; a strided x read in place; bitwise determinism; the applicability rules; and the draft's
-// attention layer with the fused kernels against the reference modules on the same weights.
+// and 64, 32 and 8 heads, P 37 of 50 table positions, B 2, the recipe's q and k (also timed
+// against the bf16 reference); a strided x read in place; bitwise determinism; the applicability
+// rules; and the draft's attention layer, fused against the reference modules on the same weights.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <chrono>
 #include <cstdio>
 #include <map>
 #include <string>
@@ -137,12 +138,37 @@ TEST(QkNormRopeGpu, Bf16MatchesFp32Reference) {
   }
 }
 
+// Milliseconds per call of fn (forward and backward), over 10 calls after a warm-up.
+template <typename F>
+double milliseconds_per_call(F&& fn) {
+  fn();
+  torch::cuda::synchronize();
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < 10; ++i) fn();
+  torch::cuda::synchronize();
+  const std::chrono::duration<double, std::milli> elapsed =
+      std::chrono::steady_clock::now() - start;
+  return elapsed.count() / 10;
+}
+
+// The bf16 reference path as the attention layer ran it before the fused kernels.
+void run_bf16_reference(const Inputs& in) {
+  auto x = in.x.clone().requires_grad_(true);
+  auto weight = in.weight.clone().requires_grad_(true);
+  ops::qk_norm_rope_reference(x, weight, kEps, in.cos, in.sin).backward(in.dout);
+}
+
 TEST(QkNormRopeGpu, RecipeShapesMatchFp32Reference) {
   REQUIRE_CUDA();
   // configs/qwen3-8b-dspine.yaml: queries [2, 8192, 32, 128] over the last 8192 of 11264 table
   // positions; keys [2, 11264, 8, 128] over all of them.
-  check_bf16({2, 8192, 11264, 32, 128});
-  check_bf16({2, 11264, 11264, 8, 128});
+  for (const Case& c : {Case{2, 8192, 11264, 32, 128}, Case{2, 11264, 11264, 8, 128}}) {
+    check_bf16(c);
+    const auto in = make_inputs(c, torch::kBFloat16, 13);
+    std::printf("%-36s forward + backward, fused vs reference: %.3f ms vs %.3f ms\n",
+                ("bf16 " + name_of(c)).c_str(), milliseconds_per_call([&] { run_fused(in); }),
+                milliseconds_per_call([&] { run_bf16_reference(in); }));
+  }
 }
 
 TEST(QkNormRopeGpu, StridedInputIsReadInPlaceWithTheSameResult) {
