@@ -113,10 +113,11 @@ void check_fp32(const Case& c) {
   expect_allclose(fused.dweight, reference.dweight, 1e-5 * scale, name + " dweight");
 }
 
-void check_bf16(const Case& c) {
-  const auto in = make_inputs(c, torch::kBFloat16, 13);
+// bf16 (or fp16) inputs against the fp32 reference on the same values.
+void check_16bit(const Case& c, torch::Dtype dtype = torch::kBFloat16) {
+  const auto in = make_inputs(c, dtype, 13);
   const auto fused = run_fused(in), reference = run_reference(in);
-  const std::string name = "bf16 " + name_of(c);
+  const std::string name = (dtype == torch::kHalf ? "fp16 " : "bf16 ") + name_of(c);
   expect_close(fused.out, reference.out, name + " out");
   expect_close(fused.dx, reference.dx, name + " dx");
   expect_close(fused.dweight, reference.dweight, name + " dweight");
@@ -134,8 +135,9 @@ TEST(QkNormRopeGpu, Bf16MatchesFp32Reference) {
   REQUIRE_CUDA();
   for (const Case& c : {Case{2, 37, 50, 32, 128}, Case{2, 37, 50, 8, 128}, Case{2, 37, 50, 32, 64},
                         Case{2, 37, 50, 8, 64}}) {
-    check_bf16(c);
+    check_16bit(c);
   }
+  check_16bit({2, 37, 50, 8, 128}, torch::kHalf);  // the kernels take fp16 as well
 }
 
 // Milliseconds per call of fn (forward and backward), over 10 calls after a warm-up.
@@ -163,7 +165,7 @@ TEST(QkNormRopeGpu, RecipeShapesMatchFp32Reference) {
   // configs/qwen3-8b-dspine.yaml: queries [2, 8192, 32, 128] over the last 8192 of 11264 table
   // positions; keys [2, 11264, 8, 128] over all of them.
   for (const Case& c : {Case{2, 8192, 11264, 32, 128}, Case{2, 11264, 11264, 8, 128}}) {
-    check_bf16(c);
+    check_16bit(c);
     const auto in = make_inputs(c, torch::kBFloat16, 13);
     std::printf("%-36s forward + backward, fused vs reference: %.3f ms vs %.3f ms\n",
                 ("bf16 " + name_of(c)).c_str(), milliseconds_per_call([&] { run_fused(in); }),
