@@ -68,8 +68,9 @@ Result run_fused(const Inputs& in) { return run_fused(in, in.x.clone()); }
 
 // The reference in fp32 on the same (possibly bf16-rounded) values.
 Result run_reference(const Inputs& in) {
-  auto x = in.x.to(torch::kFloat).requires_grad_(true);
-  auto weight = in.weight.to(torch::kFloat).requires_grad_(true);
+  // Fresh leaves: for fp32 inputs .to() would return in.x itself.
+  auto x = in.x.to(torch::kFloat).clone().requires_grad_(true);
+  auto weight = in.weight.to(torch::kFloat).clone().requires_grad_(true);
   auto out = ops::qk_norm_rope_reference(x, weight, kEps, in.cos.to(torch::kFloat),
                                          in.sin.to(torch::kFloat));
   out.backward(in.dout.to(torch::kFloat));
