@@ -87,14 +87,14 @@ void expect_allclose(const torch::Tensor& fused, const torch::Tensor& reference,
 }
 
 void expect_close(const torch::Tensor& fused, const torch::Tensor& reference,
-                  const std::string& what) {
+                  const std::string& what, double max_relative = 1e-2, double min_cosine = 0.9999) {
   ASSERT_EQ(fused.sizes(), reference.sizes()) << what;
   const auto a = fused.to(torch::kFloat64), e = reference.to(torch::kFloat64);
   ASSERT_TRUE(torch::isfinite(a).all().item<bool>()) << what;
   const double relative = ((a - e).norm() / e.norm().clamp_min(1e-30)).item<double>();
   const double cosine = ((a * e).sum() / (a.norm() * e.norm()).clamp_min(1e-30)).item<double>();
-  EXPECT_LE(relative, 1e-2) << what;
-  EXPECT_GE(cosine, 0.9999) << what;
+  EXPECT_LE(relative, max_relative) << what;
+  EXPECT_GE(cosine, min_cosine) << what;
   std::printf("%-44s relative error %.2e, cosine %.8f\n", what.c_str(), relative, cosine);
 }
 
@@ -246,8 +246,9 @@ AttentionResult run_attention(bool fused, torch::Dtype dtype) {
   attention->to(kCuda, dtype);
   const int64_t rows = 2, context = 40, blocks = 3, queries = blocks * c.block_size;
   auto options = torch::TensorOptions().dtype(dtype).device(kCuda);
-  auto x = torch::randn({rows, queries, c.hidden_size}, options).requires_grad_(true);
-  auto ctx = torch::randn({rows, context, c.hidden_size}, options).requires_grad_(true);
+  auto fp32 = options.dtype(torch::kFloat);
+  auto x = torch::randn({rows, queries, c.hidden_size}, fp32).to(dtype).requires_grad_(true);
+  auto ctx = torch::randn({rows, context, c.hidden_size}, fp32).to(dtype).requires_grad_(true);
   auto anchors = torch::tensor({5, 20, 33, 0, 17, 39}, torch::kLong).view({rows, blocks});
   auto keep = torch::ones({rows, blocks}, torch::kBool);
   keep[1][1] = false;
@@ -257,7 +258,7 @@ AttentionResult run_attention(bool fused, torch::Dtype dtype) {
       torch::arange(context + queries, options.dtype(torch::kLong)).unsqueeze(0).repeat({rows, 1});
   auto rope = model::rope_tables(positions, model::rope_inv_freq(c.head_dim, c.rope_theta), dtype);
   auto out = attention(x, ctx, mask, rope);
-  out.backward(torch::randn_like(out));
+  out.backward(torch::randn(out.sizes(), fp32).to(dtype));
   AttentionResult result{out.detach(), x.grad(), ctx.grad(), {}};
   for (auto& p : attention->named_parameters()) result.grads[p.key()] = p.value().grad();
   return result;
@@ -269,11 +270,15 @@ TEST(QkNormRopeGpu, AttentionLayerMatchesReferenceModules) {
     const std::string tag = dtype == torch::kFloat ? "fp32 attention " : "bf16 attention ";
     const auto fused = run_attention(true, dtype);
     const auto reference = run_attention(false, dtype);
-    expect_close(fused.out, reference.out, tag + "out");
-    expect_close(fused.dx, reference.dx, tag + "dx");
-    expect_close(fused.dcontext, reference.dcontext, tag + "dcontext");
+    // In bf16 both sides round (the reference after each op), so they may differ by up to twice
+    // what either differs from fp32: twice the kernel tolerances.
+    const double relative = dtype == torch::kFloat ? 1e-2 : 2e-2;
+    const double cosine = dtype == torch::kFloat ? 0.9999 : 0.9998;
+    expect_close(fused.out, reference.out, tag + "out", relative, cosine);
+    expect_close(fused.dx, reference.dx, tag + "dx", relative, cosine);
+    expect_close(fused.dcontext, reference.dcontext, tag + "dcontext", relative, cosine);
     for (const auto& [name, grad] : reference.grads) {
-      expect_close(fused.grads.at(name), grad, tag + name);
+      expect_close(fused.grads.at(name), grad, tag + name, relative, cosine);
     }
     if (dtype == torch::kFloat) {
       EXPECT_TRUE(torch::allclose(fused.out, reference.out, 1e-4, 1e-5));
