@@ -66,8 +66,12 @@ __device__ __forceinline__ void store_floats(T* p, const float (&f)[kV]) {
   }
 }
 
+// vectors < 2^31 (qk_norm_rope_supported), so the index arithmetic divides in 32 bits: a 64-bit
+// division is emulated in ~70 instructions, as many as the rest of a forward warp's work.
 struct Geometry {
-  int64_t vectors, heads, positions, x_row_stride, table_batch_stride, table_position_stride;
+  int64_t vectors;
+  uint32_t heads, positions;
+  int64_t x_row_stride, table_batch_stride, table_position_stride;
 };
 
 // Element offsets of vector `vector` (row-major over rows, then heads) in x and in the tables.
@@ -76,12 +80,12 @@ struct Offsets {
 };
 
 __device__ __forceinline__ Offsets locate(const Geometry& g, int64_t vector, int head_dim) {
-  const int64_t row = vector / g.heads;
-  const int64_t head = vector - row * g.heads;
-  const int64_t b = row / g.positions;
-  const int64_t p = row - b * g.positions;
-  return {row * g.x_row_stride + head * head_dim,
-          b * g.table_batch_stride + p * g.table_position_stride};
+  const uint32_t row = uint32_t(vector) / g.heads;
+  const uint32_t head = uint32_t(vector) - row * g.heads;
+  const uint32_t b = row / g.positions;
+  const uint32_t p = row - b * g.positions;
+  return {int64_t(row) * g.x_row_stride + int64_t(head) * head_dim,
+          int64_t(b) * g.table_batch_stride + int64_t(p) * g.table_position_stride};
 }
 
 // y = w ⊙ x·rstd, out = y ⊙ cos + rot(y) ⊙ sin with rot(y)[i] = −y[i + D/2] for i < D/2 and
@@ -192,8 +196,8 @@ cudaError_t dispatch_head_dim(int64_t head_dim, F&& f) {
 
 Geometry geometry(const QkNormRopeShape& s, const RopeTableView& rope) {
   return {s.batch * s.positions * s.heads,
-          s.heads,
-          s.positions,
+          uint32_t(s.heads),
+          uint32_t(s.positions),
           s.x_row_stride,
           rope.batch_stride,
           rope.position_stride};
@@ -219,8 +223,8 @@ int64_t vectors_of(const QkNormRopeShape& s) { return s.batch * s.positions * s.
 
 bool qk_norm_rope_supported(const QkNormRopeShape& s, DType dtype) {
   return (s.head_dim == 64 || s.head_dim == 128) && s.batch >= 0 && s.positions >= 0 &&
-         s.heads >= 0 && s.x_row_stride >= s.heads * s.head_dim &&
-         multiple_of_16_bytes(s.x_row_stride, dtype);
+         s.heads >= 0 && s.batch * s.positions * s.heads < (int64_t(1) << 31) &&
+         s.x_row_stride >= s.heads * s.head_dim && multiple_of_16_bytes(s.x_row_stride, dtype);
 }
 
 cudaError_t qk_norm_rope_forward(const QkNormRopeShape& shape, const void* x, const void* weight,
@@ -230,7 +234,6 @@ cudaError_t qk_norm_rope_forward(const QkNormRopeShape& shape, const void* x, co
   const int64_t vectors = vectors_of(shape);
   if (vectors == 0) return cudaSuccess;
   const int64_t grid = (vectors + kWarps - 1) / kWarps;
-  if (grid > 0x7fffffff) return cudaErrorInvalidValue;
   return detail::dispatch_dtype(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     return dispatch_head_dim(shape.head_dim, [&](auto d) {

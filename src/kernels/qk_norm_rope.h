@@ -32,8 +32,9 @@ struct RopeTableView {
   int64_t position_stride = 0;
 };
 
-// Whether the kernels take this shape: head_dim 64 or 128, x's row stride a multiple of 16 bytes.
-// Launches also need 16-byte aligned pointers and table strides (else cudaErrorInvalidValue).
+// Whether the kernels take this shape: head_dim 64 or 128, fewer than 2^31 vectors, x's row
+// stride a multiple of 16 bytes. Launches also need 16-byte aligned pointers and table strides
+// (else cudaErrorInvalidValue).
 bool qk_norm_rope_supported(const QkNormRopeShape& shape, DType dtype);
 
 // out = y ⊙ cos + rotate_half(y) ⊙ sin with y = weight ⊙ x · rstd, rstd = rsqrt(mean(x²) + eps)
