@@ -5,14 +5,17 @@
 // error (≤ 1e-2 of the norm) and cosine (≥ 0.9999) as for the other bf16 kernels. Shapes: D 128
 // and 64, 32 and 8 heads, P 37 of 50 table positions, B 2, the recipe's q and k (also timed
 // against the bf16 reference); a strided x read in place; bitwise determinism; the applicability
-// rules; and the draft's attention layer, fused against the reference modules on the same weights.
+// rules; and the draft's attention layer, fused (the fused op's node in its graph) against the
+// reference modules on the same weights.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <chrono>
 #include <cstdio>
 #include <map>
+#include <set>
 #include <string>
+#include <vector>
 
 #include "core/config.h"
 #include "model/attention.h"
@@ -232,7 +235,22 @@ core::ModelConfig attention_config() {
 struct AttentionResult {
   torch::Tensor out, dx, dcontext;
   std::map<std::string, torch::Tensor> grads;
+  bool ran_fused_kernels = false;  // the fused op's autograd node is in the output's graph
 };
+
+// Whether an autograd node whose name contains `name` produced t (directly or upstream).
+bool graph_contains(const torch::Tensor& t, const std::string& name) {
+  std::vector<torch::autograd::Node*> pending{t.grad_fn().get()};
+  std::set<torch::autograd::Node*> seen;
+  while (!pending.empty()) {
+    torch::autograd::Node* node = pending.back();
+    pending.pop_back();
+    if (node == nullptr || !seen.insert(node).second) continue;
+    if (node->name().find(name) != std::string::npos) return true;
+    for (const auto& edge : node->next_edges()) pending.push_back(edge.function.get());
+  }
+  return false;
+}
 
 AttentionResult run_attention(bool fused, torch::Dtype dtype) {
   const auto c = attention_config();
@@ -258,8 +276,9 @@ AttentionResult run_attention(bool fused, torch::Dtype dtype) {
       torch::arange(context + queries, options.dtype(torch::kLong)).unsqueeze(0).repeat({rows, 1});
   auto rope = model::rope_tables(positions, model::rope_inv_freq(c.head_dim, c.rope_theta), dtype);
   auto out = attention(x, ctx, mask, rope);
+  const bool ran_fused_kernels = graph_contains(out, "QkNormRopeFunction");
   out.backward(torch::randn(out.sizes(), fp32).to(dtype));
-  AttentionResult result{out.detach(), x.grad(), ctx.grad(), {}};
+  AttentionResult result{out.detach(), x.grad(), ctx.grad(), {}, ran_fused_kernels};
   for (auto& p : attention->named_parameters()) result.grads[p.key()] = p.value().grad();
   return result;
 }
@@ -270,6 +289,8 @@ TEST(QkNormRopeGpu, AttentionLayerMatchesReferenceModules) {
     const std::string tag = dtype == torch::kFloat ? "fp32 attention " : "bf16 attention ";
     const auto fused = run_attention(true, dtype);
     const auto reference = run_attention(false, dtype);
+    EXPECT_TRUE(fused.ran_fused_kernels) << tag;
+    EXPECT_FALSE(reference.ran_fused_kernels) << tag;
     // In bf16 both sides round (the reference after each op), so they may differ by up to twice
     // what either differs from fp32: twice the kernel tolerances.
     const double relative = dtype == torch::kFloat ? 1e-2 : 2e-2;
