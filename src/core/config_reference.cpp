@@ -27,8 +27,8 @@ const std::map<std::string, std::string>& core_descriptions() {
       {"model.mask_token_id", "token whose embedding fills the proposal slots"},
       {"model.target_layer_ids", "target layers (0-based) whose outputs the draft reads"},
       {"model.fused_kernels",
-       "fused CUDA kernels: RMSNorm/SwiGLU, block attention (bf16), vocabulary objective (auto: on "
-       "CUDA devices)"},
+       "fused CUDA kernels: RMSNorm/SwiGLU, q/k norm + RoPE, block attention (bf16), injection "
+       "residual, vocabulary objective (auto: on CUDA devices)"},
       {"model.dspine.transfer_rank", "r, rank of the fixed transfer space"},
       {"model.dspine.message_size", "m, width of the adjacent-injection message"},
       {"model.dspine.top_k", "candidates of the refinement head"},

@@ -5,8 +5,21 @@
 #include <cmath>
 
 #include "ops/block_attention_ops.h"
+#include "ops/qk_norm_rope_ops.h"
 
 namespace dspine::model {
+namespace {
+
+// The per-head norm then RoPE: one fused kernel each way when the norm was built fused and the
+// kernels take the inputs (docs/kernels.md, "Query/key norm and RoPE"), else the two modules.
+torch::Tensor norm_then_rope(RMSNorm& norm, const torch::Tensor& x, const RopeTables& rope) {
+  if (norm->fused && ops::qk_norm_rope_fusable(x, norm->weight, rope.cos, rope.sin)) {
+    return ops::qk_norm_rope(x, norm->weight, norm->eps, rope.cos, rope.sin);
+  }
+  return apply_rope(norm(x), rope);
+}
+
+}  // namespace
 
 DSpineAttentionImpl::DSpineAttentionImpl(const core::ModelConfig& c, bool fused)
     : heads_(c.num_attention_heads), kv_heads_(c.num_key_value_heads), head_dim_(c.head_dim) {
@@ -26,12 +39,11 @@ torch::Tensor DSpineAttentionImpl::forward(const torch::Tensor& x, const torch::
   const int64_t rows = x.size(0), queries = x.size(1);
   const int64_t keys = context.size(1) + queries;
   // [B, positions, heads, head_dim] throughout: the layout of the projections and of the kernels.
-  auto q = q_norm(q_proj(x).view({rows, queries, heads_, head_dim_}));
-  auto k = k_norm(
-      torch::cat({k_proj(context), k_proj(x)}, 1).view({rows, keys, kv_heads_, head_dim_}));
+  auto q = norm_then_rope(q_norm, q_proj(x).view({rows, queries, heads_, head_dim_}), rope);
+  auto k = norm_then_rope(
+      k_norm, torch::cat({k_proj(context), k_proj(x)}, 1).view({rows, keys, kv_heads_, head_dim_}),
+      rope);
   auto v = torch::cat({v_proj(context), v_proj(x)}, 1).view({rows, keys, kv_heads_, head_dim_});
-  q = apply_rope(q, rope);
-  k = apply_rope(k, rope);
   const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim_));
   auto out = mask.dense() ? masked_attention(q, k, v, mask, scale)
                           : ops::block_attention(q, k, v, mask.anchors, mask.keep,

@@ -2,6 +2,8 @@
 
 #include <torch/torch.h>
 
+#include "ops/qk_norm_rope_ops.h"
+
 namespace dspine::model {
 
 at::Tensor rope_inv_freq(int64_t head_dim, double theta) {
@@ -18,19 +20,8 @@ RopeTables rope_tables(const at::Tensor& position_ids, const at::Tensor& inv_fre
   return {emb.cos().to(dtype), emb.sin().to(dtype)};
 }
 
-namespace {
-at::Tensor rotate_half(const at::Tensor& x) {
-  const int64_t half = x.size(-1) / 2;
-  return torch::cat({-x.slice(-1, half), x.slice(-1, 0, half)}, -1);
-}
-}  // namespace
-
 at::Tensor apply_rope(const at::Tensor& x, const RopeTables& tables) {
-  const int64_t rows = x.size(1);
-  const int64_t total = tables.cos.size(1);
-  auto cos = tables.cos.slice(1, total - rows).unsqueeze(2);
-  auto sin = tables.sin.slice(1, total - rows).unsqueeze(2);
-  return x * cos + rotate_half(x) * sin;
+  return ops::rope_reference(x, tables.cos, tables.sin);
 }
 
 }  // namespace dspine::model
