@@ -79,7 +79,9 @@ if [[ -f "$OUT_DIR/bench_train_trace.json" ]]; then
     > "$OUT_DIR/bench_train_by_op.md" 2>&1 || status=1
   gzip -f "$OUT_DIR/bench_train_trace.json"
 fi
-step_run reference "$BENCH" "${step_args[@]}" --set model.fused_kernels=false "${extra_args[@]}"
+# The reference objective holds fp32 logits per chunk: it runs chunked (docs/model.md, "Chunking").
+step_run reference "$BENCH" "${step_args[@]}" --set model.fused_kernels=false \
+  --set objective.dspine.objective_chunk_blocks=128 "${extra_args[@]}"
 step_row reference 1
 step_run accum2 "$BENCH" "${step_args[@]}" --set training.accumulation_steps=2 "${extra_args[@]}"
 step_row accum2 2

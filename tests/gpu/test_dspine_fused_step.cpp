@@ -146,7 +146,9 @@ WindowResult recipe_window(const std::string& fused, double input_scale = 1.0) {
   const torch::Device device(torch::kCUDA);
   auto config = core::load_config(
       DSPINE_SOURCE_DIR "/configs/qwen3-8b-dspine.yaml",
-      {"data.source=random", "training.accumulation_steps=1", "model.fused_kernels=" + fused});
+      {"data.source=random", "training.accumulation_steps=1", "model.fused_kernels=" + fused,
+       // The reference objective holds fp32 logits per chunk; both sides chunk alike.
+       "objective.dspine.objective_chunk_blocks=128"});
   data::RandomSource source(config, device);
   torch::manual_seed(7);
   auto objective = objectives::make_dspine_objective(
