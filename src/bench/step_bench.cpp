@@ -240,9 +240,12 @@ void run_step_bench(const StepOptions& options) {
   const std::string scratch = "/tmp/dspine-bench-step-" + shared_id(*comm, device);
   const bool profile =
       options.profile || !options.profile_out.empty() || !options.profile_trace.empty();
-  if (!options.profile_out.empty() && comm->rank() == 0) {
-    std::FILE* out = std::fopen(options.profile_out.c_str(), "w");  // fail before the run
-    if (out == nullptr) fail("--profile-out {}: cannot write the file", options.profile_out);
+  // Output files fail before the run, not after it.
+  for (const auto& [flag, path] : {std::pair{"--profile-out", &options.profile_out},
+                                   std::pair{"--profile-trace", &options.profile_trace}}) {
+    if (path->empty() || comm->rank() != 0) continue;
+    std::FILE* out = std::fopen(path->c_str(), "w");
+    if (out == nullptr) fail("{} {}: cannot write the file", flag, *path);
     std::fclose(out);
   }
   config.training.total_steps = options.steps + (profile ? 1 : 0);  // + the profiled window
