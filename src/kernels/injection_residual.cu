@@ -126,6 +126,11 @@ __global__ void injection_residual_backward_kernel(const T* __restrict__ grad,
   }
 }
 
+// 16-byte packs in a row of `hidden` elements (rounded down).
+int64_t packs_per_row(int64_t hidden, DType type) {
+  return hidden * int64_t(detail::dtype_size(type)) / 16;
+}
+
 // Packs per thread: the fewest that keep a row within kMaxThreads threads; 0 when none does.
 int items_for(int64_t nvec) {
   for (int items : kItemChoices) {
@@ -156,15 +161,14 @@ cudaError_t dispatch(const InjectionRows& s, F&& f) {
       s.rows % s.positions != 0 || (s.skip_first && s.positions < 2)) {
     return cudaErrorInvalidValue;
   }
-  const int64_t nvec = s.hidden * int64_t(detail::dtype_size(s.type)) / 16;
   return detail::dispatch_dtype(s.type, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    return with_items<T>(items_for(nvec), f);
+    return with_items<T>(items_for(packs_per_row(s.hidden, s.type)), f);
   });
 }
 
 int threads_for(const InjectionRows& s) {
-  const int64_t nvec = s.hidden * int64_t(detail::dtype_size(s.type)) / 16;
+  const int64_t nvec = packs_per_row(s.hidden, s.type);
   const int items = items_for(nvec);
   return int((nvec + items - 1) / items + 31) / 32 * 32;
 }

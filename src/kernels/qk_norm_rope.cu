@@ -194,8 +194,10 @@ cudaError_t dispatch_head_dim(int64_t head_dim, F&& f) {
   }
 }
 
+int64_t vectors_of(const QkNormRopeShape& s) { return s.batch * s.positions * s.heads; }
+
 Geometry geometry(const QkNormRopeShape& s, const RopeTableView& rope) {
-  return {s.batch * s.positions * s.heads,
+  return {vectors_of(s),
           uint32_t(s.heads),
           uint32_t(s.positions),
           s.x_row_stride,
@@ -217,13 +219,11 @@ bool launchable(const QkNormRopeShape& s, const RopeTableView& rope, DType dtype
   return std::all_of(pointers.begin(), pointers.end(), detail::aligned16);
 }
 
-int64_t vectors_of(const QkNormRopeShape& s) { return s.batch * s.positions * s.heads; }
-
 }  // namespace
 
 bool qk_norm_rope_supported(const QkNormRopeShape& s, DType dtype) {
   return (s.head_dim == 64 || s.head_dim == 128) && s.batch >= 0 && s.positions >= 0 &&
-         s.heads >= 0 && s.batch * s.positions * s.heads < (int64_t(1) << 31) &&
+         s.heads >= 0 && vectors_of(s) < (int64_t(1) << 31) &&
          s.x_row_stride >= s.heads * s.head_dim && multiple_of_16_bytes(s.x_row_stride, dtype);
 }
 
