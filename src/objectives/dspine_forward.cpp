@@ -115,16 +115,14 @@ DSpineOutput DSpineTrainingModel::forward(const data::DraftBatch& batch, at::Gen
   return objective(draft_pass(batch, generator, options, !options.ce_only), options);
 }
 
-DraftPass DSpineTrainingModel::draft_pass(const data::DraftBatch& batch, at::Generator& generator,
-                                          const DSpineForwardOptions& options, bool full_rows) {
+DraftPass DSpineTrainingModel::sample_blocks(const data::DraftBatch& batch,
+                                             at::Generator& generator,
+                                             const DSpineForwardOptions& options) {
   check_batch(batch, model_config_);
   const auto device = lm_head_.device();
-  const auto dtype = lm_head_.scalar_type();
-  const int64_t bs = model_config_.block_size, proposals = bs - 1;
+  const int64_t bs = model_config_.block_size;
   auto input_ids = batch.input_ids.to(device, torch::kInt64);
   auto loss_mask = batch.loss_mask.to(device);
-  auto hidden_states = batch.hidden_states.detach().to(device, dtype);
-  const int64_t rows = input_ids.size(0), seq = input_ids.size(1);
 
   DraftPass out;
   out.schedule = dspine_schedule(settings_, options.step, options.total_steps);
@@ -140,7 +138,19 @@ DraftPass DSpineTrainingModel::draft_pass(const data::DraftBatch& batch, at::Gen
     out.replace =
         draw_replacement(out.blocks.keep, out.schedule.replacement_probability, generator);
   }
-  out.position_ids = block_position_ids(out.blocks.anchors, seq, bs);
+  out.position_ids = block_position_ids(out.blocks.anchors, input_ids.size(1), bs);
+  return out;
+}
+
+DraftPass DSpineTrainingModel::draft_pass(const data::DraftBatch& batch, at::Generator& generator,
+                                          const DSpineForwardOptions& options, bool full_rows) {
+  DraftPass out = sample_blocks(batch, generator, options);
+  const auto device = lm_head_.device();
+  const auto dtype = lm_head_.scalar_type();
+  const int64_t bs = model_config_.block_size, proposals = bs - 1;
+  auto input_ids = batch.input_ids.to(device, torch::kInt64);
+  auto hidden_states = batch.hidden_states.detach().to(device, dtype);
+  const int64_t rows = input_ids.size(0);
   auto noise = torch::embedding(
       embed_tokens_,
       block_input_ids(input_ids, out.blocks.anchors, out.blocks.keep, bs, mask_token_id_));
@@ -212,6 +222,7 @@ DSpineOutput DSpineTrainingModel::objective(const DraftPass& pass,
     auto totals = torch::stack({sums.ce, out.denominator.detach()})
                       .to(torch::kCPU, torch::kFloat64)
                       .contiguous();
+    if (options.prepassed_totals.defined()) totals += options.prepassed_totals;
     options.comm->all_reduce(totals);
     out.global_ce = totals[0];
     out.global_denominator = totals[1];

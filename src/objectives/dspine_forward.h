@@ -28,6 +28,10 @@ struct DSpineForwardOptions {
   // Window CE̅ (replay): defined → used as the alignment scale's CE; undefined → [CE, D] are
   // all-reduced over `comm` inside this forward (immediate path, one collective).
   at::Tensor alignment_ce;
+  // Without alignment_ce: host fp64 [ΣCE, ΣD] of this rank's micro-batches of the window that
+  // were prepassed, added to this forward's own before the reduction (the replay of a window's
+  // first micro-batch when it had no prepass). Undefined → this batch alone.
+  at::Tensor prepassed_totals;
   dist::Communicator* comm = nullptr;
   const BlockOverrides* overrides = nullptr;
 };
@@ -77,6 +81,10 @@ class DSpineTrainingModel {
   DSpineOutput forward(const data::DraftBatch& batch, at::Generator& generator,
                        const DSpineForwardOptions& options);
 
+  // The generator draws of forward alone: schedule, blocks and replacement mask; the draft is
+  // not run.
+  DraftPass sample_blocks(const data::DraftBatch& batch, at::Generator& generator,
+                          const DSpineForwardOptions& options);
   // The draft pass alone (same RNG draws as forward). pre_rows, features and teacher only with
   // `full_rows` (the CE prepass needs none of them).
   DraftPass draft_pass(const data::DraftBatch& batch, at::Generator& generator,

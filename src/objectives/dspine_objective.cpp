@@ -85,17 +85,27 @@ void DSpineObjective::begin_window(const std::vector<data::DraftBatch>& micro_ba
   immediate_window_ = expected == 1;
   immediate_steps_ = 0;
   if (immediate_window_) return;
-  // §8.2: graph-free CE-only prepass of every micro-batch, RNG state saved before each.
+  // §8.2: graph-free CE-only prepass of every micro-batch, RNG state saved before each. With
+  // prepass: skip_first the first micro-batch only draws its blocks (the generator must advance
+  // as its forward would); its replay completes the window's CE̅.
+  const bool skip_first = settings_.prepass == "skip_first";
   torch::NoGradGuard no_grad;
-  for (const auto& batch : micro_batches) {
+  for (size_t i = 0; i < micro_batches.size(); ++i) {
     auto state = generator_state(context.generator);
     DSpineForwardOptions options;
     options.ce_only = true;
     options.training = context.training;
-    auto out = run(batch, context, options);
+    if (i == 0 && skip_first) {
+      options.step = context.step;
+      options.total_steps = context.total_steps;
+      model_.sample_blocks(micro_batches[i], context.generator, options);
+      window_.record_deferred(state);
+      continue;
+    }
+    auto out = run(micro_batches[i], context, options);
     window_.record_prepass(state, out.ce.item<double>(), out.denominator.item<double>());
   }
-  window_.reduce(*context.comm);
+  if (!skip_first) window_.reduce(*context.comm);
 }
 
 MicroStepResult DSpineObjective::micro_step(const data::DraftBatch& batch, int64_t index,
@@ -116,11 +126,18 @@ MicroStepResult DSpineObjective::micro_step(const data::DraftBatch& batch, int64
   }
   if (!window_.active()) fail("DSpine micro_step {} without begin_window", index);
   const auto& state = window_.replay_state(index);
-  options.alignment_ce = torch::tensor(static_cast<float>(window_.alignment_ce()));
+  if (window_.deferred(index)) {
+    options.prepassed_totals = window_.prepassed_totals();  // reduced inside its forward
+  } else {
+    options.alignment_ce = torch::tensor(static_cast<float>(window_.alignment_ce()));
+  }
   DSpineOutput out;
   {
     GeneratorFork fork(context.generator, state);
     out = run(batch, context, options, /*announce_phases=*/true);
+  }
+  if (window_.deferred(index)) {
+    window_.complete(out.global_ce.item<double>(), out.global_denominator.item<double>());
   }
   window_.finish_replay(index, out.denominator.item<double>());
   accumulate(out);

@@ -15,7 +15,9 @@
 // Each micro_step loss is numerator / D_glob (D_glob = Σ over the window's micro-batches and all
 // ranks), so gradients add up with SUM over micro-batches and ranks: no further scaling.
 // Collectives per window: A = 1 → one 2-element all-reduce inside micro_step; A > 1 → one in
-// begin_window (after the A CE-only prepasses, none inside them); end_window adds one for metrics.
+// begin_window (after the A CE-only prepasses, none inside them), or with
+// objective.dspine.prepass: skip_first one inside micro_step 0 (after A − 1 prepasses; the first
+// micro-batch's replay adds its own CE and D); end_window adds one for metrics.
 // StepContext::generator draws anchors and replacement masks (it must be a CPU generator or one on
 // the training device); begin_window saves its state per micro-batch and micro_step replays under
 // that state, leaving the generator as after the prepasses.

@@ -69,6 +69,8 @@ DSpineSettings read_dspine_settings(const core::Config& config) {
                                     "progress at which replacement has faded out"},
                                    {"candidate_mass_threshold", &s.candidate_mass_threshold, {},
                                     false, "teacher mass the top-k needs for the refinement L1"},
+                                   {"prepass", &s.prepass, {"all", "skip_first"}, false,
+                                    "window micro-batches given a CE-only prepass"},
                                });
   check_ranges(config, s);
   return s;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include <nlohmann/json.hpp>
 
@@ -22,6 +23,10 @@ struct DSpineSettings {
   double replacement_hold_ratio = 1.0 / 6.0;
   double replacement_end_ratio = 1.0 / 3.0;
   double candidate_mass_threshold = 1e-4;
+  // Which micro-batches of an accumulation window get a CE-only prepass: "all" (the reference's
+  // scheme) or "skip_first" (the first micro-batch's replay completes CE̅ itself; same losses and
+  // gradients, one CE-only forward fewer per window). docs/model.md, "CE-only prepass and replay".
+  std::string prepass = "all";
 };
 
 // Reads and range-checks objective.dspine (absent keys keep the defaults); errors name the full

@@ -47,28 +47,52 @@ void WindowReplay::record_prepass(at::Tensor rng_state, double ce, double denomi
   if (static_cast<int64_t>(prepasses_.size()) >= expected_) {
     fail("DSpine window: more prepasses than its {} micro-batches", expected_);
   }
-  prepasses_.push_back({std::move(rng_state), ce, denominator});
+  prepasses_.push_back({std::move(rng_state), ce, denominator, false});
+}
+
+void WindowReplay::record_deferred(at::Tensor rng_state) {
+  if (!prepasses_.empty()) fail("DSpine window: only its first micro-batch can skip the prepass");
+  prepasses_.push_back({std::move(rng_state), 0, 0, true});
+}
+
+at::Tensor WindowReplay::prepassed_totals() const {
+  double ce = 0, denominator = 0;
+  for (const auto& p : prepasses_) {
+    ce += p.ce;
+    denominator += p.denominator;
+  }
+  return torch::tensor({ce, denominator}, torch::kFloat64);
 }
 
 void WindowReplay::reduce(dist::Communicator& comm) {
   if (static_cast<int64_t>(prepasses_.size()) != expected_) {
     fail("DSpine window reduced after {} of {} prepasses", prepasses_.size(), expected_);
   }
-  double ce = 0, denominator = 0;
-  for (const auto& p : prepasses_) {
-    ce += p.ce;
-    denominator += p.denominator;
-  }
-  auto totals = torch::tensor({ce, denominator}, torch::kFloat64);
+  if (deferred(0)) fail("DSpine window with a deferred micro-batch is reduced by its replay");
+  auto totals = prepassed_totals();
   comm.all_reduce(totals);
-  global_ce_ = totals[0].item<double>();
-  global_denominator_ = totals[1].item<double>();
+  complete(totals[0].item<double>(), totals[1].item<double>());
+}
+
+void WindowReplay::complete(double global_ce, double global_denominator) {
+  global_ce_ = global_ce;
+  global_denominator_ = global_denominator;
   if (!(global_denominator_ > 0)) fail("DSpine has no supervised proposal tokens");
   reduced_ = true;
 }
 
+bool WindowReplay::deferred(int64_t index) const {
+  return index >= 0 && index < static_cast<int64_t>(prepasses_.size()) &&
+         prepasses_[index].deferred;
+}
+
 const at::Tensor& WindowReplay::replay_state(int64_t index) {
-  if (!reduced_) fail("DSpine replay of micro-batch {} before the window's prepass", index);
+  if (static_cast<int64_t>(prepasses_.size()) != expected_) {
+    fail("DSpine replay of micro-batch {} before the window's prepass", index);
+  }
+  if (!reduced_ && !deferred(index)) {
+    fail("DSpine replay of micro-batch {} before the window's reduction", index);
+  }
   if (index != replayed_) {
     fail("DSpine replay out of order: micro-batch {} requested, {} expected", index, replayed_);
   }
@@ -76,7 +100,8 @@ const at::Tensor& WindowReplay::replay_state(int64_t index) {
 }
 
 void WindowReplay::finish_replay(int64_t index, double denominator) {
-  if (denominator != prepasses_[index].denominator) {
+  if (!reduced_) fail("DSpine replay of micro-batch {} finished before the window's reduction", index);
+  if (!prepasses_[index].deferred && denominator != prepasses_[index].denominator) {
     fail(
         "DSpine replay of micro-batch {} drew different blocks than its prepass (D {} vs {}); "
         "was a different batch passed?",

@@ -1,8 +1,10 @@
 // The accumulation window (docs/model.md, "CE-only prepass and replay"): every micro-batch first
 // runs a graph-free CE-only prepass (RNG state saved just before it), the window's [ΣCE, ΣD] is
 // reduced once over ranks, then every micro-batch is replayed with grad under the RNG state its
-// prepass had, so anchors and replacement draws are identical. WindowReplay is the bookkeeping;
-// GeneratorFork the RNG part.
+// prepass had, so anchors and replacement draws are identical. Optionally the first micro-batch
+// is deferred: only its RNG state is recorded, and its replay (the first) adds the prepassed
+// micro-batches' [ΣCE, ΣD] to its own and makes the window's one reduction. WindowReplay is the
+// bookkeeping; GeneratorFork the RNG part.
 #pragma once
 
 #include <ATen/core/Generator.h>
@@ -38,11 +40,22 @@ class WindowReplay {
   void begin(int64_t received, int64_t expected);
   // Appends micro-batch prepass results (in order) with the RNG state from just before it.
   void record_prepass(at::Tensor rng_state, double ce, double denominator);
-  // The window's only collective: all-reduce SUM of [ΣCE, ΣD]; requires ΣD > 0.
+  // Records the first micro-batch without a prepass: only the RNG state from before its draws.
+  void record_deferred(at::Tensor rng_state);
+  // The window's only collective: all-reduce SUM of [ΣCE, ΣD]; requires ΣD > 0. Not for a window
+  // with a deferred micro-batch (its replay reduces, then calls complete()).
   void reduce(dist::Communicator& comm);
-  // RNG state for replaying micro-batch `index`; replays must come in order after reduce().
+  // Host fp64 [ΣCE, ΣD] of this rank's prepassed micro-batches.
+  at::Tensor prepassed_totals() const;
+  // The reduced window totals from the deferred micro-batch's replay; requires ΣD > 0.
+  void complete(double global_ce, double global_denominator);
+  // Whether micro-batch `index` is the deferred one, replayed before the window is reduced.
+  bool deferred(int64_t index) const;
+  // RNG state for replaying micro-batch `index`; replays must come in order, after reduce()
+  // unless `index` is deferred.
   const at::Tensor& replay_state(int64_t index);
-  // Checks the replay drew the same blocks (its D equals the prepass D) and counts it done.
+  // Checks the replay drew the same blocks (its D equals the prepass D, unless deferred) and
+  // counts it done.
   void finish_replay(int64_t index, double denominator);
   // For a non-replayed (immediate) micro-step: throws while replays are pending.
   void check_immediate() const;
@@ -57,6 +70,7 @@ class WindowReplay {
   struct Prepass {
     at::Tensor rng_state;
     double ce, denominator;
+    bool deferred;  // no prepass ran: ce and denominator are 0
   };
   std::vector<Prepass> prepasses_;
   int64_t expected_ = 0;

@@ -138,7 +138,10 @@ struct VocabObjectiveFunction : torch::autograd::Function<VocabObjectiveFunction
 }  // namespace
 
 int64_t vocab_chunk_rows(int64_t vocab, int64_t element_bytes, int64_t logits_per_row) {
-  return std::max<int64_t>(1, kVocabChunkBytes / (vocab * element_bytes * logits_per_row));
+  constexpr int64_t kTileRows = 256;
+  const int64_t rows =
+      std::max<int64_t>(1, kVocabChunkBytes / (vocab * element_bytes * logits_per_row));
+  return rows >= kTileRows ? rows / kTileRows * kTileRows : rows;
 }
 
 VocabObjectiveResult vocab_objective(const at::Tensor& hidden, const at::Tensor& teacher_hidden,

@@ -49,7 +49,9 @@ TEST(VocabObjectiveMemory, ChunksNeverHoldARowsByVocabularyFp32Tensor) {
 
 TEST(VocabObjectiveMemory, DefaultChunksKeepTwoBf16LogitsNearSixTenthsOfAGib) {
   // The recipe: V = 151,936 in bf16, draft and teacher logits per row.
-  EXPECT_EQ(vocab_chunk_rows(151936, 2, 2), 1059);
+  EXPECT_EQ(vocab_chunk_rows(151936, 2, 2), 1024);  // 1,059 fit, rounded to 256-row tiles
+  EXPECT_EQ(vocab_chunk_rows(151936, 2, 1), 2048);  // the CE-only prepass: 2,118 fit
+  EXPECT_EQ(vocab_chunk_rows(int64_t(1) << 22, 4, 2), 19);  // under one tile: as the budget gives
   EXPECT_LE(vocab_chunk_rows(151936, 2, 2) * 151936 * 2 * 2, kVocabChunkBytes);
   EXPECT_EQ(vocab_chunk_rows(int64_t(1) << 40, 4, 2), 1);
 }

@@ -483,6 +483,72 @@ TEST(DSpineWindow, ReplayReproducesAnchorsAndReplacementAndTheRngStream) {
   EXPECT_TRUE(torch::equal(generator_state(ctx.generator), generator_state(reference)));
 }
 
+objectives::DSpineSettings skip_first_settings() {
+  auto settings = tiny_settings();
+  settings.prepass = "skip_first";
+  return settings;
+}
+
+// prepass: skip_first is the same window with one CE-only forward fewer: the same loss, metrics
+// and gradients (the same anchors and replacement draws), the same generator state afterwards,
+// and one reduction, made by the first replay.
+TEST(DSpineWindow, SkippingTheFirstPrepassGivesTheSameWindow) {
+  for (int64_t a : {2, 4}) {
+    std::vector<data::DraftBatch> micro;
+    for (int64_t i = 0; i < a; ++i) {
+      micro.push_back(random_batch(training_inputs().loss_mask, 60 + i));
+    }
+    auto every = training_objective(tiny_config(a), tiny_settings());
+    CountingCommunicator comm_every;
+    auto ctx_every = context(comm_every, 17, 100);
+    auto metrics_every = run_window(*every, micro, ctx_every);
+    auto grads_every = take_grads(*every->draft());
+
+    auto skipping = training_objective(tiny_config(a), skip_first_settings());
+    std::vector<bool> grad_enabled;
+    skipping->set_forward_observer(
+        [&](const DSpineOutput&) { grad_enabled.push_back(torch::GradMode::is_enabled()); });
+    CountingCommunicator comm;
+    auto ctx = context(comm, 17, 100);
+    skipping->begin_window(micro, ctx);
+    EXPECT_EQ(comm.collective_count(), 0) << "A = " << a << ": the first replay reduces";
+    for (int64_t i = 0; i < a; ++i) {
+      skipping->micro_step(micro[i], i, ctx).loss.backward();
+      EXPECT_EQ(comm.collective_count(), 1) << "A = " << a << ", after replay " << i;
+    }
+    auto metrics = skipping->end_window(ctx);
+    auto grads = take_grads(*skipping->draft());
+
+    std::vector<bool> expected(a - 1, false);  // prepasses of micro-batches 1..A-1
+    expected.resize(2 * a - 1, true);          // then A replays
+    EXPECT_EQ(grad_enabled, expected);
+    EXPECT_TRUE(torch::equal(generator_state(ctx.generator), generator_state(ctx_every.generator)));
+    ASSERT_EQ(metrics.size(), metrics_every.size());
+    for (const auto& [key, value] : metrics_every) {
+      EXPECT_NEAR(metrics.at(key), value, 1e-6 * std::max(1.0, std::abs(value))) << key;
+    }
+    expect_grads_close(grads, grads_every, 1e-7, 1e-6);
+  }
+}
+
+TEST(DSpineWindow, SkippedFirstPrepassIsReplayedFirst) {
+  auto objective = training_objective(tiny_config(2), skip_first_settings());
+  CountingCommunicator comm;
+  auto ctx = context(comm, 3, 300);
+  auto batch = training_inputs();
+  objective->begin_window({batch, batch}, ctx);
+  try {
+    objective->micro_step(batch, 1, ctx);
+    FAIL() << "replaying micro-batch 1 before the deferred micro-batch 0 must throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("before the window's reduction"), std::string::npos)
+        << e.what();
+  }
+  objective->micro_step(batch, 0, ctx).loss.backward();
+  objective->micro_step(batch, 1, ctx).loss.backward();
+  EXPECT_TRUE(std::isfinite(objective->end_window(ctx).at("loss")));
+}
+
 TEST(DSpineWindow, EvaluationNeverReplays) {
   auto objective = training_objective(tiny_config(2), tiny_settings());
   int forwards = 0;
