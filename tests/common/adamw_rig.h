@@ -13,12 +13,12 @@
 #include <string>
 #include <vector>
 
+#include "common/fresh_dir.h"
 #include "core/config.h"
 #include "core/safetensors.h"
 #include "dist/communicator.h"
 #include "dist/sharded_parameters.h"
 #include "train/optimizer.h"
-#include "common/fresh_dir.h"
 
 namespace dspine::testing {
 
