@@ -6,8 +6,8 @@
 # scripts/bench_online_target.sh; attention: the block attention test, the fused step test and
 # `dspine-bench attention` at the recipe's shapes; vocab: the fused vocabulary objective's tests,
 # the fused step test and `dspine-bench vocab`; train: only dspine-bench and the recipe-size
-# training step with its kernel profile, scripts/bench_train.sh; step: the attention, vocabulary
-# and fused-step tests, then the attention, vocabulary and training-step benchmarks; profile: only
+# training step with its kernel profile, scripts/bench_train.sh; step: the attention, vocabulary,
+# fused-step and fused AdamW tests, then the attention, vocabulary and training-step benchmarks; profile: only
 # the fused recipe step, profiled, its kernels by launching code and its trace; attention and
 # step also run the q/k norm + RoPE test)
 set -uo pipefail
@@ -27,7 +27,7 @@ TORCH_PREFIX=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)' 2
 targets=(test_fused_norm_mlp test_gspo_gpu test_gspo_policy_gpu test_dspine_fused_step
   test_random_source_gpu test_qwen3_model_gpu test_block_attention_gpu test_kernel_profile_gpu
   test_dspine_objective test_trainer test_vocab_objective_gpu test_fused_vocabulary
-  test_injection_residual_gpu test_qk_norm_rope_gpu dspine-bench)
+  test_injection_residual_gpu test_qk_norm_rope_gpu test_master_adamw_gpu dspine-bench)
 [[ $PHASE == train || $PHASE == profile ]] && targets=(dspine-bench)
 { cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$TORCH_PREFIX" &&
   ninja -C "$BUILD_DIR" -j "$(nproc)" "${targets[@]}"; } > "$OUT/build.log" 2>&1 ||
@@ -67,19 +67,20 @@ gspo_rl_step() {
 tests=(test_fused_norm_mlp test_gspo_gpu test_gspo_policy_gpu test_dspine_fused_step
   test_random_source_gpu test_qwen3_model_gpu test_block_attention_gpu test_kernel_profile_gpu
   test_dspine_objective test_trainer test_vocab_objective_gpu test_fused_vocabulary
-  test_injection_residual_gpu test_qk_norm_rope_gpu)
+  test_injection_residual_gpu test_qk_norm_rope_gpu test_master_adamw_gpu)
 [[ $PHASE == gspo ]] && tests=(test_gspo_policy_gpu)
 [[ $PHASE == target ]] && tests=(test_qwen3_model_gpu)
 [[ $PHASE == attention ]] && tests=(test_block_attention_gpu test_qk_norm_rope_gpu
   test_dspine_fused_step)
 [[ $PHASE == vocab ]] && tests=(test_vocab_objective_gpu test_dspine_fused_step test_fused_vocabulary)
 [[ $PHASE == step ]] && tests=(test_block_attention_gpu test_qk_norm_rope_gpu test_vocab_objective_gpu
-  test_fused_vocabulary test_injection_residual_gpu test_dspine_fused_step test_kernel_profile_gpu)
+  test_fused_vocabulary test_injection_residual_gpu test_dspine_fused_step test_kernel_profile_gpu
+  test_master_adamw_gpu)
 # test_trainer trains on the device `auto` picks: the GPU here.
 for test in "${tests[@]}"; do
   "$BUILD_DIR/tests/$test" > "$OUT/$test.log" 2>&1 || status=1
   echo "$test: $(grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/$test.log" | tr '\n' ' ')"
-  grep -E "^\[  FAILED  \]|Failure|Expected|Which is|fused vs reference|relative error|reference vs reference" "$OUT/$test.log" | head -40
+  grep -E "^\[  FAILED  \]|Failure|Expected|Which is|fused vs reference|relative error|reference vs reference|max diff" "$OUT/$test.log" | head -40
 done
 echo "tests done at $(( $(date +%s) - start )) s"
 attention_bench() {

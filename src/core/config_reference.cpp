@@ -28,7 +28,7 @@ const std::map<std::string, std::string>& core_descriptions() {
       {"model.target_layer_ids", "target layers (0-based) whose outputs the draft reads"},
       {"model.fused_kernels",
        "fused CUDA kernels: RMSNorm/SwiGLU, q/k norm + RoPE, block attention (bf16), injection "
-       "residual, vocabulary objective (auto: on CUDA devices)"},
+       "residual, vocabulary objective, AdamW step (auto: on CUDA devices)"},
       {"model.dspine.transfer_rank", "r, rank of the fixed transfer space"},
       {"model.dspine.message_size", "m, width of the adjacent-injection message"},
       {"model.dspine.top_k", "candidates of the refinement head"},

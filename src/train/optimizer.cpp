@@ -1,7 +1,9 @@
 #include "train/optimizer.h"
 
 #include <cmath>
+#include <optional>
 
+#include <ATen/ops/_fused_adamw.h>
 #include <torch/torch.h>
 
 #include "core/error.h"
@@ -19,8 +21,9 @@ torch::Tensor padded_to(const torch::Tensor& flat, int64_t world) {
 
 }  // namespace
 
-MasterAdamW::MasterAdamW(dist::ShardedParameters& sharded, const core::TrainingConfig& config)
-    : sharded_(sharded), max_grad_norm_(config.max_grad_norm) {
+MasterAdamW::MasterAdamW(dist::ShardedParameters& sharded, const core::TrainingConfig& config,
+                         bool fused)
+    : sharded_(sharded), max_grad_norm_(config.max_grad_norm), fused_(fused) {
   std::vector<torch::Tensor> masters;
   for (auto& unit : sharded_.units()) masters.push_back(unit.master());
   adamw_ = std::make_unique<torch::optim::AdamW>(
@@ -50,23 +53,76 @@ double MasterAdamW::gradient_norm() {
 void MasterAdamW::step(double lr, double norm) {
   if (!std::isfinite(norm)) fail("optimizer step {}: gradient norm is {}", steps_, norm);
   torch::NoGradGuard no_grad;
-  std::vector<torch::Tensor> grads;
-  for (auto& unit : sharded_.units()) {
-    // Under none the reduced gradient is the whole (unpadded) unit, as is the master.
-    unit.master().mutable_grad() = unit.gradient();
-    grads.push_back(unit.gradient());
-  }
   // min(max_norm / (norm + 1e-6), 1), as torch.nn.utils.clip_grad_norm_ and the reference.
-  if (max_grad_norm_ > 0) {
-    const double coefficient = std::min(max_grad_norm_ / (norm + 1e-6), 1.0);
-    if (coefficient < 1.0) torch::_foreach_mul_(grads, coefficient);
-  }
+  const double coefficient =
+      max_grad_norm_ > 0 ? std::min(max_grad_norm_ / (norm + 1e-6), 1.0) : 1.0;
   for (auto& group : adamw_->param_groups()) {
     static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
   }
-  adamw_->step();
+  if (fused_) {
+    fused_step(lr, coefficient);
+  } else {
+    std::vector<torch::Tensor> grads;
+    for (auto& unit : sharded_.units()) {
+      // Under none the reduced gradient is the whole (unpadded) unit, as is the master.
+      unit.master().mutable_grad() = unit.gradient();
+      grads.push_back(unit.gradient());
+    }
+    if (coefficient < 1.0) torch::_foreach_mul_(grads, coefficient);
+    adamw_->step();
+  }
   sharded_.publish_masters();
   ++steps_;
+}
+
+void MasterAdamW::fused_step(double lr, double clip_coefficient) {
+  if (sharded_.units().empty()) return;  // nothing trainable, as adamw_->step() would do
+  const auto& options =
+      static_cast<const torch::optim::AdamWOptions&>(adamw_->param_groups().front().options());
+  auto& states = adamw_->state();
+  std::vector<torch::Tensor> masters, grads, exp_avgs, exp_avg_sqs;
+  std::vector<int64_t> counts;  // every unit's step count after this step
+  for (auto& unit : sharded_.units()) {
+    auto& master = unit.master();
+    auto& slot = states[master.unsafeGetTensorImpl()];
+    if (!slot) {  // the first step creates the state as torch::optim::AdamW does
+      auto created = std::make_unique<torch::optim::AdamWParamState>();
+      created->exp_avg(torch::zeros_like(master, torch::MemoryFormat::Preserve));
+      created->exp_avg_sq(torch::zeros_like(master, torch::MemoryFormat::Preserve));
+      slot = std::move(created);
+    }
+    auto& adam = static_cast<torch::optim::AdamWParamState&>(*slot);
+    adam.step(adam.step() + 1);
+    counts.push_back(adam.step());
+    masters.push_back(master);
+    grads.push_back(unit.gradient());
+    exp_avgs.push_back(adam.exp_avg());
+    exp_avg_sqs.push_back(adam.exp_avg_sq());
+  }
+  // The kernel reads the incremented counts from fp32 device scalars (exact below 2^24 steps).
+  // One add keeps them in step with the states; they are rebuilt when the states' counts moved
+  // otherwise (first step, load_state).
+  std::vector<int64_t> previous(counts);
+  for (auto& count : previous) --count;
+  if (previous == step_count_values_) {
+    torch::_foreach_add_(step_counts_, 1.0);
+  } else {
+    step_counts_.clear();
+    for (const int64_t count : counts) {
+      step_counts_.push_back(
+          torch::full({}, static_cast<double>(count), masters.front().options()));
+    }
+  }
+  step_count_values_ = std::move(counts);
+  // The kernel divides the gradients by grad_scale (as AMP's unscale), saving the clip's pass.
+  std::optional<torch::Tensor> grad_scale;
+  if (clip_coefficient < 1.0) {
+    grad_scale = torch::full({1}, 1.0 / clip_coefficient, masters.front().options());
+  }
+  const auto [beta1, beta2] = options.betas();
+  at::_fused_adamw_(masters, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, step_counts_,
+                    lr, beta1, beta2, options.weight_decay(), options.eps(), /*amsgrad=*/false,
+                    /*maximize=*/false, grad_scale);
 }
 
 std::string MasterAdamW::first_nonfinite_unit() const {

@@ -1,7 +1,10 @@
 // AdamW over fp32 master weights (as the reference's BF16Optimizer), stepped on the
 // slices of the sharding units this rank owns (docs/distributed.md): the units' reduced fp32
-// gradients are clipped by their global norm over all shards, torch::optim::AdamW steps the
-// masters, and the sharding publishes them back into the model in its dtype.
+// gradients are clipped by their global norm over all shards, AdamW steps the masters, and the
+// sharding publishes them back into the model in its dtype. The step is either
+// torch::optim::AdamW's (reference: several ATen kernels per unit) or, fused, one call of
+// ATen's multi-tensor AdamW kernel over every unit with the clipping folded in; either way the
+// torch::optim::AdamW object owns the moments and step counts, so checkpoints interoperate.
 #pragma once
 
 #include <memory>
@@ -18,7 +21,8 @@ namespace dspine::train {
 
 class MasterAdamW {
  public:
-  MasterAdamW(dist::ShardedParameters& sharded, const core::TrainingConfig& config);
+  // fused: ATen's fused AdamW kernel (the trainer's choice follows model.fused_kernels).
+  MasterAdamW(dist::ShardedParameters& sharded, const core::TrainingConfig& config, bool fused);
 
   // Finishes the gradient sync and returns the global L2 norm of the gradients (before
   // clipping). Every rank gets the same value, non-finite when any rank's gradient is.
@@ -40,10 +44,18 @@ class MasterAdamW {
   void load_state(const std::vector<core::SafetensorsFile>& files, int saved_world);
 
  private:
+  // One _fused_adamw_ call over every unit; gradients divided by 1 / clip_coefficient inside it.
+  void fused_step(double lr, double clip_coefficient);
+
   dist::ShardedParameters& sharded_;
   std::unique_ptr<torch::optim::AdamW> adamw_;
   double max_grad_norm_;
+  bool fused_;
   int64_t steps_ = 0;
+  // Fused path: each unit's step count as the fp32 device scalar the kernel reads, and the
+  // int64 counts (of the AdamW states) they were last made to hold.
+  std::vector<torch::Tensor> step_counts_;
+  std::vector<int64_t> step_count_values_;
 };
 
 }  // namespace dspine::train

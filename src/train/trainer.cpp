@@ -16,6 +16,7 @@
 #include "dist/launch.h"
 #include "dist/sharded_parameters.h"
 #include "model/module_state.h"
+#include "model/norm_mlp.h"
 #include "train/builder.h"
 #include "train/checkpoint.h"
 #include "train/config_diff.h"
@@ -98,7 +99,11 @@ Trainer::Trainer(core::Config config, std::shared_ptr<dist::Communicator> comm)
       *s.built.module, s.comm, dist::parse_sharding_mode(distributed.sharding),
       distributed.prefetch);
   attach_sharding(*s.built.module, *s.sharded, s.config.model.architecture);
-  s.optimizer = std::make_unique<MasterAdamW>(*s.sharded, training);
+  // model.fused_kernels also picks ATen's fused AdamW kernel (auto: on CUDA).
+  s.optimizer = std::make_unique<MasterAdamW>(
+      *s.sharded, training,
+      model::use_fused_kernels(model::parse_fused_kernels(s.config.model.fused_kernels),
+                               s.device));
   s.generator = at::make_generator<at::CPUGeneratorImpl>(objective_seed(training.seed, s.comm->rank()));
 }
 
