@@ -80,8 +80,7 @@ void MasterAdamW::fused_step(double lr, double clip_coefficient) {
   const auto& options =
       static_cast<const torch::optim::AdamWOptions&>(adamw_->param_groups().front().options());
   auto& states = adamw_->state();
-  std::vector<torch::Tensor> masters, grads, exp_avgs, exp_avg_sqs;
-  std::vector<int64_t> counts;  // every unit's step count after this step
+  std::vector<torch::Tensor> masters, grads, exp_avgs, exp_avg_sqs, step_counts;
   for (auto& unit : sharded_.units()) {
     auto& master = unit.master();
     auto& slot = states[master.unsafeGetTensorImpl()];
@@ -93,34 +92,20 @@ void MasterAdamW::fused_step(double lr, double clip_coefficient) {
     }
     auto& adam = static_cast<torch::optim::AdamWParamState&>(*slot);
     adam.step(adam.step() + 1);
-    counts.push_back(adam.step());
     masters.push_back(master);
     grads.push_back(unit.gradient());
     exp_avgs.push_back(adam.exp_avg());
     exp_avg_sqs.push_back(adam.exp_avg_sq());
+    // The kernel reads the incremented count from an fp32 device scalar (exact below 2^24).
+    step_counts.push_back(torch::full({}, static_cast<double>(adam.step()), master.options()));
   }
-  // The kernel reads the incremented counts from fp32 device scalars (exact below 2^24 steps).
-  // One add keeps them in step with the states; they are rebuilt when the states' counts moved
-  // otherwise (first step, load_state).
-  std::vector<int64_t> previous(counts);
-  for (auto& count : previous) --count;
-  if (previous == step_count_values_) {
-    torch::_foreach_add_(step_counts_, 1.0);
-  } else {
-    step_counts_.clear();
-    for (const int64_t count : counts) {
-      step_counts_.push_back(
-          torch::full({}, static_cast<double>(count), masters.front().options()));
-    }
-  }
-  step_count_values_ = std::move(counts);
   // The kernel divides the gradients by grad_scale (as AMP's unscale), saving the clip's pass.
   std::optional<torch::Tensor> grad_scale;
   if (clip_coefficient < 1.0) {
     grad_scale = torch::full({1}, 1.0 / clip_coefficient, masters.front().options());
   }
   const auto [beta1, beta2] = options.betas();
-  at::_fused_adamw_(masters, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, step_counts_,
+  at::_fused_adamw_(masters, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, step_counts,
                     lr, beta1, beta2, options.weight_decay(), options.eps(), /*amsgrad=*/false,
                     /*maximize=*/false, grad_scale);
 }

@@ -52,10 +52,6 @@ class MasterAdamW {
   double max_grad_norm_;
   bool fused_;
   int64_t steps_ = 0;
-  // Fused path: each unit's step count as the fp32 device scalar the kernel reads, and the
-  // int64 counts (of the AdamW states) they were last made to hold.
-  std::vector<torch::Tensor> step_counts_;
-  std::vector<int64_t> step_count_values_;
 };
 
 }  // namespace dspine::train

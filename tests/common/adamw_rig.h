@@ -237,7 +237,7 @@ inline void expect_checkpoints_interchange(const torch::Device& device) {
   run(fused_resumed, 3, 5);
   expect_same_state(fused_resumed.optimizer->state(), expected, "reference -> fused");
 
-  run(fused, 3, 4);  // its device step counts now read 4
+  run(fused, 3, 4);  // then rewound: its next step must count from 2 again
   fused.optimizer->load_state({reference_at_2}, 1);
   run(fused, 2, 5);
   expect_same_state(fused.optimizer->state(), expected, "fused rewound to step 2");
