@@ -292,19 +292,6 @@ __global__ void __launch_bounds__(kThreads)
   });
 }
 
-// Stores a pack into shared memory (store_pack writes global memory only).
-template <typename T, int N>
-__device__ __forceinline__ void keep_pack(T* kept, const Pack<T, N>& v) {
-  if constexpr (sizeof(Pack<T, N>) == 16) {
-    uint4 raw;
-    memcpy(&raw, &v, 16);
-    *reinterpret_cast<uint4*>(kept) = raw;
-  } else {
-#pragma unroll
-    for (int k = 0; k < N; ++k) kept[k] = v.v[k];
-  }
-}
-
 // The teacher form with a cluster of blocks per row (blockIdx.x / cluster size = row). Block r of
 // the cluster takes packs [r·slice_packs, (r + 1)·slice_packs) of the row (the last one also the
 // scalar tail) and keeps them, z and t, in its dynamic shared memory: pass 1 reads them from
@@ -355,8 +342,8 @@ __global__ void __launch_bounds__(kClusterThreads, 1)
     }
     add_values(mz, sz, zv);
     add_values(mt, st, tv);
-    keep_pack(z_kept + i, zp);
-    keep_pack(t_kept + i, tp);
+    store_pack(z_kept + i, zp);
+    store_pack(t_kept + i, tp);
   };
   auto select = [&](int64_t i, const auto& zp, bool valid) {
     if (top_k == 0) return;
