@@ -1,7 +1,6 @@
 // Row kernels of the fused vocabulary objective (docs/model.md, "Fused vocabulary objective"), on
-// raw device pointers. One block, or one cluster of blocks, per row of draft logits z [rows, V]
-// (and teacher logits t of the same shape, type and strides), statistics in fp32, so no fp32
-// [rows, V] intermediate exists (docs/kernels.md, "Vocabulary row kernels"):
+// raw device pointers. One block per row of draft logits z [rows, V] (and teacher logits t of the
+// same shape, type and strides), statistics in fp32, so no fp32 [rows, V] intermediate exists:
 //   pass 1  max / sum-exp of z and of t, argmax of z, and optionally the top-k of z (warp lists
 //           filtered by one compare per element, merged per row; kernels/vocab_topk.cuh) with the
 //           teacher's probabilities there;
@@ -28,10 +27,6 @@ struct VocabRows {
   int64_t vocab = 0;
   int64_t row_stride = 0;          // elements, shared by z and t
   const int64_t* labels = nullptr; // [rows], each in [0, vocab) (the caller checks)
-  // Teacher form: a row split over a thread-block cluster whose blocks keep their slices of z and
-  // t in shared memory where they fit (16-byte aligned rows, V up to ~400k in bf16); false: the
-  // streaming kernel, which reads z and t from global memory in every pass (tests compare them).
-  bool rows_in_shared_memory = true;
 };
 
 // Per-row fp32 / int64 outputs, each [rows]; a null pointer is not written.

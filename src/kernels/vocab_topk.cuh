@@ -6,8 +6,7 @@
 // 64-bit key). While streaming, a lane tests each value against the warp's current k-th value —
 // one compare per element — and only the rare values that pass are inserted by the whole warp: one
 // at a time when few lanes have one, else a lane's best each by a bitonic merge (the first values
-// of a row all pass). The warps' lists are then merged in shared memory by warp 0, and the blocks'
-// lists of a cluster (a row split over several blocks) through distributed shared memory.
+// of a row all pass). The warps' lists are then merged in shared memory by warp 0.
 #pragma once
 
 #include <cstdint>
@@ -76,22 +75,6 @@ class WarpTopK {
       for (int w = 1; w < int(blockDim.x / 32); ++w) insert_all(lists[w * kWarpLanes + lane_]);
     }
     __syncthreads();  // the lists may be reused
-  }
-
-  // Merges the lists of a thread-block cluster's blocks (each block's in its warp 0, after
-  // merge_block) into every block's warp 0; `list` holds kWarpLanes keys in each block's shared
-  // memory. Keys are unique, so every block ends with the same list. All threads call this.
-  template <typename Cluster>
-  __device__ void merge_cluster(Cluster& cluster, uint64_t* list) {
-    const bool leader = threadIdx.x < kWarpLanes;
-    if (leader) list[lane_] = key_;
-    cluster.sync();
-    if (leader) {
-      for (unsigned rank = 0; rank < cluster.num_blocks(); ++rank) {
-        if (rank != cluster.block_rank()) insert_all(cluster.map_shared_rank(list, rank)[lane_]);
-      }
-    }
-    cluster.sync();  // no block leaves, or reuses its list, while another reads it
   }
 
   // This lane's entry (lane j < k: the j-th best), for warp 0 after merge_block.

@@ -12,7 +12,6 @@
 #include <cmath>
 #include <cstdio>
 #include <string>
-#include <tuple>
 #include <utility>
 
 #include "kernels/vocab_objective.h"
@@ -232,92 +231,6 @@ TEST(VocabObjectiveGpu, KernelTopKIsAStableDescendingTopKWithTheTeacherProbabili
                   cudaSuccess);
         EXPECT_TRUE(torch::equal(ce_candidates, r.candidates)) << tag << ": CE-only form";
       }
-    }
-  }
-}
-
-// The teacher-form kernel's two shapes on the same rows: a cluster of blocks per row keeping its
-// slices in shared memory (1, 2, 4 or 8 blocks as the slices need) against one streaming block
-// per row. Statistics differ only by summation order; candidates and argmax are equal; gradients
-// agree to the logits' rounding; rows of weight 0 get zero gradients.
-TEST(VocabObjectiveGpu, ClusterKernelMatchesTheStreamingKernel) {
-  SKIP_WITHOUT_CUDA();
-  torch::manual_seed(9);
-  const auto cuda = torch::TensorOptions().device(torch::kCUDA);
-  const int64_t rows = 12;
-  struct Shape {
-    torch::Dtype dtype;
-    int64_t vocab, width;
-    const char* blocks;  // blocks per row the slices need
-  };
-  const Shape shapes[] = {{torch::kBFloat16, 151936, 151936, "4"},
-                          {torch::kFloat32, 151936, 151936, "8"},
-                          {torch::kBFloat16, 60000, 60000, "2"},
-                          {torch::kBFloat16, 1001, 1008, "1, scalar tail"},
-                          {torch::kFloat32, 1000, 1000, "1"}};
-  for (const auto& shape : shapes) {
-    const bool fp32 = shape.dtype == torch::kFloat32;
-    const auto z = (2 * torch::randn({rows, shape.width}, cuda)).to(shape.dtype);
-    const auto t = (z.to(torch::kFloat32) + torch::randn({rows, shape.width}, cuda))
-                       .to(shape.dtype)
-                       .narrow(1, 0, shape.vocab);
-    const auto labels = torch::randint(0, shape.vocab, {rows}, cuda.dtype(torch::kInt64));
-    auto weights = torch::rand({rows}, cuda);
-    weights[3] = 0.f;
-    for (int k : {0, 16}) {
-      struct Out {
-        torch::Tensor z, ce, l1, lse_z, lse_t, argmax, top, top_q;
-      };
-      auto run_kernel = [&](bool in_shared_memory) {
-        const auto f32 = cuda.dtype(torch::kFloat32), i64 = cuda.dtype(torch::kInt64);
-        Out o{z.clone().narrow(1, 0, shape.vocab), torch::empty({rows}, f32),
-              torch::empty({rows}, f32), torch::empty({rows}, f32), torch::empty({rows}, f32),
-              torch::empty({rows}, i64), torch::full({rows, std::max(k, 1)}, -1, i64),
-              torch::zeros({rows, std::max(k, 1)}, f32)};
-        kernels::VocabRows r;
-        r.draft = o.z.data_ptr();
-        r.teacher = t.data_ptr();
-        r.type = fp32 ? kernels::DType::kFloat32 : kernels::DType::kBFloat16;
-        r.rows = rows;
-        r.vocab = shape.vocab;
-        r.row_stride = shape.width;
-        r.labels = labels.data_ptr<int64_t>();
-        r.rows_in_shared_memory = in_shared_memory;
-        kernels::VocabRowStats stats{o.ce.data_ptr<float>(),     o.l1.data_ptr<float>(),
-                                     o.lse_z.data_ptr<float>(),  o.lse_t.data_ptr<float>(),
-                                     o.argmax.data_ptr<int64_t>(), k,
-                                     o.top.data_ptr<int64_t>(),  o.top_q.data_ptr<float>()};
-        const kernels::VocabGradient gradient{weights.data_ptr<float>(), 0.1f, 0.9f};
-        EXPECT_EQ(kernels::vocab_objective_rows(r, stats, &gradient,
-                                                at::cuda::getCurrentCUDAStream()),
-                  cudaSuccess);
-        return o;
-      };
-      const auto cluster = run_kernel(true), streaming = run_kernel(false);
-      const auto tag = std::string(fp32 ? "fp32" : "bf16") + " V " + std::to_string(shape.vocab) +
-                       " (" + shape.blocks + " blocks) k " + std::to_string(k);
-      for (const auto& [name, a, b] :
-           {std::tuple{"ce", cluster.ce, streaming.ce}, std::tuple{"l1", cluster.l1, streaming.l1},
-            std::tuple{"lse_z", cluster.lse_z, streaming.lse_z},
-            std::tuple{"lse_t", cluster.lse_t, streaming.lse_t},
-            std::tuple{"teacher probabilities", cluster.top_q, streaming.top_q}}) {
-        EXPECT_TRUE(torch::allclose(a, b, 1e-5, 1e-7))
-            << tag << ": " << name << " max diff " << (a - b).abs().max().item<double>();
-      }
-      EXPECT_TRUE(torch::equal(cluster.argmax, streaming.argmax)) << tag << ": argmax";
-      EXPECT_TRUE(torch::equal(cluster.top, streaming.top)) << tag << ": candidates";
-      // The gradients agree to the rounding of their type (S and the lse differ by summation
-      // order), except where p − q is itself within that rounding and its sign may differ.
-      const auto ga = cluster.z.to(torch::kFloat32), gb = streaming.z.to(torch::kFloat32);
-      const double tolerance = fp32 ? 1e-5 : 1e-2;
-      const auto apart = ((ga - gb).abs() > tolerance * gb.abs() + 1e-8).sum().item<int64_t>();
-      EXPECT_LE(apart, ga.numel() / 10000)
-          << tag << ": gradient elements apart " << apart << ", max diff "
-          << (ga - gb).abs().max().item<double>();
-      EXPECT_GT(torch::cosine_similarity(ga.flatten(), gb.flatten(), 0).item<double>(), 0.99999)
-          << tag;
-      EXPECT_EQ(ga[3].abs().max().item<double>(), 0.0) << tag << ": weight 0 row";
-      EXPECT_GT(ga.abs().max().item<double>(), 0.0) << tag;
     }
   }
 }
