@@ -50,8 +50,8 @@ VocabCeResult vocab_ce(const at::Tensor& hidden, const at::Tensor& labels,
 constexpr int64_t kVocabChunkBytes = int64_t(614) << 20;
 // Rows per chunk so that `logits_per_row` rows of `vocab` logits of `element_bytes` each fit in
 // kVocabChunkBytes (at least 1), rounded down to whole 256-row GEMM tiles where the budget allows
-// (1,059 rows would give every GEMM of the chunk a ninth tile row 35/128 full; 1,024 divide the
-// recipe's 15,360 rows evenly).
+// (no partly filled last tile row in the chunk's GEMMs; the recipe's 15,360 rows are fifteen
+// chunks of 1,024; docs/benchmarks.md has its measurement).
 int64_t vocab_chunk_rows(int64_t vocab, int64_t element_bytes, int64_t logits_per_row);
 
 }  // namespace dspine::ops
