@@ -7,9 +7,9 @@
 # `dspine-bench attention` at the recipe's shapes; vocab: the fused vocabulary objective's tests,
 # the fused step test and `dspine-bench vocab`; train: only dspine-bench and the recipe-size
 # training step with its kernel profile, scripts/bench_train.sh; step: the attention, vocabulary,
-# fused-step and fused AdamW tests, then the attention, vocabulary and training-step benchmarks; profile: only
-# the fused recipe step, profiled, its kernels by launching code and its trace; attention and
-# step also run the q/k norm + RoPE test)
+# fused-step and fused AdamW tests, then the attention, vocabulary and training-step benchmarks;
+# profile: only the fused recipe step, profiled, its kernels by launching code and its trace;
+# attention and step also run the q/k norm + RoPE test)
 set -uo pipefail
 PHASE="${1:-all}"
 cd "$(dirname "$0")/.."

@@ -100,7 +100,9 @@ const at::Tensor& WindowReplay::replay_state(int64_t index) {
 }
 
 void WindowReplay::finish_replay(int64_t index, double denominator) {
-  if (!reduced_) fail("DSpine replay of micro-batch {} finished before the window's reduction", index);
+  if (!reduced_) {
+    fail("DSpine replay of micro-batch {} finished before the window's reduction", index);
+  }
   if (!prepasses_[index].deferred && denominator != prepasses_[index].denominator) {
     fail(
         "DSpine replay of micro-batch {} drew different blocks than its prepass (D {} vs {}); "
