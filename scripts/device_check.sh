@@ -99,7 +99,7 @@ online_target_step() {
 # The recipe-size backbone vocabulary terms (docs/model.md, "Fused vocabulary objective").
 vocab_bench() {
   "$BUILD_DIR/bin/dspine-bench" vocab > "$OUT/bench_vocab.log" 2>&1 || status=1
-  tail -12 "$OUT/bench_vocab.log"
+  tail -32 "$OUT/bench_vocab.log"
 }
 if [[ $PHASE == step ]]; then
   attention_bench

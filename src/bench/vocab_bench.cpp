@@ -3,7 +3,8 @@
 // vocabulary objective (ops/vocab_objective_ops.h) against the reference chunk function
 // (objectives/dspine_terms.h, backbone_terms) under checkpointed chunks as the objective runs it,
 // forward + backward. One [rows, H] x [H, V] logits GEMM is timed in the same run, so each path
-// is also reported as a multiple of one GEMM pass.
+// is also reported as a multiple of one GEMM pass; one more fused call runs under the kernel
+// profiler to show where its time goes (GEMMs against the row kernel).
 #include <cstdio>
 #include <functional>
 #include <memory>
@@ -15,6 +16,7 @@
 
 #include "bench/bench.h"
 #include "bench/cuda_timing.h"
+#include "bench/kernel_profile.h"
 #include "core/error.h"
 #include "objectives/chunking.h"
 #include "objectives/dspine_terms.h"
@@ -122,6 +124,14 @@ void run(const Options& o) {
               reference_ms, reference_ms / gemm_ms, reference_gib, reference_loss.item<double>());
   std::printf("speedup %.2fx; hidden gradient cosine (fused vs reference) %.6f\n",
               reference_ms / fused_ms, cosine);
+
+  start_kernel_profile(true);
+  fused();
+  torch::cuda::synchronize();
+  KernelProfile profile = stop_kernel_profile();
+  profile.wall_ms = fused_ms;
+  std::printf("\nfused vocabulary objective, one call profiled (wall: the median above)\n");
+  print_kernel_profile(profile, stdout, 8);
 }
 
 }  // namespace

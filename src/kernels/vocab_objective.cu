@@ -1,7 +1,8 @@
 // Fused vocabulary objective row kernels: see vocab_objective.h. Memory-bound streaming, one block
-// per row: each pass reads the row's z (and t) in 16-byte packs, kUnroll packs of each in flight
-// per thread, and folds a pack into the running statistics with one rescale (its own maximum
-// first). Block reductions run in a fixed order, so results are deterministic.
+// per row: each pass reads the row's z (and t) in 16-byte packs through a per-thread ring of
+// asynchronous copies into shared memory, kStages packs of each in flight per thread, and folds a
+// pack into the running statistics with one rescale (its own maximum first). Block reductions run
+// in a fixed order, so results are deterministic.
 #include "kernels/vocab_objective.h"
 
 #include <cuda_bf16.h>
@@ -21,9 +22,13 @@ using detail::pack_from_floats;
 using detail::store_pack;
 using detail::to_float;
 
-constexpr int kThreads = 256;
+// A block of 128 threads with 8 packs of z and t in flight per thread (a 32 KB ring), six blocks
+// per SM: measured fastest on an H200 among 128–512 threads, 4–16 stages (docs/kernels.md).
+constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / 32;
-constexpr int kUnroll = 4;
+constexpr int kStages = 8;
+constexpr int kBlocksPerSm = 6;
+static_assert(kThreads * kStages * 16 * 2 <= 48 * 1024, "the ring fits the default shared memory");
 constexpr int64_t kNoIndex = INT64_MAX;
 static_assert(kVocabMaxTopK <= detail::kWarpLanes);
 
@@ -37,32 +42,83 @@ struct NoStep {
 template <typename P>
 constexpr int pack_size = std::extent_v<decltype(std::declval<P>().v)>;
 
+// 16 bytes global -> shared memory without passing through registers; the copy is this thread's.
+__device__ __forceinline__ void copy16_async(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(
+                   static_cast<uint32_t>(__cvta_generic_to_shared(dst))),
+               "l"(src));
+}
+__device__ __forceinline__ void commit_async() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int Pending>
+__device__ __forceinline__ void wait_async() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending));
+}
+
 // Calls f(first element index, z pack, t pack) over a row: N-element packs, then the scalar tail.
 // Without a teacher the t pack is z's. After each f, step(first element index, z pack, valid) runs
 // with the whole warp converged (valid: whether this lane had a pack), for warp-collective work;
 // a warp's steps come in increasing element order, lane order within a step.
+// 16-byte packs arrive through `ring`, kStages slots per thread (and per tensor) in shared memory
+// filled by asynchronous copies kStages packs ahead, so the loads in flight take no registers;
+// each thread reads only the slots it filled, so no barrier is needed.
 template <typename T, int N, bool kTeacher, typename F, typename Step = NoStep>
-__device__ __forceinline__ void for_each_pack(const T* z, const T* t, int64_t vocab, F&& f,
-                                              Step&& step = {}) {
+__device__ __forceinline__ void for_each_pack(const T* z, const T* t, int64_t vocab, uint4* ring,
+                                              F&& f, Step&& step = {}) {
   static_assert(pack_size<const Pack<T, N>&> == N && pack_size<Pack<T, 1>> == 1);
   const int64_t packs = vocab / N;
   const int lane = threadIdx.x % 32;
-  // The loop conditions test the warp's first lane, so that every lane takes each step.
-  for (int64_t j = threadIdx.x; j - lane < packs; j += int64_t(kThreads) * kUnroll) {
-    Pack<T, N> zp[kUnroll], tp[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t v = j + int64_t(u) * kThreads;
+  if constexpr (sizeof(Pack<T, N>) == 16) {
+    uint4* z_ring = ring;
+    uint4* t_ring = ring + kStages * kThreads;
+    auto fetch = [&](int64_t i) {  // iteration i's pack into its slot, as one commit group
+      const int64_t v = threadIdx.x + i * kThreads;
+      const int slot = int(i % kStages) * kThreads + threadIdx.x;
       if (v < packs) {
-        zp[u] = load_pack<T, N>(z + v * N);
-        tp[u] = kTeacher ? load_pack<T, N>(t + v * N) : zp[u];
+        copy16_async(z_ring + slot, z + v * N);
+        if constexpr (kTeacher) copy16_async(t_ring + slot, t + v * N);
       }
-    }
+      commit_async();
+    };
+    const int64_t iterations = (packs + kThreads - 1) / kThreads;  // the same for every thread
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t v = j + int64_t(u) * kThreads;
-      if (v < packs) f(v * N, zp[u], tp[u]);
-      step(v * N, zp[u], v < packs);
+    for (int i = 0; i < kStages; ++i) fetch(i);
+    for (int64_t i = 0; i < iterations; ++i) {
+      wait_async<kStages - 1>();
+      const int slot = int(i % kStages) * kThreads + threadIdx.x;
+      Pack<T, N> zp, tp;
+      const uint4 z_raw = z_ring[slot];
+      memcpy(&zp, &z_raw, 16);
+      if constexpr (kTeacher) {
+        const uint4 t_raw = t_ring[slot];
+        memcpy(&tp, &t_raw, 16);
+      } else {
+        tp = zp;
+      }
+      const int64_t v = threadIdx.x + i * kThreads;
+      if (v < packs) f(v * N, zp, tp);
+      step(v * N, zp, v < packs);
+      fetch(i + kStages);  // the slot's values are in registers and used above
+    }
+    wait_async<0>();  // the ring is refilled by the next pass
+  } else {
+    // The loop conditions test the warp's first lane, so that every lane takes each step.
+    constexpr int kUnroll = 4;
+    for (int64_t j = threadIdx.x; j - lane < packs; j += int64_t(kThreads) * kUnroll) {
+      Pack<T, N> zp[kUnroll], tp[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t v = j + int64_t(u) * kThreads;
+        if (v < packs) {
+          zp[u] = load_pack<T, N>(z + v * N);
+          tp[u] = kTeacher ? load_pack<T, N>(t + v * N) : zp[u];
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t v = j + int64_t(u) * kThreads;
+        if (v < packs) f(v * N, zp[u], tp[u]);
+        step(v * N, zp[u], v < packs);
+      }
     }
   }
   for (int64_t i = packs * N + threadIdx.x; i - lane < vocab; i += kThreads) {
@@ -144,8 +200,9 @@ __device__ __forceinline__ float sign_of(float d) {
 }
 
 template <typename T, int N, bool kTeacher, bool kGradient>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     vocab_rows_kernel(VocabRows rows, VocabRowStats stats, VocabGradient gradient) {
+  extern __shared__ uint4 ring[];  // for_each_pack's slots
   __shared__ float scratch_a[kWarps], scratch_b[kWarps];
   __shared__ int64_t scratch_index[kWarps];
   __shared__ uint64_t top_lists[kWarps * detail::kWarpLanes];
@@ -182,7 +239,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int e = 0; e < n; ++e) zv[e] = to_float(zp.v[e]);
     top.offer(zv, i, valid);
   };
-  for_each_pack<T, N, kTeacher>(z, t, rows.vocab, statistics, select);
+  for_each_pack<T, N, kTeacher>(z, t, rows.vocab, ring, statistics, select);
   block_stats(mz, sz, scratch_a, scratch_b);
   if constexpr (kTeacher) block_stats(mt, st, scratch_a, scratch_b);
   if (top_k > 0) {
@@ -211,7 +268,8 @@ __global__ void __launch_bounds__(kThreads)
 
   // Pass 2: l1 = Σ|p − q| and S = Σ p·sign(p − q).
   float l1 = 0.f, signed_mass = 0.f;
-  for_each_pack<T, N, kTeacher>(z, t, rows.vocab, [&](int64_t, const auto& zp, const auto& tp) {
+  for_each_pack<T, N, kTeacher>(z, t, rows.vocab, ring, [&](int64_t, const auto& zp,
+                                                             const auto& tp) {
     constexpr int n = pack_size<decltype(zp)>;
 #pragma unroll
     for (int e = 0; e < n; ++e) {
@@ -233,7 +291,8 @@ __global__ void __launch_bounds__(kThreads)
     return;
   }
   const float a_ce = w * gradient.ce_weight, a_l1 = w * gradient.l1_weight;
-  for_each_pack<T, N, kTeacher>(z, t, rows.vocab, [&](int64_t i, const auto& zp, const auto& tp) {
+  for_each_pack<T, N, kTeacher>(z, t, rows.vocab, ring, [&](int64_t i, const auto& zp,
+                                                             const auto& tp) {
     constexpr int n = pack_size<decltype(zp)>;
     float g[n];
 #pragma unroll
@@ -262,17 +321,22 @@ cudaError_t launch(const VocabRows& rows, const VocabRowStats& stats,
     return cudaErrorInvalidValue;
   }
   if (rows.rows == 0) return cudaSuccess;
-  auto go = [&](auto kernel) {
-    kernel<<<static_cast<unsigned>(rows.rows), kThreads, 0, stream>>>(rows, stats, gradient);
+  // The ring: kStages 16-byte slots per thread for z, and as many for t in the teacher form (the
+  // scalar kernels for unaligned rows load directly and take none).
+  auto go = [&](auto kernel, bool packed) {
+    const int ring_bytes = packed ? kThreads * kStages * 16 * (kTeacher ? 2 : 1) : 0;
+    kernel<<<static_cast<unsigned>(rows.rows), kThreads, ring_bytes, stream>>>(rows, stats,
+                                                                              gradient);
     return cudaGetLastError();
   };
   switch (rows.type) {
     case DType::kBFloat16:
-      return packs_aligned(rows, 2) ? go(vocab_rows_kernel<__nv_bfloat16, 8, kTeacher, kGradient>)
-                                    : go(vocab_rows_kernel<__nv_bfloat16, 1, kTeacher, kGradient>);
+      return packs_aligned(rows, 2)
+                 ? go(vocab_rows_kernel<__nv_bfloat16, 8, kTeacher, kGradient>, true)
+                 : go(vocab_rows_kernel<__nv_bfloat16, 1, kTeacher, kGradient>, false);
     case DType::kFloat32:
-      return packs_aligned(rows, 4) ? go(vocab_rows_kernel<float, 4, kTeacher, kGradient>)
-                                    : go(vocab_rows_kernel<float, 1, kTeacher, kGradient>);
+      return packs_aligned(rows, 4) ? go(vocab_rows_kernel<float, 4, kTeacher, kGradient>, true)
+                                    : go(vocab_rows_kernel<float, 1, kTeacher, kGradient>, false);
     default:
       return cudaErrorInvalidValue;
   }
