@@ -9,10 +9,16 @@
 
 #include <cmath>
 
+#include "kernels/async_copy.cuh"
+
 namespace dspine::kernels {
 namespace {
 
 using bf16 = __nv_bfloat16;
+using detail::commit_async;
+using detail::copy16_async;
+using detail::shared_address;
+using detail::wait_async;
 
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
@@ -27,21 +33,6 @@ struct Smem {
   static constexpr int kStride = D + 8;
   static constexpr int kTile = kKeys * kStride;  // elements of one 64-row tile
 };
-
-__device__ __forceinline__ uint32_t shared_address(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16 bytes global -> shared, zero-filled when !valid (src is then not read).
-__device__ __forceinline__ void copy16_async(void* dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address(dst)),
-               "l"(src), "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void commit_async() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int Pending>
-__device__ __forceinline__ void wait_async() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending));
-}
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const bf16* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"

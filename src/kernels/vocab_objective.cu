@@ -10,17 +10,21 @@
 #include <cmath>
 #include <type_traits>
 
+#include "kernels/async_copy.cuh"
 #include "kernels/norm_swiglu_common.cuh"
 #include "kernels/vocab_topk.cuh"
 
 namespace dspine::kernels {
 namespace {
 
+using detail::commit_async;
+using detail::copy16_async;
 using detail::load_pack;
 using detail::Pack;
 using detail::pack_from_floats;
 using detail::store_pack;
 using detail::to_float;
+using detail::wait_async;
 
 // A block of 128 threads with 8 packs of z and t in flight per thread (a 32 KB ring), six blocks
 // per SM: measured fastest on an H200 among 128–512 threads, 4–16 stages (docs/kernels.md).
@@ -41,18 +45,6 @@ struct NoStep {
 // Elements in a pack type (references included).
 template <typename P>
 constexpr int pack_size = std::extent_v<decltype(std::declval<P>().v)>;
-
-// 16 bytes global -> shared memory without passing through registers; the copy is this thread's.
-__device__ __forceinline__ void copy16_async(void* dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(
-                   static_cast<uint32_t>(__cvta_generic_to_shared(dst))),
-               "l"(src));
-}
-__device__ __forceinline__ void commit_async() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int Pending>
-__device__ __forceinline__ void wait_async() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending));
-}
 
 // Calls f(first element index, z pack, t pack) over a row: N-element packs, then the scalar tail.
 // Without a teacher the t pack is z's. After each f, step(first element index, z pack, valid) runs
