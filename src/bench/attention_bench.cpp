@@ -12,9 +12,12 @@
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <torch/torch.h>
 
+#include <ATen/cuda/CUDAContext.h>
+
 #include "bench/bench.h"
 #include "bench/cuda_timing.h"
 #include "core/error.h"
+#include "kernels/block_attention.h"
 #include "model/attention.h"
 #include "model/block_mask.h"
 #include "ops/block_attention_ops.h"
@@ -138,6 +141,32 @@ void run_attention_bench(const AttentionOptions& o) {
   if (o.reference) {
     row("dense masked SDPA, repeated kv", r);
     std::printf("speedup_forward_backward: %.2fx\n", r.both_ms / f.both_ms);
+  }
+  if (kernels::block_attention_wgmma_available(o.head_dim)) {
+    // The forward kernel alone with each instruction set (the fused rows above use wgmma).
+    const kernels::BlockAttentionShape shape{o.rows,  o.context, o.blocks,  o.block_size,
+                                             o.heads, o.kv_heads, o.head_dim};
+    auto out = torch::empty_like(q);
+    auto lse = torch::empty({o.rows, queries, o.heads}, q.options().dtype(torch::kFloat32));
+    const auto keep_bytes = keep.to(torch::kUInt8);
+    auto forward_ms = [&](kernels::AttentionInstructions instructions) {
+      return cuda_median_ms(
+          [&] {
+            const cudaError_t status = kernels::block_attention_forward(
+                shape, q.data_ptr(), k.data_ptr(), v.data_ptr(), anchors.data_ptr<int64_t>(),
+                keep_bytes.data_ptr<uint8_t>(), static_cast<float>(scale), out.data_ptr(),
+                lse.data_ptr<float>(), at::cuda::getCurrentCUDAStream(), instructions);
+            if (status != cudaSuccess) {
+              fail("dspine-bench attention: forward kernel: {}", cudaGetErrorString(status));
+            }
+          },
+          2, o.iterations);
+    };
+    const double wgmma_ms = forward_ms(kernels::AttentionInstructions::kAutomatic);
+    const double mma_ms = forward_ms(kernels::AttentionInstructions::kMmaSync);
+    std::printf("forward_kernel: wgmma %.3f ms (%.1f TFLOP/s), mma.sync %.3f ms (%.1f TFLOP/s)\n",
+                wgmma_ms, forward_flop / (wgmma_ms * 1e-3) / 1e12, mma_ms,
+                forward_flop / (mma_ms * 1e-3) / 1e12);
   }
 }
 

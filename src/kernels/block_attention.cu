@@ -10,6 +10,8 @@
 #include <cmath>
 
 #include "kernels/async_copy.cuh"
+#include "kernels/wgmma.cuh"
+#include "kernels/wgmma_probe.h"
 
 namespace dspine::kernels {
 namespace {
@@ -184,28 +186,51 @@ __device__ __forceinline__ int64_t key_position(const Problem& p, bool block_til
   return start + c < p.shape.context ? start + c : -1;
 }
 
-// Async copy of 64 rows of D bf16: query rows of block n, or key rows from `start`.
+// Where a 16-byte chunk (row r, chunk c) of a 64-row tile goes in shared memory, and which chunk
+// copy i fills. PaddedTile: row-major with padded rows (ldmatrix and mma.sync); CoreTile: 8 × 16-byte
+// core matrices (wgmma descriptors, kernels/wgmma.cuh), eight consecutive copies filling one core
+// matrix's rows so that the shared stores do not conflict.
 template <int D>
+struct PaddedTile {
+  static constexpr int kElements = Smem<D>::kTile;
+  __device__ static void chunk(int i, int& r, int& c) {
+    r = i / (D / 8);
+    c = i % (D / 8);
+  }
+  __device__ static int at(int r, int c) { return r * Smem<D>::kStride + c * 8; }
+};
+template <int D>
+struct CoreTile {
+  static constexpr int kElements = kKeys * D;
+  __device__ static void chunk(int i, int& r, int& c) {
+    r = i / (8 * (D / 8)) * 8 + i % 8;
+    c = i / 8 % (D / 8);
+  }
+  __device__ static int at(int r, int c) { return wgmma::core_offset<D>(r, c) / 2; }
+};
+
+// Async copy of 64 rows of D bf16: query rows of block n, or key rows from `start`.
+template <int D, typename Tile = PaddedTile<D>>
 __device__ __forceinline__ void load_query_tile(bf16* dst, const bf16* src, const Problem& p,
                                                 int b, int n, int g) {
-  constexpr int kChunks = D / 8;
-  for (int i = threadIdx.x; i < kRows * kChunks; i += kThreads) {
-    const int r = i / kChunks, c = i % kChunks;
+  for (int i = threadIdx.x; i < kRows * (D / 8); i += kThreads) {
+    int r, c;
+    Tile::chunk(i, r, c);
     const bool valid = query_row(p, g, r).valid;
     const bf16* from = valid ? src + query_offset(p, b, n, g, r) + c * 8 : src;
-    copy16_async(dst + r * Smem<D>::kStride + c * 8, from, valid);
+    copy16_async(dst + Tile::at(r, c), from, valid);
   }
 }
-template <int D>
+template <int D, typename Tile = PaddedTile<D>>
 __device__ __forceinline__ void load_key_tile(bf16* dst, const bf16* src, const Problem& p, int b,
                                               int g, bool block_tile, int64_t start) {
-  constexpr int kChunks = D / 8;
-  for (int i = threadIdx.x; i < kKeys * kChunks; i += kThreads) {
-    const int r = i / kChunks, c = i % kChunks;
+  for (int i = threadIdx.x; i < kKeys * (D / 8); i += kThreads) {
+    int r, c;
+    Tile::chunk(i, r, c);
     const int64_t position = key_position(p, block_tile, start, r);
     const bf16* from =
         position >= 0 ? src + ((b * p.keys + position) * p.shape.kv_heads + g) * D + c * 8 : src;
-    copy16_async(dst + r * Smem<D>::kStride + c * 8, from, position >= 0);
+    copy16_async(dst + Tile::at(r, c), from, position >= 0);
   }
 }
 
@@ -221,13 +246,13 @@ __device__ __forceinline__ void zero_query_rows(bf16* dst, const Problem& p, int
 }
 
 // Starts the copy of a key tile and its value tile into buffer `buf` (one commit group).
-template <int D>
+template <int D, typename Tile = PaddedTile<D>>
 __device__ __forceinline__ void prefetch_key_value_tiles(bf16* s_k, bf16* s_v, const bf16* k,
                                                          const bf16* v, const Problem& p, int b,
                                                          int g, int buf, bool block_tile,
                                                          int64_t start) {
-  load_key_tile<D>(s_k + buf * Smem<D>::kTile, k, p, b, g, block_tile, start);
-  load_key_tile<D>(s_v + buf * Smem<D>::kTile, v, p, b, g, block_tile, start);
+  load_key_tile<D, Tile>(s_k + buf * Tile::kElements, k, p, b, g, block_tile, start);
+  load_key_tile<D, Tile>(s_v + buf * Tile::kElements, v, p, b, g, block_tile, start);
   commit_async();
 }
 
@@ -247,6 +272,111 @@ __device__ __forceinline__ bool whole_tile_visible(bool block_tile, int64_t star
 // ---------------------------------------------------------------------------------------------
 // Forward: one CTA per (block, kv head, row).
 
+// The online softmax of one thread's two query rows (a: lane / 4, b: lane / 4 + 8 of its warp's
+// 16): running maximum and sum, in log2 units.
+struct SoftmaxRows {
+  float max_a = -INFINITY, max_b = -INFINITY, sum_a = 0.f, sum_b = 0.f;
+};
+
+// Scores of one key tile (C fragments s[nt][e], 8 chunks of 8 keys) → unnormalised probabilities
+// against the updated running maxima, in place; returns the factors (alpha_a, alpha_b) by which
+// the output accumulated so far is to be rescaled. Masked keys get probability 0.
+__device__ __forceinline__ float2 softmax_tile(float (&s)[8][4], SoftmaxRows& rows, bool masked,
+                                               bool block_tile, int64_t start, int64_t anchor,
+                                               int pos_a, int pos_b, float scale_log2,
+                                               int lane) {
+  float tile_max_a = -INFINITY, tile_max_b = -INFINITY;
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int c = nt * 8 + 2 * (lane % 4) + (e & 1);
+      const bool see = !masked || visible(block_tile, start, anchor, c, e < 2 ? pos_a : pos_b);
+      s[nt][e] = see ? s[nt][e] * scale_log2 : -INFINITY;
+    }
+    tile_max_a = fmaxf(tile_max_a, fmaxf(s[nt][0], s[nt][1]));
+    tile_max_b = fmaxf(tile_max_b, fmaxf(s[nt][2], s[nt][3]));
+  }
+#pragma unroll
+  for (int offset = 1; offset < 4; offset <<= 1) {
+    tile_max_a = fmaxf(tile_max_a, __shfl_xor_sync(0xffffffffu, tile_max_a, offset));
+    tile_max_b = fmaxf(tile_max_b, __shfl_xor_sync(0xffffffffu, tile_max_b, offset));
+  }
+  const float new_a = fmaxf(rows.max_a, tile_max_a), new_b = fmaxf(rows.max_b, tile_max_b);
+  // A row that has seen no key yet keeps a finite reference so no inf - inf appears.
+  const float use_a = new_a == -INFINITY ? 0.f : new_a;
+  const float use_b = new_b == -INFINITY ? 0.f : new_b;
+  const float alpha_a = fast_exp2(rows.max_a - use_a), alpha_b = fast_exp2(rows.max_b - use_b);
+  rows.max_a = new_a;
+  rows.max_b = new_b;
+  float row_sum_a = 0.f, row_sum_b = 0.f;
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt) {
+    s[nt][0] = fast_exp2(s[nt][0] - use_a);
+    s[nt][1] = fast_exp2(s[nt][1] - use_a);
+    s[nt][2] = fast_exp2(s[nt][2] - use_b);
+    s[nt][3] = fast_exp2(s[nt][3] - use_b);
+    row_sum_a += s[nt][0] + s[nt][1];
+    row_sum_b += s[nt][2] + s[nt][3];
+  }
+  rows.sum_a = rows.sum_a * alpha_a + row_sum_a;
+  rows.sum_b = rows.sum_b * alpha_b + row_sum_b;
+  return make_float2(alpha_a, alpha_b);
+}
+
+// o[dt] (C fragments over D) *= alpha per row.
+template <int D>
+__device__ __forceinline__ void rescale_rows(float (&o)[D / 8][4], float2 alpha) {
+#pragma unroll
+  for (int dt = 0; dt < D / 8; ++dt) {
+    o[dt][0] *= alpha.x;
+    o[dt][1] *= alpha.x;
+    o[dt][2] *= alpha.y;
+    o[dt][3] *= alpha.y;
+  }
+}
+
+// Normalises and stores the thread's two output rows and their log2-sum-exp.
+template <int D>
+__device__ __forceinline__ void store_output_rows(const Problem& p, int b, int n, int g, int row_a,
+                                                  int row_b, float (&o)[D / 8][4],
+                                                  SoftmaxRows rows, int lane, bf16* out,
+                                                  float* lse) {
+#pragma unroll
+  for (int offset = 1; offset < 4; offset <<= 1) {
+    rows.sum_a += __shfl_xor_sync(0xffffffffu, rows.sum_a, offset);
+    rows.sum_b += __shfl_xor_sync(0xffffffffu, rows.sum_b, offset);
+  }
+  const float inv_a = 1.f / rows.sum_a, inv_b = 1.f / rows.sum_b;
+  const bool valid_a = query_row(p, g, row_a).valid, valid_b = query_row(p, g, row_b).valid;
+  bf16* out_a = out + (valid_a ? query_offset(p, b, n, g, row_a) : 0);
+  bf16* out_b = out + (valid_b ? query_offset(p, b, n, g, row_b) : 0);
+#pragma unroll
+  for (int dt = 0; dt < D / 8; ++dt) {
+    const int col = dt * 8 + 2 * (lane % 4);
+    if (valid_a) {
+      *reinterpret_cast<uint32_t*>(out_a + col) = pack_bf16(o[dt][0] * inv_a, o[dt][1] * inv_a);
+    }
+    if (valid_b) {
+      *reinterpret_cast<uint32_t*>(out_b + col) = pack_bf16(o[dt][2] * inv_b, o[dt][3] * inv_b);
+    }
+  }
+  if (lane % 4 == 0) {
+    if (valid_a) lse[query_stat_offset(p, b, n, g, row_a)] = rows.max_a + log2f(rows.sum_a);
+    if (valid_b) lse[query_stat_offset(p, b, n, g, row_b)] = rows.max_b + log2f(rows.sum_b);
+  }
+}
+
+// A dropped block: zero output rows and lse = +inf (every key masked).
+template <int D>
+__device__ __forceinline__ void store_dropped_block(const Problem& p, int b, int n, int g, bf16* out,
+                                                    float* lse) {
+  zero_query_rows<D>(out, p, b, n, g);
+  if (threadIdx.x < kRows && query_row(p, g, threadIdx.x).valid) {
+    lse[query_stat_offset(p, b, n, g, threadIdx.x)] = INFINITY;
+  }
+}
+
 template <int D>
 __global__ void __launch_bounds__(kThreads, 3) attention_forward_kernel(Problem p, const bf16* __restrict__ q,
                                                            const bf16* __restrict__ k,
@@ -265,14 +395,9 @@ __global__ void __launch_bounds__(kThreads, 3) attention_forward_kernel(Problem 
   const int g = blockIdx.x, b = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t anchor = p.anchors[b * p.shape.blocks + n];
-  const bool keep = p.keep[b * p.shape.blocks + n] != 0;
   const int row_a = warp * 16 + lane / 4, row_b = row_a + 8;
-
-  if (!keep) {
-    zero_query_rows<D>(out, p, b, n, g);
-    if (threadIdx.x < kRows && query_row(p, g, threadIdx.x).valid) {
-      lse[query_stat_offset(p, b, n, g, threadIdx.x)] = INFINITY;
-    }
+  if (p.keep[b * p.shape.blocks + n] == 0) {
+    store_dropped_block<D>(p, b, n, g, out, lse);
     return;
   }
 
@@ -293,7 +418,7 @@ __global__ void __launch_bounds__(kThreads, 3) attention_forward_kernel(Problem 
   const float scale_log2 = p.scale * kLog2e;
   const int pos_a = query_row(p, g, row_a).position, pos_b = query_row(p, g, row_b).position;
   float o[D / 8][4] = {};
-  float max_a = -INFINITY, max_b = -INFINITY, sum_a = 0.f, sum_b = 0.f;
+  SoftmaxRows rows;
 
   for (int t = 0; t < tiles; ++t) {
     const int buf = t & 1;
@@ -308,80 +433,123 @@ __global__ void __launch_bounds__(kThreads, 3) attention_forward_kernel(Problem 
 
     float s[8][4] = {};
     gemm_rows<D>(s, q_frag, s_k + buf * Smem<D>::kTile, lane);
-
     const bool block_tile = t == context_tiles;
     const int64_t start = tile_start(t);
-    const bool masked = !whole_tile_visible(block_tile, start, anchor);
-    float tile_max_a = -INFINITY, tile_max_b = -INFINITY;
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int c = nt * 8 + 2 * (lane % 4) + (e & 1);
-        const bool see = !masked || visible(block_tile, start, anchor, c, e < 2 ? pos_a : pos_b);
-        s[nt][e] = see ? s[nt][e] * scale_log2 : -INFINITY;
-      }
-      tile_max_a = fmaxf(tile_max_a, fmaxf(s[nt][0], s[nt][1]));
-      tile_max_b = fmaxf(tile_max_b, fmaxf(s[nt][2], s[nt][3]));
-    }
-#pragma unroll
-    for (int offset = 1; offset < 4; offset <<= 1) {
-      tile_max_a = fmaxf(tile_max_a, __shfl_xor_sync(0xffffffffu, tile_max_a, offset));
-      tile_max_b = fmaxf(tile_max_b, __shfl_xor_sync(0xffffffffu, tile_max_b, offset));
-    }
-    const float new_a = fmaxf(max_a, tile_max_a), new_b = fmaxf(max_b, tile_max_b);
-    // A row that has seen no key yet keeps a finite reference so no inf - inf appears.
-    const float use_a = new_a == -INFINITY ? 0.f : new_a;
-    const float use_b = new_b == -INFINITY ? 0.f : new_b;
-    const float alpha_a = fast_exp2(max_a - use_a), alpha_b = fast_exp2(max_b - use_b);
-    max_a = new_a;
-    max_b = new_b;
-    float row_sum_a = 0.f, row_sum_b = 0.f;
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
-      s[nt][0] = fast_exp2(s[nt][0] - use_a);
-      s[nt][1] = fast_exp2(s[nt][1] - use_a);
-      s[nt][2] = fast_exp2(s[nt][2] - use_b);
-      s[nt][3] = fast_exp2(s[nt][3] - use_b);
-      row_sum_a += s[nt][0] + s[nt][1];
-      row_sum_b += s[nt][2] + s[nt][3];
-    }
-    sum_a = sum_a * alpha_a + row_sum_a;
-    sum_b = sum_b * alpha_b + row_sum_b;
-#pragma unroll
-    for (int dt = 0; dt < D / 8; ++dt) {
-      o[dt][0] *= alpha_a;
-      o[dt][1] *= alpha_a;
-      o[dt][2] *= alpha_b;
-      o[dt][3] *= alpha_b;
-    }
+    const float2 alpha =
+        softmax_tile(s, rows, !whole_tile_visible(block_tile, start, anchor), block_tile, start,
+                     anchor, pos_a, pos_b, scale_log2, lane);
+    rescale_rows<D>(o, alpha);
     gemm_cols<D>(o, s, s_v + buf * Smem<D>::kTile, lane);
     __syncthreads();  // every warp is done with this buffer before it is refilled
   }
+  store_output_rows<D>(p, b, n, g, row_a, row_b, o, rows, lane, out, lse);
+}
 
+// The forward on Hopper's warpgroup MMA (kernels/wgmma.cuh): the same work, tiles and online
+// softmax as attention_forward_kernel, with S = Q·Kᵀ as eight m64n64k16 and O += P·V as four
+// m64n128k16 instructions of the CTA's one warpgroup (Q and P from registers, K and V from shared
+// memory in the core-matrix layout). D = 128. Its body exists only in the sm_90a device code; the
+// host launches it only where block_attention_wgmma_available().
+template <int D>
+__global__ void __launch_bounds__(kThreads, 2)
+    attention_forward_wgmma_kernel(Problem p, const bf16* __restrict__ q,
+                                   const bf16* __restrict__ k, const bf16* __restrict__ v,
+                                   bf16* __restrict__ out, float* __restrict__ lse) {
+  static_assert(D == 128 && kThreads == 128 && kRows == 64 && kKeys == 64);
+#ifdef DSPINE_WGMMA
+  using Tile = CoreTile<D>;
+  extern __shared__ __align__(16) unsigned char smem_bytes[];
+  bf16* s_k = reinterpret_cast<bf16*>(smem_bytes);  // two buffers
+  bf16* s_v = s_k + 2 * Tile::kElements;            // two buffers
+  bf16* s_q = s_k + Tile::kElements;                // staged in the second key buffer
+  const int n = static_cast<int>(p.shape.blocks - 1 - blockIdx.z);
+  const int g = blockIdx.x, b = blockIdx.y;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t anchor = p.anchors[b * p.shape.blocks + n];
+  const int row_a = warp * 16 + lane / 4, row_b = row_a + 8;
+  if (p.keep[b * p.shape.blocks + n] == 0) {
+    store_dropped_block<D>(p, b, n, g, out, lse);
+    return;
+  }
+
+  const int context_tiles = static_cast<int>((anchor + kKeys - 1) / kKeys);
+  const int tiles = context_tiles + 1;
+  auto tile_start = [&](int t) -> int64_t {
+    return t < context_tiles ? static_cast<int64_t>(t) * kKeys : n * p.shape.block_size;
+  };
+  load_query_tile<D, Tile>(s_q, q, p, b, n, g);
+  commit_async();
+  prefetch_key_value_tiles<D, Tile>(s_k, s_v, k, v, p, b, g, 0, context_tiles == 0,
+                                    tile_start(0));
+  wait_async<1>();
+  __syncthreads();
+  uint32_t q_frag[D / 16][4];
 #pragma unroll
-  for (int offset = 1; offset < 4; offset <<= 1) {
-    sum_a += __shfl_xor_sync(0xffffffffu, sum_a, offset);
-    sum_b += __shfl_xor_sync(0xffffffffu, sum_b, offset);
+  for (int ks = 0; ks < D / 16; ++ks) {
+    const int r = warp * 16 + lane % 16, c = 2 * ks + lane / 16;
+    ldmatrix_x4(q_frag[ks], s_q + Tile::at(r, c));
   }
-  const float inv_a = 1.f / sum_a, inv_b = 1.f / sum_b;
-  const bool valid_a = query_row(p, g, row_a).valid, valid_b = query_row(p, g, row_b).valid;
-  bf16* out_a = out + (valid_a ? query_offset(p, b, n, g, row_a) : 0);
-  bf16* out_b = out + (valid_b ? query_offset(p, b, n, g, row_b) : 0);
+  __syncthreads();  // the buffer is refilled with keys below
+
+  const uint32_t k_base = shared_address(s_k), v_base = shared_address(s_v);
+  constexpr uint32_t kTileBytes = Tile::kElements * sizeof(bf16);
+  const float scale_log2 = p.scale * kLog2e;
+  const int pos_a = query_row(p, g, row_a).position, pos_b = query_row(p, g, row_b).position;
+  float o[D / 8][4] = {};
+  float(&o_flat)[D / 2] = *reinterpret_cast<float(*)[D / 2]>(&o[0][0]);
+  SoftmaxRows rows;
+
+  for (int t = 0; t < tiles; ++t) {
+    const int buf = t & 1;
+    if (t + 1 < tiles) {
+      prefetch_key_value_tiles<D, Tile>(s_k, s_v, k, v, p, b, g, (t + 1) & 1,
+                                        t + 1 == context_tiles, tile_start(t + 1));
+      wait_async<1>();
+    } else {
+      wait_async<0>();
+    }
+    wgmma::fence_shared();  // this thread's copies, visible to the warpgroup's MMAs
+    __syncthreads();
+
+    float s[8][4];
+    float(&s_flat)[32] = *reinterpret_cast<float(*)[32]>(&s[0][0]);
+    wgmma::fence();
 #pragma unroll
-  for (int dt = 0; dt < D / 8; ++dt) {
-    const int col = dt * 8 + 2 * (lane % 4);
-    if (valid_a) {
-      *reinterpret_cast<uint32_t*>(out_a + col) = pack_bf16(o[dt][0] * inv_a, o[dt][1] * inv_a);
+    for (int ks = 0; ks < D / 16; ++ks) {
+      const uint64_t key_desc =
+          wgmma::descriptor(k_base + buf * kTileBytes + wgmma::core_offset<D>(0, 2 * ks), 128,
+                            (D / 8) * 128);
+      wgmma::mma_m64n64k16(s_flat, q_frag[ks], key_desc, ks > 0);
     }
-    if (valid_b) {
-      *reinterpret_cast<uint32_t*>(out_b + col) = pack_bf16(o[dt][2] * inv_b, o[dt][3] * inv_b);
+    wgmma::commit();
+    wgmma::wait<0>();
+    wgmma::pin(s_flat);
+
+    const bool block_tile = t == context_tiles;
+    const int64_t start = tile_start(t);
+    const float2 alpha =
+        softmax_tile(s, rows, !whole_tile_visible(block_tile, start, anchor), block_tile, start,
+                     anchor, pos_a, pos_b, scale_log2, lane);
+    rescale_rows<D>(o, alpha);
+    uint32_t p_frag[kKeys / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < kKeys / 16; ++kk) c_to_a(p_frag[kk], s[2 * kk], s[2 * kk + 1]);
+    wgmma::pin(o_flat);
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < kKeys / 16; ++kk) {
+      const uint64_t value_desc =
+          wgmma::descriptor(v_base + buf * kTileBytes + wgmma::core_offset<D>(16 * kk, 0),
+                            (D / 8) * 128, 128);
+      wgmma::mma_m64n128k16(o_flat, p_frag[kk], value_desc, 1);
     }
+    wgmma::commit();
+    wgmma::wait<0>();
+    wgmma::pin(o_flat);
+    __syncthreads();  // the warpgroup is done with this buffer before it is refilled
   }
-  if (lane % 4 == 0) {
-    if (valid_a) lse[query_stat_offset(p, b, n, g, row_a)] = max_a + log2f(sum_a);
-    if (valid_b) lse[query_stat_offset(p, b, n, g, row_b)] = max_b + log2f(sum_b);
-  }
+  store_output_rows<D>(p, b, n, g, row_a, row_b, o, rows, lane, out, lse);
+#endif
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -636,13 +804,25 @@ __global__ void __launch_bounds__(kThreads)
 
 template <int D>
 cudaError_t forward_impl(const Problem& p, const void* q, const void* k, const void* v, void* out,
-                         float* lse, cudaStream_t stream) {
+                         float* lse, bool use_wgmma, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(p.shape.kv_heads), static_cast<unsigned>(p.shape.rows),
+                  static_cast<unsigned>(p.shape.blocks));
+  if constexpr (D == 128) {
+    if (use_wgmma) {
+      const size_t smem = 4 * CoreTile<D>::kElements * sizeof(bf16);
+      cudaError_t status = cudaFuncSetAttribute(attention_forward_wgmma_kernel<D>,
+                                                cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+      if (status != cudaSuccess) return status;
+      attention_forward_wgmma_kernel<D><<<grid, kThreads, smem, stream>>>(
+          p, static_cast<const bf16*>(q), static_cast<const bf16*>(k),
+          static_cast<const bf16*>(v), static_cast<bf16*>(out), lse);
+      return cudaGetLastError();
+    }
+  }
   const size_t smem = 4 * Smem<D>::kTile * sizeof(bf16);
   cudaError_t status = cudaFuncSetAttribute(attention_forward_kernel<D>,
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (status != cudaSuccess) return status;
-  const dim3 grid(static_cast<unsigned>(p.shape.kv_heads), static_cast<unsigned>(p.shape.rows),
-                  static_cast<unsigned>(p.shape.blocks));
   attention_forward_kernel<D><<<grid, kThreads, smem, stream>>>(
       p, static_cast<const bf16*>(q), static_cast<const bf16*>(k), static_cast<const bf16*>(v),
       static_cast<bf16*>(out), lse);
@@ -697,13 +877,20 @@ bool block_attention_supported(const BlockAttentionShape& s) {
   return s.rows <= 65535 && key_tiles <= 65535;
 }
 
+bool block_attention_wgmma_available(int64_t head_dim) {
+  return head_dim == 128 && wgmma_available();
+}
+
 cudaError_t block_attention_forward(const BlockAttentionShape& shape, const void* q, const void* k,
                                     const void* v, const int64_t* anchors, const uint8_t* keep,
-                                    float scale, void* out, float* lse, cudaStream_t stream) {
+                                    float scale, void* out, float* lse, cudaStream_t stream,
+                                    AttentionInstructions instructions) {
   if (!block_attention_supported(shape)) return cudaErrorInvalidValue;
   const Problem p = make_problem(shape, anchors, keep, scale);
-  return shape.head_dim == 128 ? forward_impl<128>(p, q, k, v, out, lse, stream)
-                               : forward_impl<64>(p, q, k, v, out, lse, stream);
+  const bool use_wgmma = instructions == AttentionInstructions::kAutomatic &&
+                         block_attention_wgmma_available(shape.head_dim);
+  return shape.head_dim == 128 ? forward_impl<128>(p, q, k, v, out, lse, use_wgmma, stream)
+                               : forward_impl<64>(p, q, k, v, out, lse, false, stream);
 }
 
 cudaError_t block_attention_backward(const BlockAttentionShape& shape, const void* q,

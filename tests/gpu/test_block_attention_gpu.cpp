@@ -7,8 +7,11 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <ATen/cuda/CUDAContext.h>
+
 #include <string>
 
+#include "kernels/block_attention.h"
 #include "model/attention.h"
 #include "model/block_mask.h"
 #include "ops/block_attention_ops.h"
@@ -130,6 +133,42 @@ TEST(BlockAttentionGpu, RecipeShapeMatchesDenseReference) {
   REQUIRE_CUDA();
   // configs/qwen3-8b-dspine.yaml: S 3072, 512 blocks of 16 per row, 32/8 heads, head_dim 128.
   check_case({2, 3072, 512, 16, 32, 8, 128, true}, "recipe shape");
+}
+
+// The forward's two instruction sets on the same inputs (the tests above run the automatic one,
+// wgmma where available): the same probabilities rounded to bf16 and fp32 accumulation in another
+// order, so outputs and log-sum-exps agree to a few bf16 units.
+TEST(BlockAttentionGpu, WgmmaForwardMatchesMmaSyncForward) {
+  REQUIRE_CUDA();
+  if (!kernels::block_attention_wgmma_available(128)) GTEST_SKIP() << "no wgmma forward here";
+  for (const Case& c : {Case{2, 3072, 512, 16, 32, 8, 128, true},
+                        Case{2, 200, 12, 16, 32, 8, 128, false},
+                        Case{1, 70, 5, 4, 2, 2, 128, true}}) {
+    auto in = make_inputs(c, 23);
+    kernels::BlockAttentionShape shape{c.rows, c.context, c.blocks, c.block_size,
+                                       c.heads, c.kv_heads, c.head_dim};
+    auto forward = [&](kernels::AttentionInstructions instructions) {
+      auto out = torch::full_like(in.q, NAN);
+      auto lse = torch::full({c.rows, c.blocks * c.block_size, c.heads}, NAN,
+                             in.q.options().dtype(torch::kFloat32));
+      auto keep = in.keep.to(torch::kUInt8);
+      EXPECT_EQ(kernels::block_attention_forward(
+                    shape, in.q.data_ptr(), in.k.data_ptr(), in.v.data_ptr(),
+                    in.anchors.data_ptr<int64_t>(), keep.data_ptr<uint8_t>(),
+                    static_cast<float>(in.scale), out.data_ptr(), lse.data_ptr<float>(),
+                    at::cuda::getCurrentCUDAStream(), instructions),
+                cudaSuccess);
+      return std::pair{out.to(torch::kFloat32), lse};
+    };
+    const auto [wgmma_out, wgmma_lse] = forward(kernels::AttentionInstructions::kAutomatic);
+    const auto [mma_out, mma_lse] = forward(kernels::AttentionInstructions::kMmaSync);
+    const std::string name = "S " + std::to_string(c.context) + " N " + std::to_string(c.blocks);
+    expect_close(wgmma_out, mma_out, name + " wgmma vs mma.sync out");
+    const auto finite = torch::isfinite(mma_lse);
+    EXPECT_TRUE(torch::equal(finite, torch::isfinite(wgmma_lse))) << name;
+    EXPECT_LT((wgmma_lse - mma_lse).masked_select(finite).abs().max().item<double>(), 1e-3)
+        << name << " lse";
+  }
 }
 
 TEST(BlockAttentionGpu, IsDeterministic) {

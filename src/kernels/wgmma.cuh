@@ -1,0 +1,97 @@
+// Hopper warpgroup MMA (wgmma, sm_90a) on raw registers and shared-memory descriptors, for the
+// block attention kernels (docs/kernels.md, "Block attention"). Tiles in shared memory use the
+// no-swizzle layout of 8 × 16-byte core matrices; kernels/wgmma_probe.cu checks the descriptor
+// conventions below against a plain matmul (tests/gpu/test_wgmma_probe_gpu.cpp).
+//
+// Layout: a tile of R rows × Cols bf16 columns is stored as core matrices of 8 rows × 8 columns
+// (128 contiguous bytes, row i of the core matrix at byte 16·i); core matrix (row group r / 8,
+// column chunk c / 8) starts at byte (⌊r / 8⌋ · Cols / 8 + ⌊c / 8⌋) · 128. The same tile serves as
+//   a K-major B operand (rows = N, columns = K; K tiles for S = Q·Kᵀ): leading byte offset 128
+//     (next 8 columns), stride byte offset Cols / 8 · 128 (next 8 rows);
+//   an MN-major B operand (rows = K, columns = N; V tiles for O = P·V, the transposed form):
+//     leading byte offset Cols / 8 · 128 (next 8 rows of K), stride byte offset 128 (next 8
+//     columns of N).
+// The A operand comes from registers in mma.sync's m16n8k16 fragment layout, warp w of the
+// warpgroup holding rows 16w..16w + 15; accumulators are mma.sync's C fragments of each 8-column
+// chunk in order (d[4j..4j + 3] for columns 8j..8j + 7).
+#pragma once
+
+#include <cstdint>
+
+namespace dspine::kernels::wgmma {
+
+// Byte offset of the 16-byte chunk (row, chunk) of a tile with `Cols` bf16 columns.
+template <int Cols>
+__host__ __device__ constexpr int core_offset(int row, int chunk) {
+  return ((row >> 3) * (Cols / 8) + chunk) * 128 + (row & 7) * 16;
+}
+
+// A shared-memory matrix descriptor without swizzling (PTX ISA, "Matrix Descriptor Format").
+__device__ __forceinline__ uint64_t descriptor(uint32_t shared_address, uint32_t leading_bytes,
+                                               uint32_t stride_bytes) {
+  return uint64_t((shared_address & 0x3FFFF) >> 4) |
+         (uint64_t((leading_bytes & 0x3FFFF) >> 4) << 16) |
+         (uint64_t((stride_bytes & 0x3FFFF) >> 4) << 32);
+}
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define DSPINE_WGMMA 1
+
+// Orders register writes before the next wgmma reads them (accumulators, A fragments).
+__device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int Pending>
+__device__ __forceinline__ void wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(Pending) : "memory");
+}
+// Shared memory written by ordinary or cp.async stores, made visible to wgmma's reads.
+__device__ __forceinline__ void fence_shared() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+// Keeps the compiler from moving reads or writes of an accumulator across wait()/fence().
+template <int N>
+__device__ __forceinline__ void pin(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// d (64 × 64) = (accumulate ? d : 0) + A (64 × 16, registers) · B (16 × 64, K-major descriptor).
+__device__ __forceinline__ void mma_m64n64k16(float (&d)[32], const uint32_t (&a)[4], uint64_t b,
+                                             int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
+}
+
+// d (64 × 128) = (accumulate ? d : 0) + A (64 × 16, registers) · B (16 × 128, MN-major
+// descriptor: the transposed form).
+__device__ __forceinline__ void mma_m64n128k16(float (&d)[64], const uint32_t (&a)[4], uint64_t b,
+                                             int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "{%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
+}
+
+#endif
+
+}  // namespace dspine::kernels::wgmma
