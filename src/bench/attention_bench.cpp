@@ -7,12 +7,12 @@
 // the same run is the yardstick.
 #include <cstdio>
 #include <memory>
+#include <utility>
 
+#include <ATen/cuda/CUDAContext.h>
 #include <CLI/CLI.hpp>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <torch/torch.h>
-
-#include <ATen/cuda/CUDAContext.h>
 
 #include "bench/bench.h"
 #include "bench/cuda_timing.h"
@@ -143,30 +143,43 @@ void run_attention_bench(const AttentionOptions& o) {
     std::printf("speedup_forward_backward: %.2fx\n", r.both_ms / f.both_ms);
   }
   if (kernels::block_attention_wgmma_available(o.head_dim)) {
-    // The forward kernel alone with each instruction set (the fused rows above use wgmma).
+    // The kernels alone with each instruction set (the fused rows above use wgmma).
     const kernels::BlockAttentionShape shape{o.rows,  o.context, o.blocks,  o.block_size,
                                              o.heads, o.kv_heads, o.head_dim};
-    auto out = torch::empty_like(q);
+    auto out = torch::empty_like(q), dq = torch::empty_like(q);
+    auto dk = torch::empty_like(k), dv = torch::empty_like(v);
     auto lse = torch::empty({o.rows, queries, o.heads}, q.options().dtype(torch::kFloat32));
+    auto delta = torch::empty_like(lse);
     const auto keep_bytes = keep.to(torch::kUInt8);
-    auto forward_ms = [&](kernels::AttentionInstructions instructions) {
-      return cuda_median_ms(
-          [&] {
-            const cudaError_t status = kernels::block_attention_forward(
-                shape, q.data_ptr(), k.data_ptr(), v.data_ptr(), anchors.data_ptr<int64_t>(),
-                keep_bytes.data_ptr<uint8_t>(), static_cast<float>(scale), out.data_ptr(),
-                lse.data_ptr<float>(), at::cuda::getCurrentCUDAStream(), instructions);
-            if (status != cudaSuccess) {
-              fail("dspine-bench attention: forward kernel: {}", cudaGetErrorString(status));
-            }
-          },
-          2, o.iterations);
+    const auto stream = at::cuda::getCurrentCUDAStream();
+    auto check = [](cudaError_t status) {
+      if (status != cudaSuccess) fail("dspine-bench attention: {}", cudaGetErrorString(status));
     };
-    const double wgmma_ms = forward_ms(kernels::AttentionInstructions::kAutomatic);
-    const double mma_ms = forward_ms(kernels::AttentionInstructions::kMmaSync);
-    std::printf("forward_kernel: wgmma %.3f ms (%.1f TFLOP/s), mma.sync %.3f ms (%.1f TFLOP/s)\n",
-                wgmma_ms, forward_flop / (wgmma_ms * 1e-3) / 1e12, mma_ms,
-                forward_flop / (mma_ms * 1e-3) / 1e12);
+    auto forward = [&](kernels::AttentionInstructions instructions) {
+      check(kernels::block_attention_forward(
+          shape, q.data_ptr(), k.data_ptr(), v.data_ptr(), anchors.data_ptr<int64_t>(),
+          keep_bytes.data_ptr<uint8_t>(), static_cast<float>(scale), out.data_ptr(),
+          lse.data_ptr<float>(), stream, instructions));
+    };
+    auto backward = [&](kernels::AttentionInstructions instructions) {
+      check(kernels::block_attention_backward(
+          shape, q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), dout.data_ptr(),
+          lse.data_ptr<float>(), anchors.data_ptr<int64_t>(), keep_bytes.data_ptr<uint8_t>(),
+          static_cast<float>(scale), delta.data_ptr<float>(), dq.data_ptr(), dk.data_ptr(),
+          dv.data_ptr(), stream, instructions));
+    };
+    const double backward_flop = both_flop - forward_flop;
+    using Set = std::pair<const char*, kernels::AttentionInstructions>;
+    for (const Set& set : {Set{"wgmma", kernels::AttentionInstructions::kAutomatic},
+                           Set{"mma.sync", kernels::AttentionInstructions::kMmaSync}}) {
+      const char* name = set.first;
+      const kernels::AttentionInstructions instructions = set.second;
+      const double f_ms = cuda_median_ms([&] { forward(instructions); }, 2, o.iterations);
+      const double b_ms = cuda_median_ms([&] { backward(instructions); }, 2, o.iterations);
+      std::printf("kernels_%s: forward %.3f ms (%.1f TFLOP/s), backward %.3f ms (%.1f TFLOP/s)\n",
+                  name, f_ms, forward_flop / (f_ms * 1e-3) / 1e12, b_ms,
+                  backward_flop / (b_ms * 1e-3) / 1e12);
+    }
   }
 }
 

@@ -78,14 +78,36 @@ __device__ __forceinline__ void c_to_a(uint32_t (&a)[4], const float (&lo)[4],
   a[3] = pack_bf16(hi[2], hi[3]);
 }
 
-// A fragments (16 rows × D) of a row-major tile, rows `row0`..row0+15.
+// Where a 16-byte chunk (row r, chunk c) of a 64-row tile goes in shared memory, and which chunk
+// copy i fills. PaddedTile: row-major with padded rows (ldmatrix and mma.sync); CoreTile: 8 ×
+// 16-byte core matrices (wgmma descriptors, kernels/wgmma.cuh), eight consecutive copies filling
+// one core matrix's rows so that the shared stores do not conflict.
 template <int D>
+struct PaddedTile {
+  static constexpr int kElements = Smem<D>::kTile;
+  __device__ static void chunk(int i, int& r, int& c) {
+    r = i / (D / 8);
+    c = i % (D / 8);
+  }
+  __device__ static int at(int r, int c) { return r * Smem<D>::kStride + c * 8; }
+};
+template <int D>
+struct CoreTile {
+  static constexpr int kElements = kKeys * D;
+  __device__ static void chunk(int i, int& r, int& c) {
+    r = i / (8 * (D / 8)) * 8 + i % 8;
+    c = i / 8 % (D / 8);
+  }
+  __device__ static int at(int r, int c) { return wgmma::core_offset<D>(r, c) / 2; }
+};
+
+// A fragments (16 rows × D) of a 64-row tile, rows `row0`..row0+15.
+template <int D, typename Tile>
 __device__ __forceinline__ void load_a(uint32_t (&a)[D / 16][4], const bf16* tile, int row0,
                                        int lane) {
-  constexpr int kStride = Smem<D>::kStride;
 #pragma unroll
   for (int ks = 0; ks < D / 16; ++ks) {
-    ldmatrix_x4(a[ks], tile + (row0 + lane % 16) * kStride + ks * 16 + (lane / 16) * 8);
+    ldmatrix_x4(a[ks], tile + Tile::at(row0 + lane % 16, 2 * ks + lane / 16));
   }
 }
 
@@ -128,6 +150,81 @@ __device__ __forceinline__ void gemm_cols(float (&acc)[D / 8][4], const float (&
     }
   }
 }
+
+// The two instruction sets the kernels are written against; each kernel is instantiated with one.
+// Both compute a warpgroup's 64 rows (warp w: rows 16w..16w + 15) with A from registers in C/A
+// fragment layout and B a 64-row tile in shared memory (in Ops::Tile's layout):
+//   scores(c, a, tile)         c = A · tileᵀ over D, 64 × 64 (S, dP, Sᵀ, dPᵀ)
+//   accumulate(acc, p, tile)   acc += P · tile, 64 × D (P·V, dS·K, Pᵀ·dO, dSᵀ·Q)
+//   tiles_ready()              after this thread's tile copies completed, before the barrier
+template <int D>
+struct MmaSyncOps {
+  using Tile = PaddedTile<D>;
+  static constexpr int kForwardBlocksPerSm = 3;
+  __device__ static void tiles_ready() {}
+  __device__ static void scores(float (&c)[8][4], const uint32_t (&a)[D / 16][4],
+                                const bf16* tile, int lane) {
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) c[nt][0] = c[nt][1] = c[nt][2] = c[nt][3] = 0.f;
+    gemm_rows<D>(c, a, tile, lane);
+  }
+  __device__ static void accumulate(float (&acc)[D / 8][4], const float (&p)[8][4],
+                                    const bf16* tile, int lane) {
+    gemm_cols<D>(acc, p, tile, lane);
+  }
+};
+
+// Hopper's warpgroup MMA (kernels/wgmma.cuh; D = 128): the CTA's 4 warps are one warpgroup.
+// Without sm_90a device code the bodies are empty (never launched: wgmma_available() is false).
+template <int D>
+struct WgmmaOps {
+  static_assert(D == 128 && kThreads == 128);
+  using Tile = CoreTile<D>;
+  static constexpr int kForwardBlocksPerSm = 2;
+  __device__ static void tiles_ready() {
+#ifdef DSPINE_WGMMA
+    wgmma::fence_shared();
+#endif
+  }
+  __device__ static void scores(float (&c)[8][4], const uint32_t (&a)[D / 16][4],
+                                const bf16* tile, int) {
+#ifdef DSPINE_WGMMA
+    float(&flat)[32] = *reinterpret_cast<float(*)[32]>(&c[0][0]);
+    const uint32_t base = shared_address(tile);
+    wgmma::fence();
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) {
+      wgmma::mma_m64n64k16(
+          flat, a[ks],
+          wgmma::descriptor(base + wgmma::core_offset<D>(0, 2 * ks), 128, (D / 8) * 128), ks > 0);
+    }
+    wgmma::commit();
+    wgmma::wait<0>();
+    wgmma::pin(flat);
+#endif
+  }
+  __device__ static void accumulate(float (&acc)[D / 8][4], const float (&p)[8][4],
+                                    const bf16* tile, int) {
+#ifdef DSPINE_WGMMA
+    uint32_t p_frag[4][4];
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) c_to_a(p_frag[kk], p[2 * kk], p[2 * kk + 1]);
+    float(&flat)[D / 2] = *reinterpret_cast<float(*)[D / 2]>(&acc[0][0]);
+    const uint32_t base = shared_address(tile);
+    wgmma::pin(flat);
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      wgmma::mma_m64n128k16(
+          flat, p_frag[kk],
+          wgmma::descriptor(base + wgmma::core_offset<D>(16 * kk, 0), (D / 8) * 128, 128), 1);
+    }
+    wgmma::commit();
+    wgmma::wait<0>();
+    wgmma::pin(flat);
+#endif
+  }
+};
 
 struct Problem {
   BlockAttentionShape shape;
@@ -185,29 +282,6 @@ __device__ __forceinline__ int64_t key_position(const Problem& p, bool block_til
   if (block_tile) return c < p.shape.block_size ? p.shape.context + start + c : -1;
   return start + c < p.shape.context ? start + c : -1;
 }
-
-// Where a 16-byte chunk (row r, chunk c) of a 64-row tile goes in shared memory, and which chunk
-// copy i fills. PaddedTile: row-major with padded rows (ldmatrix and mma.sync); CoreTile: 8 × 16-byte
-// core matrices (wgmma descriptors, kernels/wgmma.cuh), eight consecutive copies filling one core
-// matrix's rows so that the shared stores do not conflict.
-template <int D>
-struct PaddedTile {
-  static constexpr int kElements = Smem<D>::kTile;
-  __device__ static void chunk(int i, int& r, int& c) {
-    r = i / (D / 8);
-    c = i % (D / 8);
-  }
-  __device__ static int at(int r, int c) { return r * Smem<D>::kStride + c * 8; }
-};
-template <int D>
-struct CoreTile {
-  static constexpr int kElements = kKeys * D;
-  __device__ static void chunk(int i, int& r, int& c) {
-    r = i / (8 * (D / 8)) * 8 + i % 8;
-    c = i / 8 % (D / 8);
-  }
-  __device__ static int at(int r, int c) { return wgmma::core_offset<D>(r, c) / 2; }
-};
 
 // Async copy of 64 rows of D bf16: query rows of block n, or key rows from `start`.
 template <int D, typename Tile = PaddedTile<D>>
@@ -377,91 +451,20 @@ __device__ __forceinline__ void store_dropped_block(const Problem& p, int b, int
   }
 }
 
-template <int D>
-__global__ void __launch_bounds__(kThreads, 3) attention_forward_kernel(Problem p, const bf16* __restrict__ q,
-                                                           const bf16* __restrict__ k,
-                                                           const bf16* __restrict__ v,
-                                                           bf16* __restrict__ out,
-                                                           float* __restrict__ lse) {
+template <int D, typename Ops>
+__global__ void __launch_bounds__(kThreads, Ops::kForwardBlocksPerSm)
+    attention_forward_kernel(Problem p, const bf16* __restrict__ q, const bf16* __restrict__ k,
+                             const bf16* __restrict__ v, bf16* __restrict__ out,
+                             float* __restrict__ lse) {
+  using Tile = typename Ops::Tile;
   extern __shared__ __align__(16) unsigned char smem_bytes[];
   // The query tile is staged in the second key buffer and moved to registers before the key/value
-  // pipeline starts, so four tiles of shared memory suffice (three CTAs per SM).
-  bf16* s_k = reinterpret_cast<bf16*>(smem_bytes);  // two buffers
-  bf16* s_v = s_k + 2 * Smem<D>::kTile;             // two buffers
-  bf16* s_q = s_k + Smem<D>::kTile;
-  // Later blocks have longer prefixes (anchors usually ascend): start them first, across all
-  // (kv head, row) pairs (the grid's slowest dimension is the block).
-  const int n = static_cast<int>(p.shape.blocks - 1 - blockIdx.z);
-  const int g = blockIdx.x, b = blockIdx.y;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t anchor = p.anchors[b * p.shape.blocks + n];
-  const int row_a = warp * 16 + lane / 4, row_b = row_a + 8;
-  if (p.keep[b * p.shape.blocks + n] == 0) {
-    store_dropped_block<D>(p, b, n, g, out, lse);
-    return;
-  }
-
-  const int context_tiles = static_cast<int>((anchor + kKeys - 1) / kKeys);
-  const int tiles = context_tiles + 1;
-  auto tile_start = [&](int t) -> int64_t {
-    return t < context_tiles ? static_cast<int64_t>(t) * kKeys : n * p.shape.block_size;
-  };
-  load_query_tile<D>(s_q, q, p, b, n, g);
-  commit_async();
-  prefetch_key_value_tiles<D>(s_k, s_v, k, v, p, b, g, 0, context_tiles == 0, tile_start(0));
-  wait_async<1>();
-  __syncthreads();
-  uint32_t q_frag[D / 16][4];
-  load_a<D>(q_frag, s_q, warp * 16, lane);
-  __syncthreads();  // the buffer is refilled with keys below
-
-  const float scale_log2 = p.scale * kLog2e;
-  const int pos_a = query_row(p, g, row_a).position, pos_b = query_row(p, g, row_b).position;
-  float o[D / 8][4] = {};
-  SoftmaxRows rows;
-
-  for (int t = 0; t < tiles; ++t) {
-    const int buf = t & 1;
-    if (t + 1 < tiles) {
-      prefetch_key_value_tiles<D>(s_k, s_v, k, v, p, b, g, (t + 1) & 1, t + 1 == context_tiles,
-                                  tile_start(t + 1));
-      wait_async<1>();
-    } else {
-      wait_async<0>();
-    }
-    __syncthreads();
-
-    float s[8][4] = {};
-    gemm_rows<D>(s, q_frag, s_k + buf * Smem<D>::kTile, lane);
-    const bool block_tile = t == context_tiles;
-    const int64_t start = tile_start(t);
-    const float2 alpha =
-        softmax_tile(s, rows, !whole_tile_visible(block_tile, start, anchor), block_tile, start,
-                     anchor, pos_a, pos_b, scale_log2, lane);
-    rescale_rows<D>(o, alpha);
-    gemm_cols<D>(o, s, s_v + buf * Smem<D>::kTile, lane);
-    __syncthreads();  // every warp is done with this buffer before it is refilled
-  }
-  store_output_rows<D>(p, b, n, g, row_a, row_b, o, rows, lane, out, lse);
-}
-
-// The forward on Hopper's warpgroup MMA (kernels/wgmma.cuh): the same work, tiles and online
-// softmax as attention_forward_kernel, with S = Q·Kᵀ as eight m64n64k16 and O += P·V as four
-// m64n128k16 instructions of the CTA's one warpgroup (Q and P from registers, K and V from shared
-// memory in the core-matrix layout). D = 128. Its body exists only in the sm_90a device code; the
-// host launches it only where block_attention_wgmma_available().
-template <int D>
-__global__ void __launch_bounds__(kThreads, 2)
-    attention_forward_wgmma_kernel(Problem p, const bf16* __restrict__ q,
-                                   const bf16* __restrict__ k, const bf16* __restrict__ v,
-                                   bf16* __restrict__ out, float* __restrict__ lse) {
-  static_assert(D == 128 && kThreads == 128 && kRows == 64 && kKeys == 64);
-#ifdef DSPINE_WGMMA
-  using Tile = CoreTile<D>;
-  extern __shared__ __align__(16) unsigned char smem_bytes[];
+  // pipeline starts, so four tiles of shared memory suffice (two or three CTAs per SM).
   bf16* s_k = reinterpret_cast<bf16*>(smem_bytes);  // two buffers
   bf16* s_v = s_k + 2 * Tile::kElements;            // two buffers
-  bf16* s_q = s_k + Tile::kElements;                // staged in the second key buffer
+  bf16* s_q = s_k + Tile::kElements;
+  // Later blocks have longer prefixes (anchors usually ascend): start them first, across all
+  // (kv head, row) pairs (the grid's slowest dimension is the block).
   const int n = static_cast<int>(p.shape.blocks - 1 - blockIdx.z);
   const int g = blockIdx.x, b = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -484,19 +487,12 @@ __global__ void __launch_bounds__(kThreads, 2)
   wait_async<1>();
   __syncthreads();
   uint32_t q_frag[D / 16][4];
-#pragma unroll
-  for (int ks = 0; ks < D / 16; ++ks) {
-    const int r = warp * 16 + lane % 16, c = 2 * ks + lane / 16;
-    ldmatrix_x4(q_frag[ks], s_q + Tile::at(r, c));
-  }
+  load_a<D, Tile>(q_frag, s_q, warp * 16, lane);
   __syncthreads();  // the buffer is refilled with keys below
 
-  const uint32_t k_base = shared_address(s_k), v_base = shared_address(s_v);
-  constexpr uint32_t kTileBytes = Tile::kElements * sizeof(bf16);
   const float scale_log2 = p.scale * kLog2e;
   const int pos_a = query_row(p, g, row_a).position, pos_b = query_row(p, g, row_b).position;
   float o[D / 8][4] = {};
-  float(&o_flat)[D / 2] = *reinterpret_cast<float(*)[D / 2]>(&o[0][0]);
   SoftmaxRows rows;
 
   for (int t = 0; t < tiles; ++t) {
@@ -508,48 +504,21 @@ __global__ void __launch_bounds__(kThreads, 2)
     } else {
       wait_async<0>();
     }
-    wgmma::fence_shared();  // this thread's copies, visible to the warpgroup's MMAs
+    Ops::tiles_ready();
     __syncthreads();
 
     float s[8][4];
-    float(&s_flat)[32] = *reinterpret_cast<float(*)[32]>(&s[0][0]);
-    wgmma::fence();
-#pragma unroll
-    for (int ks = 0; ks < D / 16; ++ks) {
-      const uint64_t key_desc =
-          wgmma::descriptor(k_base + buf * kTileBytes + wgmma::core_offset<D>(0, 2 * ks), 128,
-                            (D / 8) * 128);
-      wgmma::mma_m64n64k16(s_flat, q_frag[ks], key_desc, ks > 0);
-    }
-    wgmma::commit();
-    wgmma::wait<0>();
-    wgmma::pin(s_flat);
-
+    Ops::scores(s, q_frag, s_k + buf * Tile::kElements, lane);
     const bool block_tile = t == context_tiles;
     const int64_t start = tile_start(t);
     const float2 alpha =
         softmax_tile(s, rows, !whole_tile_visible(block_tile, start, anchor), block_tile, start,
                      anchor, pos_a, pos_b, scale_log2, lane);
     rescale_rows<D>(o, alpha);
-    uint32_t p_frag[kKeys / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < kKeys / 16; ++kk) c_to_a(p_frag[kk], s[2 * kk], s[2 * kk + 1]);
-    wgmma::pin(o_flat);
-    wgmma::fence();
-#pragma unroll
-    for (int kk = 0; kk < kKeys / 16; ++kk) {
-      const uint64_t value_desc =
-          wgmma::descriptor(v_base + buf * kTileBytes + wgmma::core_offset<D>(16 * kk, 0),
-                            (D / 8) * 128, 128);
-      wgmma::mma_m64n128k16(o_flat, p_frag[kk], value_desc, 1);
-    }
-    wgmma::commit();
-    wgmma::wait<0>();
-    wgmma::pin(o_flat);
-    __syncthreads();  // the warpgroup is done with this buffer before it is refilled
+    Ops::accumulate(o, s, s_v + buf * Tile::kElements, lane);
+    __syncthreads();  // every warp is done with this buffer before it is refilled
   }
   store_output_rows<D>(p, b, n, g, row_a, row_b, o, rows, lane, out, lse);
-#endif
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -576,17 +545,18 @@ __global__ void attention_delta_kernel(const bf16* __restrict__ out, const bf16*
 }
 
 // dq: one CTA per (block, kv head, row), over the block's visible key tiles as in the forward.
-template <int D>
+template <int D, typename Ops>
 __global__ void __launch_bounds__(kThreads)
     attention_dq_kernel(Problem p, const bf16* __restrict__ q, const bf16* __restrict__ k,
               const bf16* __restrict__ v, const bf16* __restrict__ dout,
               const float* __restrict__ lse, const float* __restrict__ delta,
               bf16* __restrict__ dq) {
+  using Tile = typename Ops::Tile;
   extern __shared__ __align__(16) unsigned char smem_bytes[];
   bf16* s_q = reinterpret_cast<bf16*>(smem_bytes);
-  bf16* s_do = s_q + Smem<D>::kTile;
-  bf16* s_k = s_do + Smem<D>::kTile;     // two buffers
-  bf16* s_v = s_k + 2 * Smem<D>::kTile;  // two buffers
+  bf16* s_do = s_q + Tile::kElements;
+  bf16* s_k = s_do + Tile::kElements;     // two buffers
+  bf16* s_v = s_k + 2 * Tile::kElements;  // two buffers
   const int n = static_cast<int>(p.shape.blocks - 1 - blockIdx.z);
   const int g = blockIdx.x, b = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -605,9 +575,10 @@ __global__ void __launch_bounds__(kThreads)
   auto tile_start = [&](int t) -> int64_t {
     return t < context_tiles ? static_cast<int64_t>(t) * kKeys : n * p.shape.block_size;
   };
-  load_query_tile<D>(s_q, q, p, b, n, g);
-  load_query_tile<D>(s_do, dout, p, b, n, g);
-  prefetch_key_value_tiles<D>(s_k, s_v, k, v, p, b, g, 0, context_tiles == 0, tile_start(0));
+  load_query_tile<D, Tile>(s_q, q, p, b, n, g);
+  load_query_tile<D, Tile>(s_do, dout, p, b, n, g);
+  prefetch_key_value_tiles<D, Tile>(s_k, s_v, k, v, p, b, g, 0, context_tiles == 0,
+                                    tile_start(0));
 
   const float scale_log2 = p.scale * kLog2e;
   const int pos_a = query_row(p, g, row_a).position, pos_b = query_row(p, g, row_b).position;
@@ -621,20 +592,21 @@ __global__ void __launch_bounds__(kThreads)
   for (int t = 0; t < tiles; ++t) {
     const int buf = t & 1;
     if (t + 1 < tiles) {
-      prefetch_key_value_tiles<D>(s_k, s_v, k, v, p, b, g, (t + 1) & 1, t + 1 == context_tiles,
-                                  tile_start(t + 1));
+      prefetch_key_value_tiles<D, Tile>(s_k, s_v, k, v, p, b, g, (t + 1) & 1,
+                                        t + 1 == context_tiles, tile_start(t + 1));
       wait_async<1>();
     } else {
       wait_async<0>();
     }
+    Ops::tiles_ready();
     __syncthreads();
     if (t == 0) {
-      load_a<D>(q_frag, s_q, warp * 16, lane);
-      load_a<D>(do_frag, s_do, warp * 16, lane);
+      load_a<D, Tile>(q_frag, s_q, warp * 16, lane);
+      load_a<D, Tile>(do_frag, s_do, warp * 16, lane);
     }
-    float s[8][4] = {}, dp[8][4] = {};
-    gemm_rows<D>(s, q_frag, s_k + buf * Smem<D>::kTile, lane);
-    gemm_rows<D>(dp, do_frag, s_v + buf * Smem<D>::kTile, lane);
+    float s[8][4], dp[8][4];
+    Ops::scores(s, q_frag, s_k + buf * Tile::kElements, lane);
+    Ops::scores(dp, do_frag, s_v + buf * Tile::kElements, lane);
     const bool block_tile = t == context_tiles;
     const int64_t start = tile_start(t);
     const bool masked = !whole_tile_visible(block_tile, start, anchor);
@@ -648,7 +620,7 @@ __global__ void __launch_bounds__(kThreads)
         s[nt][e] = prob * (dp[nt][e] - (e < 2 ? delta_a : delta_b));  // dS
       }
     }
-    gemm_cols<D>(acc, s, s_k + buf * Smem<D>::kTile, lane);
+    Ops::accumulate(acc, s, s_k + buf * Tile::kElements, lane);
     __syncthreads();
   }
 
@@ -671,18 +643,19 @@ __global__ void __launch_bounds__(kThreads)
 // dk, dv: one CTA per (key tile, kv head, row). Tiles 0..context_tiles-1 are 64 context keys;
 // tile context_tiles + n is block n's own keys. The CTA walks the blocks that see its keys; each
 // warp accumulates 16 keys' gradients over all of them (every query head of the group included).
-template <int D>
+template <int D, typename Ops>
 __global__ void __launch_bounds__(kThreads)
     attention_dkdv_kernel(Problem p, const bf16* __restrict__ q, const bf16* __restrict__ k,
                 const bf16* __restrict__ v, const bf16* __restrict__ dout,
                 const float* __restrict__ lse, const float* __restrict__ delta,
                 bf16* __restrict__ dk, bf16* __restrict__ dv) {
+  using Tile = typename Ops::Tile;
   extern __shared__ __align__(16) unsigned char smem_bytes[];
   bf16* s_k = reinterpret_cast<bf16*>(smem_bytes);
-  bf16* s_v = s_k + Smem<D>::kTile;
-  bf16* s_q = s_v + Smem<D>::kTile;      // two buffers
-  bf16* s_do = s_q + 2 * Smem<D>::kTile;  // two buffers
-  float* s_lse = reinterpret_cast<float*>(s_do + 2 * Smem<D>::kTile);  // two buffers of 64
+  bf16* s_v = s_k + Tile::kElements;
+  bf16* s_q = s_v + Tile::kElements;      // two buffers
+  bf16* s_do = s_q + 2 * Tile::kElements;  // two buffers
+  float* s_lse = reinterpret_cast<float*>(s_do + 2 * Tile::kElements);  // two buffers of 64
   float* s_delta = s_lse + 2 * kRows;                                   // two buffers of 64
 
   // Tiles go out in order, slowest grid dimension: context tile t is seen by the blocks anchored
@@ -710,8 +683,8 @@ __global__ void __launch_bounds__(kThreads)
     return -1;
   };
   auto load_block = [&](int n, int buf) {
-    load_query_tile<D>(s_q + buf * Smem<D>::kTile, q, p, b, n, g);
-    load_query_tile<D>(s_do + buf * Smem<D>::kTile, dout, p, b, n, g);
+    load_query_tile<D, Tile>(s_q + buf * Tile::kElements, q, p, b, n, g);
+    load_query_tile<D, Tile>(s_do + buf * Tile::kElements, dout, p, b, n, g);
     if (threadIdx.x < kRows) {
       const bool valid = query_row(p, g, threadIdx.x).valid;
       const int64_t at = valid ? query_stat_offset(p, b, n, g, threadIdx.x) : 0;
@@ -720,8 +693,8 @@ __global__ void __launch_bounds__(kThreads)
     }
   };
 
-  load_key_tile<D>(s_k, k, p, b, g, block_tile, start);
-  load_key_tile<D>(s_v, v, p, b, g, block_tile, start);
+  load_key_tile<D, Tile>(s_k, k, p, b, g, block_tile, start);
+  load_key_tile<D, Tile>(s_v, v, p, b, g, block_tile, start);
   int n = next_block(0);
   if (n >= 0) load_block(n, 0);
   commit_async();
@@ -739,24 +712,25 @@ __global__ void __launch_bounds__(kThreads)
     } else {
       wait_async<0>();
     }
+    Ops::tiles_ready();
     __syncthreads();
-    const bf16* tile_q = s_q + buf * Smem<D>::kTile;
-    const bf16* tile_do = s_do + buf * Smem<D>::kTile;
+    const bf16* tile_q = s_q + buf * Tile::kElements;
+    const bf16* tile_do = s_do + buf * Tile::kElements;
     const float* block_lse = s_lse + buf * kRows;
     const float* block_delta = s_delta + buf * kRows;
     const int64_t anchor = anchors[n];
 
     // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ for this warp's 16 keys against the block's 64 query rows.
-    float s[8][4] = {}, dp[8][4] = {};
+    float s[8][4], dp[8][4];
     {
       uint32_t k_frag[D / 16][4];
-      load_a<D>(k_frag, s_k, warp * 16, lane);
-      gemm_rows<D>(s, k_frag, tile_q, lane);
+      load_a<D, Tile>(k_frag, s_k, warp * 16, lane);
+      Ops::scores(s, k_frag, tile_q, lane);
     }
     {
       uint32_t v_frag[D / 16][4];
-      load_a<D>(v_frag, s_v, warp * 16, lane);
-      gemm_rows<D>(dp, v_frag, tile_do, lane);
+      load_a<D, Tile>(v_frag, s_v, warp * 16, lane);
+      Ops::scores(dp, v_frag, tile_do, lane);
     }
     const bool masked = !whole_tile_visible(block_tile, start, anchor);
 #pragma unroll
@@ -773,8 +747,8 @@ __global__ void __launch_bounds__(kThreads)
         dp[nt][e] = prob * (dp[nt][e] - block_delta[r]);  // dSᵀ
       }
     }
-    gemm_cols<D>(dv_acc, s, tile_do, lane);
-    gemm_cols<D>(dk_acc, dp, tile_q, lane);
+    Ops::accumulate(dv_acc, s, tile_do, lane);
+    Ops::accumulate(dk_acc, dp, tile_q, lane);
     __syncthreads();  // every warp is done with this buffer before it is refilled
     n = following;
     buf ^= 1;
@@ -802,67 +776,77 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-template <int D>
-cudaError_t forward_impl(const Problem& p, const void* q, const void* k, const void* v, void* out,
-                         float* lse, bool use_wgmma, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(p.shape.kv_heads), static_cast<unsigned>(p.shape.rows),
-                  static_cast<unsigned>(p.shape.blocks));
-  if constexpr (D == 128) {
-    if (use_wgmma) {
-      const size_t smem = 4 * CoreTile<D>::kElements * sizeof(bf16);
-      cudaError_t status = cudaFuncSetAttribute(attention_forward_wgmma_kernel<D>,
-                                                cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-      if (status != cudaSuccess) return status;
-      attention_forward_wgmma_kernel<D><<<grid, kThreads, smem, stream>>>(
-          p, static_cast<const bf16*>(q), static_cast<const bf16*>(k),
-          static_cast<const bf16*>(v), static_cast<bf16*>(out), lse);
-      return cudaGetLastError();
-    }
-  }
-  const size_t smem = 4 * Smem<D>::kTile * sizeof(bf16);
-  cudaError_t status = cudaFuncSetAttribute(attention_forward_kernel<D>,
+template <int D, typename Ops>
+cudaError_t launch_forward(const Problem& p, const void* q, const void* k, const void* v,
+                           void* out, float* lse, cudaStream_t stream) {
+  const size_t smem = 4 * Ops::Tile::kElements * sizeof(bf16);
+  cudaError_t status = cudaFuncSetAttribute(attention_forward_kernel<D, Ops>,
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (status != cudaSuccess) return status;
-  attention_forward_kernel<D><<<grid, kThreads, smem, stream>>>(
+  const dim3 grid(static_cast<unsigned>(p.shape.kv_heads), static_cast<unsigned>(p.shape.rows),
+                  static_cast<unsigned>(p.shape.blocks));
+  attention_forward_kernel<D, Ops><<<grid, kThreads, smem, stream>>>(
       p, static_cast<const bf16*>(q), static_cast<const bf16*>(k), static_cast<const bf16*>(v),
       static_cast<bf16*>(out), lse);
   return cudaGetLastError();
 }
 
+// dq and dk/dv (delta is computed before).
+template <int D, typename Ops>
+cudaError_t launch_gradients(const Problem& p, const void* q, const void* k, const void* v,
+                             const void* dout, const float* lse, const float* delta, void* dq,
+                             void* dk, void* dv, cudaStream_t stream) {
+  const size_t dq_smem = 6 * Ops::Tile::kElements * sizeof(bf16);
+  cudaError_t status = cudaFuncSetAttribute(attention_dq_kernel<D, Ops>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize, dq_smem);
+  if (status != cudaSuccess) return status;
+  const dim3 dq_grid(static_cast<unsigned>(p.shape.kv_heads), static_cast<unsigned>(p.shape.rows),
+                     static_cast<unsigned>(p.shape.blocks));
+  attention_dq_kernel<D, Ops><<<dq_grid, kThreads, dq_smem, stream>>>(
+      p, static_cast<const bf16*>(q), static_cast<const bf16*>(k), static_cast<const bf16*>(v),
+      static_cast<const bf16*>(dout), lse, delta, static_cast<bf16*>(dq));
+  status = cudaGetLastError();
+  if (status != cudaSuccess) return status;
+
+  const size_t kv_smem = 6 * Ops::Tile::kElements * sizeof(bf16) + 4 * kRows * sizeof(float);
+  status = cudaFuncSetAttribute(attention_dkdv_kernel<D, Ops>,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, kv_smem);
+  if (status != cudaSuccess) return status;
+  const dim3 kv_grid(static_cast<unsigned>(p.shape.kv_heads), static_cast<unsigned>(p.shape.rows),
+                     static_cast<unsigned>(p.context_tiles + p.shape.blocks));
+  attention_dkdv_kernel<D, Ops><<<kv_grid, kThreads, kv_smem, stream>>>(
+      p, static_cast<const bf16*>(q), static_cast<const bf16*>(k), static_cast<const bf16*>(v),
+      static_cast<const bf16*>(dout), lse, delta, static_cast<bf16*>(dk), static_cast<bf16*>(dv));
+  return cudaGetLastError();
+}
+
+template <int D>
+cudaError_t forward_impl(const Problem& p, const void* q, const void* k, const void* v, void* out,
+                         float* lse, bool use_wgmma, cudaStream_t stream) {
+  if constexpr (D == 128) {
+    if (use_wgmma) return launch_forward<D, WgmmaOps<D>>(p, q, k, v, out, lse, stream);
+  }
+  return launch_forward<D, MmaSyncOps<D>>(p, q, k, v, out, lse, stream);
+}
+
 template <int D>
 cudaError_t backward_impl(const Problem& p, const void* q, const void* k, const void* v,
                           const void* out, const void* dout, const float* lse, float* delta,
-                          void* dq, void* dk, void* dv, cudaStream_t stream) {
+                          void* dq, void* dk, void* dv, bool use_wgmma, cudaStream_t stream) {
   const int64_t stat_rows = p.shape.rows * p.queries * p.shape.heads;
   const int rows_per_cta = 8;  // warps of 32 threads
   attention_delta_kernel<D><<<static_cast<unsigned>((stat_rows + rows_per_cta - 1) / rows_per_cta),
                     rows_per_cta * 32, 0, stream>>>(static_cast<const bf16*>(out),
                                                     static_cast<const bf16*>(dout), delta,
                                                     stat_rows);
-  cudaError_t status = cudaGetLastError();
+  const cudaError_t status = cudaGetLastError();
   if (status != cudaSuccess) return status;
-
-  const size_t dq_smem = 6 * Smem<D>::kTile * sizeof(bf16);
-  status = cudaFuncSetAttribute(attention_dq_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, dq_smem);
-  if (status != cudaSuccess) return status;
-  const dim3 dq_grid(static_cast<unsigned>(p.shape.kv_heads), static_cast<unsigned>(p.shape.rows),
-                     static_cast<unsigned>(p.shape.blocks));
-  attention_dq_kernel<D><<<dq_grid, kThreads, dq_smem, stream>>>(
-      p, static_cast<const bf16*>(q), static_cast<const bf16*>(k), static_cast<const bf16*>(v),
-      static_cast<const bf16*>(dout), lse, delta, static_cast<bf16*>(dq));
-  status = cudaGetLastError();
-  if (status != cudaSuccess) return status;
-
-  const size_t kv_smem = 6 * Smem<D>::kTile * sizeof(bf16) + 4 * kRows * sizeof(float);
-  status =
-      cudaFuncSetAttribute(attention_dkdv_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, kv_smem);
-  if (status != cudaSuccess) return status;
-  const dim3 kv_grid(static_cast<unsigned>(p.shape.kv_heads), static_cast<unsigned>(p.shape.rows),
-                     static_cast<unsigned>(p.context_tiles + p.shape.blocks));
-  attention_dkdv_kernel<D><<<kv_grid, kThreads, kv_smem, stream>>>(
-      p, static_cast<const bf16*>(q), static_cast<const bf16*>(k), static_cast<const bf16*>(v),
-      static_cast<const bf16*>(dout), lse, delta, static_cast<bf16*>(dk), static_cast<bf16*>(dv));
-  return cudaGetLastError();
+  if constexpr (D == 128) {
+    if (use_wgmma) {
+      return launch_gradients<D, WgmmaOps<D>>(p, q, k, v, dout, lse, delta, dq, dk, dv, stream);
+    }
+  }
+  return launch_gradients<D, MmaSyncOps<D>>(p, q, k, v, dout, lse, delta, dq, dk, dv, stream);
 }
 
 }  // namespace
@@ -897,12 +881,15 @@ cudaError_t block_attention_backward(const BlockAttentionShape& shape, const voi
                                      const void* k, const void* v, const void* out,
                                      const void* dout, const float* lse, const int64_t* anchors,
                                      const uint8_t* keep, float scale, float* delta, void* dq,
-                                     void* dk, void* dv, cudaStream_t stream) {
+                                     void* dk, void* dv, cudaStream_t stream,
+                                     AttentionInstructions instructions) {
   if (!block_attention_supported(shape)) return cudaErrorInvalidValue;
   const Problem p = make_problem(shape, anchors, keep, scale);
+  const bool use_wgmma = instructions == AttentionInstructions::kAutomatic &&
+                         block_attention_wgmma_available(shape.head_dim);
   return shape.head_dim == 128
-             ? backward_impl<128>(p, q, k, v, out, dout, lse, delta, dq, dk, dv, stream)
-             : backward_impl<64>(p, q, k, v, out, dout, lse, delta, dq, dk, dv, stream);
+             ? backward_impl<128>(p, q, k, v, out, dout, lse, delta, dq, dk, dv, use_wgmma, stream)
+             : backward_impl<64>(p, q, k, v, out, dout, lse, delta, dq, dk, dv, false, stream);
 }
 
 }  // namespace dspine::kernels

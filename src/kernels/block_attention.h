@@ -32,11 +32,11 @@ struct BlockAttentionShape {
 // most 65535 rows and 65535 key tiles (⌈S/64⌉ + N).
 bool block_attention_supported(const BlockAttentionShape& shape);
 
-// The forward's matrix instructions: automatic (Hopper's warpgroup MMA where
+// The kernels' matrix instructions: automatic (Hopper's warpgroup MMA where
 // block_attention_wgmma_available, else warp-level mma.sync) or mma.sync only (for comparisons).
 enum class AttentionInstructions { kAutomatic, kMmaSync };
 
-// Whether this build (sm_90a device code) and the current device run the wgmma forward, for D 128.
+// Whether this build (sm_90a device code) and the current device run the wgmma kernels, for D 128.
 bool block_attention_wgmma_available(int64_t head_dim);
 
 // out = softmax(scale · q kᵀ + mask) v; lse receives each row's log-sum-exp of the scaled scores
@@ -49,10 +49,10 @@ cudaError_t block_attention_forward(
 // Gradients of the forward: delta (scratch, [B, N·bs, H]) = rowsum(dout ∘ out); dq by one pass
 // over each block's visible key tiles; dk and dv by one pass per key tile over the blocks that see
 // it, so every gradient element has a single writer (deterministic, no atomics).
-cudaError_t block_attention_backward(const BlockAttentionShape& shape, const void* q,
-                                     const void* k, const void* v, const void* out,
-                                     const void* dout, const float* lse, const int64_t* anchors,
-                                     const uint8_t* keep, float scale, float* delta, void* dq,
-                                     void* dk, void* dv, cudaStream_t stream);
+cudaError_t block_attention_backward(
+    const BlockAttentionShape& shape, const void* q, const void* k, const void* v,
+    const void* out, const void* dout, const float* lse, const int64_t* anchors,
+    const uint8_t* keep, float scale, float* delta, void* dq, void* dk, void* dv,
+    cudaStream_t stream, AttentionInstructions instructions = AttentionInstructions::kAutomatic);
 
 }  // namespace dspine::kernels

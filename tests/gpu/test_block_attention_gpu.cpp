@@ -135,39 +135,61 @@ TEST(BlockAttentionGpu, RecipeShapeMatchesDenseReference) {
   check_case({2, 3072, 512, 16, 32, 8, 128, true}, "recipe shape");
 }
 
-// The forward's two instruction sets on the same inputs (the tests above run the automatic one,
-// wgmma where available): the same probabilities rounded to bf16 and fp32 accumulation in another
-// order, so outputs and log-sum-exps agree to a few bf16 units.
-TEST(BlockAttentionGpu, WgmmaForwardMatchesMmaSyncForward) {
+// The kernels' two instruction sets on the same inputs (the tests above run the automatic one,
+// wgmma where available): the same bf16 probabilities and fp32 accumulation in another order, so
+// outputs, log-sum-exps and gradients agree to a few bf16 units. The backward of both runs from the
+// mma.sync forward's output and log-sum-exp.
+TEST(BlockAttentionGpu, WgmmaKernelsMatchMmaSyncKernels) {
   REQUIRE_CUDA();
-  if (!kernels::block_attention_wgmma_available(128)) GTEST_SKIP() << "no wgmma forward here";
+  if (!kernels::block_attention_wgmma_available(128)) GTEST_SKIP() << "no wgmma kernels here";
+  using kernels::AttentionInstructions;
   for (const Case& c : {Case{2, 3072, 512, 16, 32, 8, 128, true},
                         Case{2, 200, 12, 16, 32, 8, 128, false},
                         Case{1, 70, 5, 4, 2, 2, 128, true}}) {
     auto in = make_inputs(c, 23);
-    kernels::BlockAttentionShape shape{c.rows, c.context, c.blocks, c.block_size,
-                                       c.heads, c.kv_heads, c.head_dim};
-    auto forward = [&](kernels::AttentionInstructions instructions) {
+    const kernels::BlockAttentionShape shape{c.rows,  c.context,  c.blocks,  c.block_size,
+                                             c.heads, c.kv_heads, c.head_dim};
+    const auto keep = in.keep.to(torch::kUInt8);
+    const auto stats = in.q.options().dtype(torch::kFloat32);
+    const auto stream = at::cuda::getCurrentCUDAStream();
+    auto forward = [&](AttentionInstructions instructions) {
       auto out = torch::full_like(in.q, NAN);
-      auto lse = torch::full({c.rows, c.blocks * c.block_size, c.heads}, NAN,
-                             in.q.options().dtype(torch::kFloat32));
-      auto keep = in.keep.to(torch::kUInt8);
+      auto lse = torch::full({c.rows, c.blocks * c.block_size, c.heads}, NAN, stats);
       EXPECT_EQ(kernels::block_attention_forward(
                     shape, in.q.data_ptr(), in.k.data_ptr(), in.v.data_ptr(),
                     in.anchors.data_ptr<int64_t>(), keep.data_ptr<uint8_t>(),
-                    static_cast<float>(in.scale), out.data_ptr(), lse.data_ptr<float>(),
-                    at::cuda::getCurrentCUDAStream(), instructions),
+                    static_cast<float>(in.scale), out.data_ptr(), lse.data_ptr<float>(), stream,
+                    instructions),
                 cudaSuccess);
-      return std::pair{out.to(torch::kFloat32), lse};
+      return std::pair{out, lse};
     };
-    const auto [wgmma_out, wgmma_lse] = forward(kernels::AttentionInstructions::kAutomatic);
-    const auto [mma_out, mma_lse] = forward(kernels::AttentionInstructions::kMmaSync);
+    const auto [wgmma_out, wgmma_lse] = forward(AttentionInstructions::kAutomatic);
+    const auto [mma_out, mma_lse] = forward(AttentionInstructions::kMmaSync);
     const std::string name = "S " + std::to_string(c.context) + " N " + std::to_string(c.blocks);
     expect_close(wgmma_out, mma_out, name + " wgmma vs mma.sync out");
     const auto finite = torch::isfinite(mma_lse);
     EXPECT_TRUE(torch::equal(finite, torch::isfinite(wgmma_lse))) << name;
     EXPECT_LT((wgmma_lse - mma_lse).masked_select(finite).abs().max().item<double>(), 1e-3)
         << name << " lse";
+
+    auto backward = [&](AttentionInstructions instructions) {
+      Result r{mma_out, torch::full_like(in.q, NAN), torch::full_like(in.k, NAN),
+               torch::full_like(in.v, NAN)};
+      auto delta = torch::empty_like(mma_lse);
+      EXPECT_EQ(kernels::block_attention_backward(
+                    shape, in.q.data_ptr(), in.k.data_ptr(), in.v.data_ptr(), mma_out.data_ptr(),
+                    in.dout.data_ptr(), mma_lse.data_ptr<float>(), in.anchors.data_ptr<int64_t>(),
+                    keep.data_ptr<uint8_t>(), static_cast<float>(in.scale),
+                    delta.data_ptr<float>(), r.dq.data_ptr(), r.dk.data_ptr(), r.dv.data_ptr(),
+                    stream, instructions),
+                cudaSuccess);
+      return r;
+    };
+    const Result wgmma = backward(AttentionInstructions::kAutomatic);
+    const Result mma = backward(AttentionInstructions::kMmaSync);
+    expect_close(wgmma.dq, mma.dq, name + " wgmma vs mma.sync dq");
+    expect_close(wgmma.dk, mma.dk, name + " wgmma vs mma.sync dk");
+    expect_close(wgmma.dv, mma.dv, name + " wgmma vs mma.sync dv");
   }
 }
 
