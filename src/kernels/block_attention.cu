@@ -79,9 +79,9 @@ __device__ __forceinline__ void c_to_a(uint32_t (&a)[4], const float (&lo)[4],
 }
 
 // Where a 16-byte chunk (row r, chunk c) of a 64-row tile goes in shared memory, and which chunk
-// copy i fills. PaddedTile: row-major with padded rows (ldmatrix and mma.sync); CoreTile: 8 ×
-// 16-byte core matrices (wgmma descriptors, kernels/wgmma.cuh), eight consecutive copies filling
-// one core matrix's rows so that the shared stores do not conflict.
+// copy i fills (consecutive copies fill a row, so eight threads read 128 contiguous bytes).
+// PaddedTile: row-major with padded rows (ldmatrix and mma.sync); SwizzledTile: the 128-byte
+// swizzle layout of wgmma descriptors (kernels/wgmma.cuh).
 template <int D>
 struct PaddedTile {
   static constexpr int kElements = Smem<D>::kTile;
@@ -92,13 +92,13 @@ struct PaddedTile {
   __device__ static int at(int r, int c) { return r * Smem<D>::kStride + c * 8; }
 };
 template <int D>
-struct CoreTile {
+struct SwizzledTile {
   static constexpr int kElements = kKeys * D;
   __device__ static void chunk(int i, int& r, int& c) {
-    r = i / (8 * (D / 8)) * 8 + i % 8;
-    c = i / 8 % (D / 8);
+    r = i / (D / 8);
+    c = i % (D / 8);
   }
-  __device__ static int at(int r, int c) { return wgmma::core_offset<D>(r, c) / 2; }
+  __device__ static int at(int r, int c) { return wgmma::swizzled_offset<kKeys>(r, c) / 2; }
 };
 
 // A fragments (16 rows × D) of a 64-row tile, rows `row0`..row0+15.
@@ -157,10 +157,14 @@ __device__ __forceinline__ void gemm_cols(float (&acc)[D / 8][4], const float (&
 //   scores(c, a, tile)         c = A · tileᵀ over D, 64 × 64 (S, dP, Sᵀ, dPᵀ)
 //   accumulate(acc, p, tile)   acc += P · tile, 64 × D (P·V, dS·K, Pᵀ·dO, dSᵀ·Q)
 //   tiles_ready()              after this thread's tile copies completed, before the barrier
+//   tiles(smem)                where the tiles start in dynamic shared memory (kSmemSlack bytes
+//                              beyond the tiles are allocated for the alignment)
 template <int D>
 struct MmaSyncOps {
   using Tile = PaddedTile<D>;
   static constexpr int kForwardBlocksPerSm = 3;
+  static constexpr int kSmemSlack = 0;
+  __device__ static bf16* tiles(unsigned char* smem) { return reinterpret_cast<bf16*>(smem); }
   __device__ static void tiles_ready() {}
   __device__ static void scores(float (&c)[8][4], const uint32_t (&a)[D / 16][4],
                                 const bf16* tile, int lane) {
@@ -179,8 +183,14 @@ struct MmaSyncOps {
 template <int D>
 struct WgmmaOps {
   static_assert(D == 128 && kThreads == 128);
-  using Tile = CoreTile<D>;
+  using Tile = SwizzledTile<D>;
   static constexpr int kForwardBlocksPerSm = 2;
+  static constexpr int kSmemSlack = wgmma::kTileAlignment;
+  __device__ static bf16* tiles(unsigned char* smem) {
+    const uint32_t address = shared_address(smem);
+    const uint32_t aligned = (address + kSmemSlack - 1) & ~uint32_t(kSmemSlack - 1);
+    return reinterpret_cast<bf16*>(smem + (aligned - address));
+  }
   __device__ static void tiles_ready() {
 #ifdef DSPINE_WGMMA
     wgmma::fence_shared();
@@ -194,9 +204,7 @@ struct WgmmaOps {
     wgmma::fence();
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks) {
-      wgmma::mma_m64n64k16(
-          flat, a[ks],
-          wgmma::descriptor(base + wgmma::core_offset<D>(0, 2 * ks), 128, (D / 8) * 128), ks > 0);
+      wgmma::mma_m64n64k16(flat, a[ks], wgmma::k_major<kKeys>(base, ks), ks > 0);
     }
     wgmma::commit();
     wgmma::wait<0>();
@@ -215,9 +223,7 @@ struct WgmmaOps {
     wgmma::fence();
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
-      wgmma::mma_m64n128k16(
-          flat, p_frag[kk],
-          wgmma::descriptor(base + wgmma::core_offset<D>(16 * kk, 0), (D / 8) * 128, 128), 1);
+      wgmma::mma_m64n128k16(flat, p_frag[kk], wgmma::mn_major<kKeys>(base, kk), 1);
     }
     wgmma::commit();
     wgmma::wait<0>();
@@ -460,7 +466,7 @@ __global__ void __launch_bounds__(kThreads, Ops::kForwardBlocksPerSm)
   extern __shared__ __align__(16) unsigned char smem_bytes[];
   // The query tile is staged in the second key buffer and moved to registers before the key/value
   // pipeline starts, so four tiles of shared memory suffice (two or three CTAs per SM).
-  bf16* s_k = reinterpret_cast<bf16*>(smem_bytes);  // two buffers
+  bf16* s_k = Ops::tiles(smem_bytes);  // two buffers
   bf16* s_v = s_k + 2 * Tile::kElements;            // two buffers
   bf16* s_q = s_k + Tile::kElements;
   // Later blocks have longer prefixes (anchors usually ascend): start them first, across all
@@ -553,7 +559,7 @@ __global__ void __launch_bounds__(kThreads)
               bf16* __restrict__ dq) {
   using Tile = typename Ops::Tile;
   extern __shared__ __align__(16) unsigned char smem_bytes[];
-  bf16* s_q = reinterpret_cast<bf16*>(smem_bytes);
+  bf16* s_q = Ops::tiles(smem_bytes);
   bf16* s_do = s_q + Tile::kElements;
   bf16* s_k = s_do + Tile::kElements;     // two buffers
   bf16* s_v = s_k + 2 * Tile::kElements;  // two buffers
@@ -651,7 +657,7 @@ __global__ void __launch_bounds__(kThreads)
                 bf16* __restrict__ dk, bf16* __restrict__ dv) {
   using Tile = typename Ops::Tile;
   extern __shared__ __align__(16) unsigned char smem_bytes[];
-  bf16* s_k = reinterpret_cast<bf16*>(smem_bytes);
+  bf16* s_k = Ops::tiles(smem_bytes);
   bf16* s_v = s_k + Tile::kElements;
   bf16* s_q = s_v + Tile::kElements;      // two buffers
   bf16* s_do = s_q + 2 * Tile::kElements;  // two buffers
@@ -779,7 +785,7 @@ __global__ void __launch_bounds__(kThreads)
 template <int D, typename Ops>
 cudaError_t launch_forward(const Problem& p, const void* q, const void* k, const void* v,
                            void* out, float* lse, cudaStream_t stream) {
-  const size_t smem = 4 * Ops::Tile::kElements * sizeof(bf16);
+  const size_t smem = 4 * Ops::Tile::kElements * sizeof(bf16) + Ops::kSmemSlack;
   cudaError_t status = cudaFuncSetAttribute(attention_forward_kernel<D, Ops>,
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (status != cudaSuccess) return status;
@@ -796,7 +802,7 @@ template <int D, typename Ops>
 cudaError_t launch_gradients(const Problem& p, const void* q, const void* k, const void* v,
                              const void* dout, const float* lse, const float* delta, void* dq,
                              void* dk, void* dv, cudaStream_t stream) {
-  const size_t dq_smem = 6 * Ops::Tile::kElements * sizeof(bf16);
+  const size_t dq_smem = 6 * Ops::Tile::kElements * sizeof(bf16) + Ops::kSmemSlack;
   cudaError_t status = cudaFuncSetAttribute(attention_dq_kernel<D, Ops>,
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, dq_smem);
   if (status != cudaSuccess) return status;
@@ -808,7 +814,8 @@ cudaError_t launch_gradients(const Problem& p, const void* q, const void* k, con
   status = cudaGetLastError();
   if (status != cudaSuccess) return status;
 
-  const size_t kv_smem = 6 * Ops::Tile::kElements * sizeof(bf16) + 4 * kRows * sizeof(float);
+  const size_t kv_smem =
+      6 * Ops::Tile::kElements * sizeof(bf16) + 4 * kRows * sizeof(float) + Ops::kSmemSlack;
   status = cudaFuncSetAttribute(attention_dkdv_kernel<D, Ops>,
                                 cudaFuncAttributeMaxDynamicSharedMemorySize, kv_smem);
   if (status != cudaSuccess) return status;

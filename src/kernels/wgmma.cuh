@@ -1,16 +1,18 @@
 // Hopper warpgroup MMA (wgmma, sm_90a) on raw registers and shared-memory descriptors, for the
-// block attention kernels (docs/kernels.md, "Block attention"). Tiles in shared memory use the
-// no-swizzle layout of 8 × 16-byte core matrices; kernels/wgmma_probe.cu checks the descriptor
-// conventions below against a plain matmul (tests/gpu/test_wgmma_probe_gpu.cpp).
+// block attention kernels (docs/kernels.md, "Block attention"). kernels/wgmma_probe.cu checks the
+// layout and descriptors below against a plain matmul (tests/gpu/test_wgmma_probe_gpu.cpp).
 //
-// Layout: a tile of R rows × Cols bf16 columns is stored as core matrices of 8 rows × 8 columns
-// (128 contiguous bytes, row i of the core matrix at byte 16·i); core matrix (row group r / 8,
-// column chunk c / 8) starts at byte (⌊r / 8⌋ · Cols / 8 + ⌊c / 8⌋) · 128. The same tile serves as
-//   a K-major B operand (rows = N, columns = K; K tiles for S = Q·Kᵀ): leading byte offset 128
-//     (next 8 columns), stride byte offset Cols / 8 · 128 (next 8 rows);
-//   an MN-major B operand (rows = K, columns = N; V tiles for O = P·V, the transposed form):
-//     leading byte offset Cols / 8 · 128 (next 8 rows of K), stride byte offset 128 (next 8
-//     columns of N).
+// Tiles in shared memory: Rows rows × 128 bf16 columns in the 128-byte swizzle layout. The columns
+// split into two halves of 64 (128 bytes per row); half h is Rows × 128 contiguous bytes from byte
+// h · Rows · 128, row r of it at byte 128 · r, and its 16-byte chunk c (8 columns) at chunk
+// position c ^ (r mod 8). A tile starts on a 1024-byte boundary, since the hardware applies the
+// swizzle to address bits. Eight threads copying one row's half write 128 distinct bytes (no bank
+// conflicts) and read 128 contiguous bytes of global memory. The same tile serves as
+//   a K-major B operand (rows = N, columns = K; S = Q·Kᵀ and the other scores): k-step s
+//     (16 columns) starts at half s / 4, byte 32 · (s mod 4); 8-row groups 1024 bytes apart;
+//   an MN-major B operand (rows = K, columns = N; P·V and the other accumulations): k-step s
+//     (16 rows) starts at byte 2048 · s; the two column halves Rows · 128 bytes apart, 8-row
+//     groups 1024 bytes apart.
 // The A operand comes from registers in mma.sync's m16n8k16 fragment layout, warp w of the
 // warpgroup holding rows 16w..16w + 15; accumulators are mma.sync's C fragments of each 8-column
 // chunk in order (d[4j..4j + 3] for columns 8j..8j + 7).
@@ -20,18 +22,33 @@
 
 namespace dspine::kernels::wgmma {
 
-// Byte offset of the 16-byte chunk (row, chunk) of a tile with `Cols` bf16 columns.
-template <int Cols>
-__host__ __device__ constexpr int core_offset(int row, int chunk) {
-  return ((row >> 3) * (Cols / 8) + chunk) * 128 + (row & 7) * 16;
+constexpr int kTileAlignment = 1024;
+
+// Byte offset of the 16-byte chunk (row, chunk 0..15) of a swizzled tile with `Rows` rows.
+template <int Rows>
+__host__ __device__ constexpr int swizzled_offset(int row, int chunk) {
+  return (chunk >> 3) * Rows * 128 + row * 128 + (((chunk & 7) ^ (row & 7)) << 4);
 }
 
-// A shared-memory matrix descriptor without swizzling (PTX ISA, "Matrix Descriptor Format").
+// A shared-memory matrix descriptor for the 128-byte swizzle (PTX ISA, "Matrix Descriptor
+// Format": start address, leading and stride byte offsets in 16-byte units, layout type 1).
 __device__ __forceinline__ uint64_t descriptor(uint32_t shared_address, uint32_t leading_bytes,
                                                uint32_t stride_bytes) {
   return uint64_t((shared_address & 0x3FFFF) >> 4) |
          (uint64_t((leading_bytes & 0x3FFFF) >> 4) << 16) |
-         (uint64_t((stride_bytes & 0x3FFFF) >> 4) << 32);
+         (uint64_t((stride_bytes & 0x3FFFF) >> 4) << 32) | (uint64_t(1) << 62);
+}
+
+// Descriptor of k-step `step` of a swizzled tile at `tile` used as a K-major B operand (the
+// leading offset is unused: a k-step lies inside one swizzle row).
+template <int Rows>
+__device__ __forceinline__ uint64_t k_major(uint32_t tile, int step) {
+  return descriptor(tile + (step >> 2) * Rows * 128 + (step & 3) * 32, 16, 1024);
+}
+// Descriptor of k-step `step` of a swizzled tile at `tile` used as an MN-major B operand.
+template <int Rows>
+__device__ __forceinline__ uint64_t mn_major(uint32_t tile, int step) {
+  return descriptor(tile + step * 2048, Rows * 128, 1024);
 }
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)

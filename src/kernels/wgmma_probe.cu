@@ -36,15 +36,14 @@ __device__ void store_accumulator(float* out, const float (&d)[N / 2]) {
 }
 
 __global__ void __launch_bounds__(128) wgmma_probe_kernel(const bf16* q, const bf16* k, const bf16* p,
-                                                         const bf16* v, float* s_out, float* o_out,
-                                                         WgmmaProbeOffsets offsets) {
+                                                         const bf16* v, float* s_out, float* o_out) {
 #ifdef DSPINE_WGMMA
-  __shared__ __align__(128) unsigned char tiles[2 * kKeys * kDim * 2];
+  __shared__ __align__(wgmma::kTileAlignment) unsigned char tiles[2 * kKeys * kDim * 2];
   unsigned char* k_tile = tiles;
   unsigned char* v_tile = tiles + kKeys * kDim * 2;
   for (int i = threadIdx.x; i < kKeys * (kDim / 8); i += blockDim.x) {
     const int r = i / (kDim / 8), c = i % (kDim / 8);
-    const int at = wgmma::core_offset<kDim>(r, c);
+    const int at = wgmma::swizzled_offset<kKeys>(r, c);
     *reinterpret_cast<uint4*>(k_tile + at) = *reinterpret_cast<const uint4*>(k + r * kDim + 8 * c);
     *reinterpret_cast<uint4*>(v_tile + at) = *reinterpret_cast<const uint4*>(v + r * kDim + 8 * c);
   }
@@ -60,9 +59,7 @@ __global__ void __launch_bounds__(128) wgmma_probe_kernel(const bf16* q, const b
   wgmma::fence();
 #pragma unroll
   for (int step = 0; step < kDim / 16; ++step) {
-    const uint64_t b = wgmma::descriptor(k_address + wgmma::core_offset<kDim>(0, 2 * step),
-                                         offsets.k_leading, offsets.k_stride);
-    wgmma::mma_m64n64k16(s, a[step], b, step > 0);
+    wgmma::mma_m64n64k16(s, a[step], wgmma::k_major<kKeys>(k_address, step), step > 0);
   }
   wgmma::commit();
   wgmma::wait<0>();
@@ -76,9 +73,7 @@ __global__ void __launch_bounds__(128) wgmma_probe_kernel(const bf16* q, const b
   wgmma::fence();
 #pragma unroll
   for (int step = 0; step < kKeys / 16; ++step) {
-    const uint64_t b = wgmma::descriptor(v_address + wgmma::core_offset<kDim>(16 * step, 0),
-                                         offsets.v_leading, offsets.v_stride);
-    wgmma::mma_m64n128k16(o, pa[step], b, step > 0);
+    wgmma::mma_m64n128k16(o, pa[step], wgmma::mn_major<kKeys>(v_address, step), step > 0);
   }
   wgmma::commit();
   wgmma::wait<0>();
@@ -102,11 +97,11 @@ bool wgmma_available() {
 }
 
 cudaError_t wgmma_probe(const void* q, const void* k, const void* p, const void* v, float* s,
-                        float* o, WgmmaProbeOffsets offsets, cudaStream_t stream) {
+                        float* o, cudaStream_t stream) {
   if (!wgmma_available()) return cudaErrorNotSupported;
   wgmma_probe_kernel<<<1, 128, 0, stream>>>(
       static_cast<const bf16*>(q), static_cast<const bf16*>(k), static_cast<const bf16*>(p),
-      static_cast<const bf16*>(v), s, o, offsets);
+      static_cast<const bf16*>(v), s, o);
   return cudaGetLastError();
 }
 

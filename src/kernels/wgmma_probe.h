@@ -1,23 +1,18 @@
 // One tile of each block-attention product through wgmma (kernels/wgmma.cuh), for tests of the
 // shared-memory descriptor conventions: S = Q·Kᵀ with Q, K [64, 128] bf16 row-major and S
 // [64, 64] fp32, and O = P·V with P [64, 64], V [64, 128] bf16 and O [64, 128] fp32. K and V go
-// to shared memory in the core-matrix layout; each descriptor's leading and stride byte offsets
-// are arguments, so a test can show which assignment the hardware follows.
+// to shared memory in the attention kernels' swizzled tile layout and are read through the same
+// descriptors.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 namespace dspine::kernels {
 
-struct WgmmaProbeOffsets {
-  int k_leading = 128, k_stride = 2048;  // K-major B (the K tile)
-  int v_leading = 2048, v_stride = 128;  // MN-major B (the V tile)
-};
-
 // Whether this build has wgmma code (compiled for sm_90a) and the current device runs it.
 bool wgmma_available();
 
 cudaError_t wgmma_probe(const void* q, const void* k, const void* p, const void* v, float* s,
-                        float* o, WgmmaProbeOffsets offsets, cudaStream_t stream);
+                        float* o, cudaStream_t stream);
 
 }  // namespace dspine::kernels
