@@ -78,26 +78,17 @@ __device__ __forceinline__ void c_to_a(uint32_t (&a)[4], const float (&lo)[4],
   a[3] = pack_bf16(hi[2], hi[3]);
 }
 
-// Where a 16-byte chunk (row r, chunk c) of a 64-row tile goes in shared memory, and which chunk
-// copy i fills (consecutive copies fill a row, so eight threads read 128 contiguous bytes).
-// PaddedTile: row-major with padded rows (ldmatrix and mma.sync); SwizzledTile: the 128-byte
-// swizzle layout of wgmma descriptors (kernels/wgmma.cuh).
+// Where a 16-byte chunk (row r, chunk c) of a 64-row tile goes in shared memory. PaddedTile:
+// row-major with padded rows (ldmatrix and mma.sync); SwizzledTile: the 128-byte swizzle layout of
+// wgmma descriptors (kernels/wgmma.cuh).
 template <int D>
 struct PaddedTile {
   static constexpr int kElements = Smem<D>::kTile;
-  __device__ static void chunk(int i, int& r, int& c) {
-    r = i / (D / 8);
-    c = i % (D / 8);
-  }
   __device__ static int at(int r, int c) { return r * Smem<D>::kStride + c * 8; }
 };
 template <int D>
 struct SwizzledTile {
   static constexpr int kElements = kKeys * D;
-  __device__ static void chunk(int i, int& r, int& c) {
-    r = i / (D / 8);
-    c = i % (D / 8);
-  }
   __device__ static int at(int r, int c) { return wgmma::swizzled_offset<kKeys>(r, c) / 2; }
 };
 
@@ -130,23 +121,27 @@ __device__ __forceinline__ void gemm_rows(float (&c)[8][4], const uint32_t (&a)[
   }
 }
 
-// acc[dt] += P · B where P (16 × 64) comes as C fragments and B is a row-major 64 × D tile whose
+// The A fragments of a 16 × 64 P from its C fragments (keys 16kk..16kk + 15 in p_frag[kk]).
+__device__ __forceinline__ void to_a_fragments(uint32_t (&p_frag)[4][4], const float (&p)[8][4]) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) c_to_a(p_frag[kk], p[2 * kk], p[2 * kk + 1]);
+}
+
+// acc[dt] += P · B where P (16 × 64) comes as A fragments and B is a row-major 64 × D tile whose
 // rows are the k dimension: P·V, Pᵀ·dO, dS·K, dSᵀ·Q.
 template <int D>
-__device__ __forceinline__ void gemm_cols(float (&acc)[D / 8][4], const float (&p)[8][4],
+__device__ __forceinline__ void gemm_cols(float (&acc)[D / 8][4], const uint32_t (&p)[4][4],
                                           const bf16* b_tile, int lane) {
   constexpr int kStride = Smem<D>::kStride;
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk) {
-    uint32_t a[4];
-    c_to_a(a, p[2 * kk], p[2 * kk + 1]);
 #pragma unroll
     for (int dp = 0; dp < D / 16; ++dp) {
       uint32_t b[4];
       ldmatrix_x4_trans(b, b_tile + (kk * 16 + ((lane / 8) % 2) * 8 + lane % 8) * kStride +
                                dp * 16 + (lane / 16) * 8);
-      mma(acc[2 * dp], a, b[0], b[1]);
-      mma(acc[2 * dp + 1], a, b[2], b[3]);
+      mma(acc[2 * dp], p[kk], b[0], b[1]);
+      mma(acc[2 * dp + 1], p[kk], b[2], b[3]);
     }
   }
 }
@@ -154,11 +149,19 @@ __device__ __forceinline__ void gemm_cols(float (&acc)[D / 8][4], const float (&
 // The two instruction sets the kernels are written against; each kernel is instantiated with one.
 // Both compute a warpgroup's 64 rows (warp w: rows 16w..16w + 15) with A from registers in C/A
 // fragment layout and B a 64-row tile in shared memory (in Ops::Tile's layout):
-//   scores(c, a, tile)         c = A · tileᵀ over D, 64 × 64 (S, dP, Sᵀ, dPᵀ)
-//   accumulate(acc, p, tile)   acc += P · tile, 64 × D (P·V, dS·K, Pᵀ·dO, dSᵀ·Q)
-//   tiles_ready()              after this thread's tile copies completed, before the barrier
-//   tiles(smem)                where the tiles start in dynamic shared memory (kSmemSlack bytes
-//                              beyond the tiles are allocated for the alignment)
+//   scores_async(c, a, tile)            c = A · tileᵀ over D, 64 × 64 (S, dP, Sᵀ, dPᵀ)
+//   accumulate_async(acc, p, tile)      acc += P · tile, 64 × D (P·V, dS·K, Pᵀ·dO, dSᵀ·Q)
+//   wait<Pending>(regs)                 until at most `Pending` of the products started last are
+//                                       in flight; `regs` (results or A fragments of the finished
+//                                       ones) may be used after it
+//   written(regs)                       after ordinary instructions wrote `regs` (an
+//                                       accumulator), before the next product reads them
+//   tiles_ready()                       after this thread's tile copies completed, before the
+//                                       barrier
+//   tiles(smem)                         where the tiles start in dynamic shared memory
+//                                       (kSmemSlack bytes beyond them are allocated for alignment)
+// mma.sync computes each product when it is started; wgmma runs it asynchronously, so the
+// forward overlaps a tile's softmax with the previous tile's P·V.
 template <int D>
 struct MmaSyncOps {
   using Tile = PaddedTile<D>;
@@ -166,16 +169,20 @@ struct MmaSyncOps {
   static constexpr int kSmemSlack = 0;
   __device__ static bf16* tiles(unsigned char* smem) { return reinterpret_cast<bf16*>(smem); }
   __device__ static void tiles_ready() {}
-  __device__ static void scores(float (&c)[8][4], const uint32_t (&a)[D / 16][4],
-                                const bf16* tile, int lane) {
+  __device__ static void scores_async(float (&c)[8][4], const uint32_t (&a)[D / 16][4],
+                                      const bf16* tile, int lane) {
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) c[nt][0] = c[nt][1] = c[nt][2] = c[nt][3] = 0.f;
     gemm_rows<D>(c, a, tile, lane);
   }
-  __device__ static void accumulate(float (&acc)[D / 8][4], const float (&p)[8][4],
-                                    const bf16* tile, int lane) {
+  __device__ static void accumulate_async(float (&acc)[D / 8][4], const uint32_t (&p)[4][4],
+                                          const bf16* tile, int lane) {
     gemm_cols<D>(acc, p, tile, lane);
   }
+  template <int Pending, typename Regs>
+  __device__ static void wait(Regs&) {}
+  template <typename Regs>
+  __device__ static void written(Regs&) {}
 };
 
 // Hopper's warpgroup MMA (kernels/wgmma.cuh; D = 128): the CTA's 4 warps are one warpgroup.
@@ -196,8 +203,8 @@ struct WgmmaOps {
     wgmma::fence_shared();
 #endif
   }
-  __device__ static void scores(float (&c)[8][4], const uint32_t (&a)[D / 16][4],
-                                const bf16* tile, int) {
+  __device__ static void scores_async(float (&c)[8][4], const uint32_t (&a)[D / 16][4],
+                                      const bf16* tile, int) {
 #ifdef DSPINE_WGMMA
     float(&flat)[32] = *reinterpret_cast<float(*)[32]>(&c[0][0]);
     const uint32_t base = shared_address(tile);
@@ -207,30 +214,51 @@ struct WgmmaOps {
       wgmma::mma_m64n64k16(flat, a[ks], wgmma::k_major<kKeys>(base, ks), ks > 0);
     }
     wgmma::commit();
-    wgmma::wait<0>();
-    wgmma::pin(flat);
 #endif
   }
-  __device__ static void accumulate(float (&acc)[D / 8][4], const float (&p)[8][4],
-                                    const bf16* tile, int) {
+  __device__ static void accumulate_async(float (&acc)[D / 8][4], const uint32_t (&p)[4][4],
+                                          const bf16* tile, int) {
 #ifdef DSPINE_WGMMA
-    uint32_t p_frag[4][4];
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) c_to_a(p_frag[kk], p[2 * kk], p[2 * kk + 1]);
     float(&flat)[D / 2] = *reinterpret_cast<float(*)[D / 2]>(&acc[0][0]);
     const uint32_t base = shared_address(tile);
-    wgmma::pin(flat);
     wgmma::fence();
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
-      wgmma::mma_m64n128k16(flat, p_frag[kk], wgmma::mn_major<kKeys>(base, kk), 1);
+      wgmma::mma_m64n128k16(flat, p[kk], wgmma::mn_major<kKeys>(base, kk), 1);
     }
     wgmma::commit();
-    wgmma::wait<0>();
-    wgmma::pin(flat);
+#endif
+  }
+  template <int Pending, typename Regs>
+  __device__ static void wait(Regs& regs) {
+#ifdef DSPINE_WGMMA
+    wgmma::wait<Pending>();
+    wgmma::pin(regs);
+#endif
+  }
+  template <typename Regs>
+  __device__ static void written(Regs& regs) {
+#ifdef DSPINE_WGMMA
+    wgmma::pin(regs);
 #endif
   }
 };
+
+// A product started and finished (the dq and dk/dv kernels use their results at once).
+template <typename Ops, int D>
+__device__ __forceinline__ void scores(float (&c)[8][4], const uint32_t (&a)[D / 16][4],
+                                       const bf16* tile, int lane) {
+  Ops::scores_async(c, a, tile, lane);
+  Ops::template wait<0>(c);
+}
+template <typename Ops, int D>
+__device__ __forceinline__ void accumulate(float (&acc)[D / 8][4], const float (&p)[8][4],
+                                           const bf16* tile, int lane) {
+  uint32_t p_frag[4][4];
+  to_a_fragments(p_frag, p);
+  Ops::accumulate_async(acc, p_frag, tile, lane);
+  Ops::template wait<0>(acc);
+}
 
 struct Problem {
   BlockAttentionShape shape;
@@ -289,28 +317,46 @@ __device__ __forceinline__ int64_t key_position(const Problem& p, bool block_til
   return start + c < p.shape.context ? start + c : -1;
 }
 
-// Async copy of 64 rows of D bf16: query rows of block n, or key rows from `start`.
-template <int D, typename Tile = PaddedTile<D>>
+// Async copies of 64 rows of D bf16 into a tile: thread i copies 16-byte chunk i mod (D / 8) of
+// rows i / (D / 8) + s · kRowStep, so eight consecutive threads read 128 contiguous bytes of a row
+// and a thread's chunks are a fixed stride apart (its addresses are a few adds each).
+template <int D>
+struct TileCopies {
+  static constexpr int kChunks = D / 8;
+  static constexpr int kRowStep = kThreads / kChunks;
+  static constexpr int kPerThread = kKeys / kRowStep;
+};
+
+// Query rows of block n.
+template <int D, typename Tile>
 __device__ __forceinline__ void load_query_tile(bf16* dst, const bf16* src, const Problem& p,
                                                 int b, int n, int g) {
-  for (int i = threadIdx.x; i < kRows * (D / 8); i += kThreads) {
-    int r, c;
-    Tile::chunk(i, r, c);
+  using Copies = TileCopies<D>;
+  const int c = threadIdx.x % Copies::kChunks, r0 = threadIdx.x / Copies::kChunks;
+#pragma unroll
+  for (int s = 0; s < Copies::kPerThread; ++s) {
+    const int r = r0 + s * Copies::kRowStep;
     const bool valid = query_row(p, g, r).valid;
     const bf16* from = valid ? src + query_offset(p, b, n, g, r) + c * 8 : src;
     copy16_async(dst + Tile::at(r, c), from, valid);
   }
 }
-template <int D, typename Tile = PaddedTile<D>>
+// Key rows of the context from `start`, or block `start / bs`'s own keys (rows past the keys that
+// exist are zero-filled).
+template <int D, typename Tile>
 __device__ __forceinline__ void load_key_tile(bf16* dst, const bf16* src, const Problem& p, int b,
                                               int g, bool block_tile, int64_t start) {
-  for (int i = threadIdx.x; i < kKeys * (D / 8); i += kThreads) {
-    int r, c;
-    Tile::chunk(i, r, c);
-    const int64_t position = key_position(p, block_tile, start, r);
-    const bf16* from =
-        position >= 0 ? src + ((b * p.keys + position) * p.shape.kv_heads + g) * D + c * 8 : src;
-    copy16_async(dst + Tile::at(r, c), from, position >= 0);
+  using Copies = TileCopies<D>;
+  const int c = threadIdx.x % Copies::kChunks, r0 = threadIdx.x / Copies::kChunks;
+  const int64_t first = block_tile ? p.shape.context + start : start;
+  const int64_t rows = block_tile ? p.shape.block_size : p.shape.context - start;
+  const int64_t row_stride = p.shape.kv_heads * D;
+  const bf16* base = src + ((b * p.keys + first) * p.shape.kv_heads + g) * D + c * 8;
+#pragma unroll
+  for (int s = 0; s < Copies::kPerThread; ++s) {
+    const int r = r0 + s * Copies::kRowStep;
+    const bool valid = r < rows;
+    copy16_async(dst + Tile::at(r, c), valid ? base + r * row_stride : src, valid);
   }
 }
 
@@ -326,7 +372,7 @@ __device__ __forceinline__ void zero_query_rows(bf16* dst, const Problem& p, int
 }
 
 // Starts the copy of a key tile and its value tile into buffer `buf` (one commit group).
-template <int D, typename Tile = PaddedTile<D>>
+template <int D, typename Tile>
 __device__ __forceinline__ void prefetch_key_value_tiles(bf16* s_k, bf16* s_v, const bf16* k,
                                                          const bf16* v, const Problem& p, int b,
                                                          int g, int buf, bool block_tile,
@@ -464,8 +510,8 @@ __global__ void __launch_bounds__(kThreads, Ops::kForwardBlocksPerSm)
                              float* __restrict__ lse) {
   using Tile = typename Ops::Tile;
   extern __shared__ __align__(16) unsigned char smem_bytes[];
-  // The query tile is staged in the second key buffer and moved to registers before the key/value
-  // pipeline starts, so four tiles of shared memory suffice (two or three CTAs per SM).
+  // The query tile is staged in the second key buffer and moved to registers before that buffer is
+  // refilled, so four tiles of shared memory suffice (two or three CTAs per SM).
   bf16* s_k = Ops::tiles(smem_bytes);  // two buffers
   bf16* s_v = s_k + 2 * Tile::kElements;            // two buffers
   bf16* s_q = s_k + Tile::kElements;
@@ -487,42 +533,55 @@ __global__ void __launch_bounds__(kThreads, Ops::kForwardBlocksPerSm)
     return t < context_tiles ? static_cast<int64_t>(t) * kKeys : n * p.shape.block_size;
   };
   load_query_tile<D, Tile>(s_q, q, p, b, n, g);
+  load_key_tile<D, Tile>(s_k, k, p, b, g, context_tiles == 0, tile_start(0));
   commit_async();
-  prefetch_key_value_tiles<D, Tile>(s_k, s_v, k, v, p, b, g, 0, context_tiles == 0,
-                                    tile_start(0));
-  wait_async<1>();
+  wait_async<0>();
   __syncthreads();
   uint32_t q_frag[D / 16][4];
   load_a<D, Tile>(q_frag, s_q, warp * 16, lane);
-  __syncthreads();  // the buffer is refilled with keys below
 
   const float scale_log2 = p.scale * kLog2e;
   const int pos_a = query_row(p, g, row_a).position, pos_b = query_row(p, g, row_b).position;
   float o[D / 8][4] = {};
+  uint32_t p_frag[4][4];  // probabilities of the previous tile, A fragments for its P·V
   SoftmaxRows rows;
 
-  for (int t = 0; t < tiles; ++t) {
-    const int buf = t & 1;
-    if (t + 1 < tiles) {
-      prefetch_key_value_tiles<D, Tile>(s_k, s_v, k, v, p, b, g, (t + 1) & 1,
-                                        t + 1 == context_tiles, tile_start(t + 1));
-      wait_async<1>();
-    } else {
-      wait_async<0>();
-    }
+  // Iteration t computes the scores of tile t and the P·V of tile t - 1, so the value tiles run
+  // one behind the key tiles: iteration t prefetches keys t + 1 and values t. With wgmma, tile t's
+  // softmax runs while the tensor cores do tile t - 1's P·V.
+  for (int t = 0; t <= tiles; ++t) {
+    __syncthreads();  // every warp is done with the buffers refilled below
+    if (t + 1 < tiles) load_key_tile<D, Tile>(s_k + ((t + 1) & 1) * Tile::kElements, k, p, b, g,
+                                              t + 1 == context_tiles, tile_start(t + 1));
+    if (t < tiles) load_key_tile<D, Tile>(s_v + (t & 1) * Tile::kElements, v, p, b, g,
+                                          t == context_tiles, tile_start(t));
+    commit_async();
+    wait_async<1>();  // keys t and values t - 1
     Ops::tiles_ready();
     __syncthreads();
 
+    if (t == tiles) {
+      Ops::accumulate_async(o, p_frag, s_v + ((t - 1) & 1) * Tile::kElements, lane);
+      Ops::template wait<0>(o);
+      break;
+    }
     float s[8][4];
-    Ops::scores(s, q_frag, s_k + buf * Tile::kElements, lane);
+    Ops::scores_async(s, q_frag, s_k + (t & 1) * Tile::kElements, lane);
+    if (t > 0) {
+      Ops::accumulate_async(o, p_frag, s_v + ((t - 1) & 1) * Tile::kElements, lane);
+      Ops::template wait<1>(s);
+    } else {
+      Ops::template wait<0>(s);
+    }
     const bool block_tile = t == context_tiles;
     const int64_t start = tile_start(t);
     const float2 alpha =
         softmax_tile(s, rows, !whole_tile_visible(block_tile, start, anchor), block_tile, start,
                      anchor, pos_a, pos_b, scale_log2, lane);
+    Ops::template wait<0>(o);
     rescale_rows<D>(o, alpha);
-    Ops::accumulate(o, s, s_v + buf * Tile::kElements, lane);
-    __syncthreads();  // every warp is done with this buffer before it is refilled
+    Ops::written(o);
+    to_a_fragments(p_frag, s);
   }
   store_output_rows<D>(p, b, n, g, row_a, row_b, o, rows, lane, out, lse);
 }
@@ -611,8 +670,10 @@ __global__ void __launch_bounds__(kThreads)
       load_a<D, Tile>(do_frag, s_do, warp * 16, lane);
     }
     float s[8][4], dp[8][4];
-    Ops::scores(s, q_frag, s_k + buf * Tile::kElements, lane);
-    Ops::scores(dp, do_frag, s_v + buf * Tile::kElements, lane);
+    Ops::scores_async(s, q_frag, s_k + buf * Tile::kElements, lane);
+    Ops::scores_async(dp, do_frag, s_v + buf * Tile::kElements, lane);
+    Ops::template wait<0>(s);
+    Ops::template wait<0>(dp);
     const bool block_tile = t == context_tiles;
     const int64_t start = tile_start(t);
     const bool masked = !whole_tile_visible(block_tile, start, anchor);
@@ -626,7 +687,7 @@ __global__ void __launch_bounds__(kThreads)
         s[nt][e] = prob * (dp[nt][e] - (e < 2 ? delta_a : delta_b));  // dS
       }
     }
-    Ops::accumulate(acc, s, s_k + buf * Tile::kElements, lane);
+    accumulate<Ops, D>(acc, s, s_k + buf * Tile::kElements, lane);
     __syncthreads();
   }
 
@@ -731,12 +792,12 @@ __global__ void __launch_bounds__(kThreads)
     {
       uint32_t k_frag[D / 16][4];
       load_a<D, Tile>(k_frag, s_k, warp * 16, lane);
-      Ops::scores(s, k_frag, tile_q, lane);
+      scores<Ops, D>(s, k_frag, tile_q, lane);
     }
     {
       uint32_t v_frag[D / 16][4];
       load_a<D, Tile>(v_frag, s_v, warp * 16, lane);
-      Ops::scores(dp, v_frag, tile_do, lane);
+      scores<Ops, D>(dp, v_frag, tile_do, lane);
     }
     const bool masked = !whole_tile_visible(block_tile, start, anchor);
 #pragma unroll
@@ -753,8 +814,8 @@ __global__ void __launch_bounds__(kThreads)
         dp[nt][e] = prob * (dp[nt][e] - block_delta[r]);  // dSᵀ
       }
     }
-    Ops::accumulate(dv_acc, s, tile_do, lane);
-    Ops::accumulate(dk_acc, dp, tile_q, lane);
+    accumulate<Ops, D>(dv_acc, s, tile_do, lane);
+    accumulate<Ops, D>(dk_acc, dp, tile_q, lane);
     __syncthreads();  // every warp is done with this buffer before it is refilled
     n = following;
     buf ^= 1;

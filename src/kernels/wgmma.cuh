@@ -67,11 +67,25 @@ __device__ __forceinline__ void wait() {
 __device__ __forceinline__ void fence_shared() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
-// Keeps the compiler from moving reads or writes of an accumulator across wait()/fence().
+// Keeps the compiler from moving reads or writes of registers an asynchronous wgmma writes
+// (accumulators) or reads (A fragments) across wait()/fence(), and from reusing them meanwhile.
 template <int N>
 __device__ __forceinline__ void pin(float (&d)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+template <int R, int C>
+__device__ __forceinline__ void pin(float (&d)[R][C]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) pin(d[i]);
+}
+template <int R, int C>
+__device__ __forceinline__ void pin(uint32_t (&a)[R][C]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) {
+#pragma unroll
+    for (int j = 0; j < C; ++j) asm volatile("" : "+r"(a[i][j])::"memory");
+  }
 }
 
 // d (64 × 64) = (accumulate ? d : 0) + A (64 × 16, registers) · B (16 × 64, K-major descriptor).
