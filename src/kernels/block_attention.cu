@@ -327,18 +327,31 @@ struct TileCopies {
   static constexpr int kPerThread = kKeys / kRowStep;
 };
 
+// Where the 64 query rows of a kv head's tile lie in a [B, N·bs, H, D] tensor, relative to the
+// first position of the block (elements; -1 for rows past the group): written once per CTA into
+// `rows` (shared, one entry per row) so that a block's copies need no divisions.
+__device__ __forceinline__ void fill_query_rows(int* rows, const Problem& p, int g) {
+  if (threadIdx.x < kRows) {
+    const QueryRow q = query_row(p, g, threadIdx.x);
+    rows[threadIdx.x] =
+        q.valid ? static_cast<int>((q.position * p.shape.heads + q.head) * p.shape.head_dim) : -1;
+  }
+}
+
 // Query rows of block n.
 template <int D, typename Tile>
-__device__ __forceinline__ void load_query_tile(bf16* dst, const bf16* src, const Problem& p,
-                                                int b, int n, int g) {
+__device__ __forceinline__ void load_query_tile(bf16* dst, const bf16* src, const int* rows,
+                                                const Problem& p, int b, int n) {
   using Copies = TileCopies<D>;
   const int c = threadIdx.x % Copies::kChunks, r0 = threadIdx.x / Copies::kChunks;
+  const bf16* base =
+      src + (b * p.queries + static_cast<int64_t>(n) * p.shape.block_size) * p.shape.heads * D +
+      c * 8;
 #pragma unroll
   for (int s = 0; s < Copies::kPerThread; ++s) {
     const int r = r0 + s * Copies::kRowStep;
-    const bool valid = query_row(p, g, r).valid;
-    const bf16* from = valid ? src + query_offset(p, b, n, g, r) + c * 8 : src;
-    copy16_async(dst + Tile::at(r, c), from, valid);
+    const int offset = rows[r];
+    copy16_async(dst + Tile::at(r, c), offset >= 0 ? base + offset : src, offset >= 0);
   }
 }
 // Key rows of the context from `start`, or block `start / bs`'s own keys (rows past the keys that
@@ -532,7 +545,10 @@ __global__ void __launch_bounds__(kThreads, Ops::kForwardBlocksPerSm)
   auto tile_start = [&](int t) -> int64_t {
     return t < context_tiles ? static_cast<int64_t>(t) * kKeys : n * p.shape.block_size;
   };
-  load_query_tile<D, Tile>(s_q, q, p, b, n, g);
+  __shared__ int query_rows[kRows];
+  fill_query_rows(query_rows, p, g);
+  __syncthreads();
+  load_query_tile<D, Tile>(s_q, q, query_rows, p, b, n);
   load_key_tile<D, Tile>(s_k, k, p, b, g, context_tiles == 0, tile_start(0));
   commit_async();
   wait_async<0>();
@@ -640,8 +656,11 @@ __global__ void __launch_bounds__(kThreads)
   auto tile_start = [&](int t) -> int64_t {
     return t < context_tiles ? static_cast<int64_t>(t) * kKeys : n * p.shape.block_size;
   };
-  load_query_tile<D, Tile>(s_q, q, p, b, n, g);
-  load_query_tile<D, Tile>(s_do, dout, p, b, n, g);
+  __shared__ int query_rows[kRows];
+  fill_query_rows(query_rows, p, g);
+  __syncthreads();
+  load_query_tile<D, Tile>(s_q, q, query_rows, p, b, n);
+  load_query_tile<D, Tile>(s_do, dout, query_rows, p, b, n);
   prefetch_key_value_tiles<D, Tile>(s_k, s_v, k, v, p, b, g, 0, context_tiles == 0,
                                     tile_start(0));
 
@@ -749,14 +768,18 @@ __global__ void __launch_bounds__(kThreads)
     }
     return -1;
   };
+  __shared__ int query_rows[kRows];
+  fill_query_rows(query_rows, p, g);
+  __syncthreads();
   auto load_block = [&](int n, int buf) {
-    load_query_tile<D, Tile>(s_q + buf * Tile::kElements, q, p, b, n, g);
-    load_query_tile<D, Tile>(s_do + buf * Tile::kElements, dout, p, b, n, g);
+    load_query_tile<D, Tile>(s_q + buf * Tile::kElements, q, query_rows, p, b, n);
+    load_query_tile<D, Tile>(s_do + buf * Tile::kElements, dout, query_rows, p, b, n);
     if (threadIdx.x < kRows) {
-      const bool valid = query_row(p, g, threadIdx.x).valid;
-      const int64_t at = valid ? query_stat_offset(p, b, n, g, threadIdx.x) : 0;
-      s_lse[buf * kRows + threadIdx.x] = valid ? lse[at] : INFINITY;
-      s_delta[buf * kRows + threadIdx.x] = valid ? delta[at] : 0.f;
+      const int offset = query_rows[threadIdx.x];
+      const int64_t at = (b * p.queries + static_cast<int64_t>(n) * p.shape.block_size) *
+                             p.shape.heads + offset / D;
+      s_lse[buf * kRows + threadIdx.x] = offset >= 0 ? lse[at] : INFINITY;
+      s_delta[buf * kRows + threadIdx.x] = offset >= 0 ? delta[at] : 0.f;
     }
   };
 
