@@ -150,6 +150,7 @@ __device__ __forceinline__ void gemm_cols(float (&acc)[D / 8][4], const uint32_t
 // Both compute a warpgroup's 64 rows (warp w: rows 16w..16w + 15) with A from registers in C/A
 // fragment layout and B a 64-row tile in shared memory (in Ops::Tile's layout):
 //   scores_async(c, a, tile)            c = A · tileᵀ over D, 64 × 64 (S, dP, Sᵀ, dPᵀ)
+//   scores_async(c, a_tile, tile)       the same with A the 64-row tile a_tile (Sᵀ, dPᵀ)
 //   accumulate_async(acc, p, tile)      acc += P · tile, 64 × D (P·V, dS·K, Pᵀ·dO, dSᵀ·Q)
 //   wait<Pending>(regs)                 until at most `Pending` of the products started last are
 //                                       in flight; `regs` (results or A fragments of the finished
@@ -174,6 +175,12 @@ struct MmaSyncOps {
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) c[nt][0] = c[nt][1] = c[nt][2] = c[nt][3] = 0.f;
     gemm_rows<D>(c, a, tile, lane);
+  }
+  __device__ static void scores_async(float (&c)[8][4], const bf16* a_tile, const bf16* tile,
+                                      int lane) {
+    uint32_t a[D / 16][4];
+    load_a<D, Tile>(a, a_tile, threadIdx.x / 32 * 16, lane);
+    scores_async(c, a, tile, lane);
   }
   __device__ static void accumulate_async(float (&acc)[D / 8][4], const uint32_t (&p)[4][4],
                                           const bf16* tile, int lane) {
@@ -216,6 +223,20 @@ struct WgmmaOps {
     wgmma::commit();
 #endif
   }
+  __device__ static void scores_async(float (&c)[8][4], const bf16* a_tile, const bf16* tile,
+                                      int) {
+#ifdef DSPINE_WGMMA
+    float(&flat)[32] = *reinterpret_cast<float(*)[32]>(&c[0][0]);
+    const uint32_t a_base = shared_address(a_tile), base = shared_address(tile);
+    wgmma::fence();
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) {
+      wgmma::mma_m64n64k16(flat, wgmma::k_major<kKeys>(a_base, ks), wgmma::k_major<kKeys>(base, ks),
+                           ks > 0);
+    }
+    wgmma::commit();
+#endif
+  }
   __device__ static void accumulate_async(float (&acc)[D / 8][4], const uint32_t (&p)[4][4],
                                           const bf16* tile, int) {
 #ifdef DSPINE_WGMMA
@@ -244,13 +265,7 @@ struct WgmmaOps {
   }
 };
 
-// A product started and finished (the dq and dk/dv kernels use their results at once).
-template <typename Ops, int D>
-__device__ __forceinline__ void scores(float (&c)[8][4], const uint32_t (&a)[D / 16][4],
-                                       const bf16* tile, int lane) {
-  Ops::scores_async(c, a, tile, lane);
-  Ops::template wait<0>(c);
-}
+// A product started and finished (the dq kernel uses its result at once).
 template <typename Ops, int D>
 __device__ __forceinline__ void accumulate(float (&acc)[D / 8][4], const float (&p)[8][4],
                                            const bf16* tile, int lane) {
@@ -411,28 +426,37 @@ __device__ __forceinline__ bool whole_tile_visible(bool block_tile, int64_t star
 // ---------------------------------------------------------------------------------------------
 // Forward: one CTA per (block, kv head, row).
 
+// Scores (C fragments: rows a and b of the thread, keys nt · 8 + 2 · (lane mod 4) + (e mod 2)) of
+// keys the row's query cannot see, set to -inf. Called only for the tiles that have such keys, so
+// the whole-tile case carries no per-element test.
+__device__ __forceinline__ void mask_scores(float (&s)[8][4], bool block_tile, int64_t start,
+                                            int64_t anchor, int pos_a, int pos_b, int lane) {
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int c = nt * 8 + 2 * (lane % 4) + (e & 1);
+      if (!visible(block_tile, start, anchor, c, e < 2 ? pos_a : pos_b)) s[nt][e] = -INFINITY;
+    }
+  }
+}
+
 // The online softmax of one thread's two query rows (a: lane / 4, b: lane / 4 + 8 of its warp's
 // 16): running maximum and sum, in log2 units.
 struct SoftmaxRows {
   float max_a = -INFINITY, max_b = -INFINITY, sum_a = 0.f, sum_b = 0.f;
 };
 
-// Scores of one key tile (C fragments s[nt][e], 8 chunks of 8 keys) → unnormalised probabilities
-// against the updated running maxima, in place; returns the factors (alpha_a, alpha_b) by which
-// the output accumulated so far is to be rescaled. Masked keys get probability 0.
-__device__ __forceinline__ float2 softmax_tile(float (&s)[8][4], SoftmaxRows& rows, bool masked,
-                                               bool block_tile, int64_t start, int64_t anchor,
-                                               int pos_a, int pos_b, float scale_log2,
-                                               int lane) {
+// Scores of one key tile (C fragments s[nt][e], 8 chunks of 8 keys; masked ones -inf) →
+// unnormalised probabilities against the updated running maxima, in place; returns the factors
+// (alpha_a, alpha_b) by which the output accumulated so far is to be rescaled.
+__device__ __forceinline__ float2 softmax_tile(float (&s)[8][4], SoftmaxRows& rows,
+                                               float scale_log2) {
   float tile_max_a = -INFINITY, tile_max_b = -INFINITY;
 #pragma unroll
   for (int nt = 0; nt < 8; ++nt) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int c = nt * 8 + 2 * (lane % 4) + (e & 1);
-      const bool see = !masked || visible(block_tile, start, anchor, c, e < 2 ? pos_a : pos_b);
-      s[nt][e] = see ? s[nt][e] * scale_log2 : -INFINITY;
-    }
+    for (int e = 0; e < 4; ++e) s[nt][e] *= scale_log2;
     tile_max_a = fmaxf(tile_max_a, fmaxf(s[nt][0], s[nt][1]));
     tile_max_b = fmaxf(tile_max_b, fmaxf(s[nt][2], s[nt][3]));
   }
@@ -591,9 +615,10 @@ __global__ void __launch_bounds__(kThreads, Ops::kForwardBlocksPerSm)
     }
     const bool block_tile = t == context_tiles;
     const int64_t start = tile_start(t);
-    const float2 alpha =
-        softmax_tile(s, rows, !whole_tile_visible(block_tile, start, anchor), block_tile, start,
-                     anchor, pos_a, pos_b, scale_log2, lane);
+    if (!whole_tile_visible(block_tile, start, anchor)) {
+      mask_scores(s, block_tile, start, anchor, pos_a, pos_b, lane);
+    }
+    const float2 alpha = softmax_tile(s, rows, scale_log2);
     Ops::template wait<0>(o);
     rescale_rows<D>(o, alpha);
     Ops::written(o);
@@ -695,14 +720,14 @@ __global__ void __launch_bounds__(kThreads)
     Ops::template wait<0>(dp);
     const bool block_tile = t == context_tiles;
     const int64_t start = tile_start(t);
-    const bool masked = !whole_tile_visible(block_tile, start, anchor);
+    if (!whole_tile_visible(block_tile, start, anchor)) {
+      mask_scores(s, block_tile, start, anchor, pos_a, pos_b, lane);
+    }
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int c = nt * 8 + 2 * (lane % 4) + (e & 1);
-        const bool see = !masked || visible(block_tile, start, anchor, c, e < 2 ? pos_a : pos_b);
-        const float prob = see ? fast_exp2(s[nt][e] * scale_log2 - (e < 2 ? lse_a : lse_b)) : 0.f;
+        const float prob = fast_exp2(s[nt][e] * scale_log2 - (e < 2 ? lse_a : lse_b));
         s[nt][e] = prob * (dp[nt][e] - (e < 2 ? delta_a : delta_b));  // dS
       }
     }
@@ -812,33 +837,40 @@ __global__ void __launch_bounds__(kThreads)
 
     // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ for this warp's 16 keys against the block's 64 query rows.
     float s[8][4], dp[8][4];
-    {
-      uint32_t k_frag[D / 16][4];
-      load_a<D, Tile>(k_frag, s_k, warp * 16, lane);
-      scores<Ops, D>(s, k_frag, tile_q, lane);
+    Ops::scores_async(s, s_k, tile_q, lane);
+    Ops::scores_async(dp, s_v, tile_do, lane);
+    Ops::template wait<0>(s);
+    Ops::template wait<0>(dp);
+    if (!whole_tile_visible(block_tile, start, anchor)) {
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = nt * 8 + 2 * (lane % 4) + (e & 1);  // query row
+          const int key = e < 2 ? key_a : key_b;
+          const bool see = key_position(p, block_tile, start, key) >= 0 &&
+                           visible(block_tile, start, anchor, key, query_row(p, g, r).position);
+          if (!see) s[nt][e] = -INFINITY;
+        }
+      }
     }
-    {
-      uint32_t v_frag[D / 16][4];
-      load_a<D, Tile>(v_frag, s_v, warp * 16, lane);
-      scores<Ops, D>(dp, v_frag, tile_do, lane);
-    }
-    const bool masked = !whole_tile_visible(block_tile, start, anchor);
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int r = nt * 8 + 2 * (lane % 4) + (e & 1);  // query row
-        const int key = e < 2 ? key_a : key_b;
-        const bool see = !masked || (key_position(p, block_tile, start, key) >= 0 &&
-                                     visible(block_tile, start, anchor, key,
-                                             query_row(p, g, r).position));
-        const float prob = see ? fast_exp2(s[nt][e] * scale_log2 - block_lse[r]) : 0.f;
+        const float prob = fast_exp2(s[nt][e] * scale_log2 - block_lse[r]);
         s[nt][e] = prob;
         dp[nt][e] = prob * (dp[nt][e] - block_delta[r]);  // dSᵀ
       }
     }
-    accumulate<Ops, D>(dv_acc, s, tile_do, lane);
-    accumulate<Ops, D>(dk_acc, dp, tile_q, lane);
+    uint32_t p_frag[4][4], ds_frag[4][4];
+    to_a_fragments(p_frag, s);
+    to_a_fragments(ds_frag, dp);
+    Ops::accumulate_async(dv_acc, p_frag, tile_do, lane);
+    Ops::accumulate_async(dk_acc, ds_frag, tile_q, lane);
+    Ops::template wait<0>(dv_acc);
+    Ops::template wait<0>(dk_acc);
     __syncthreads();  // every warp is done with this buffer before it is refilled
     n = following;
     buf ^= 1;
