@@ -152,9 +152,9 @@ __device__ __forceinline__ void gemm_cols(float (&acc)[D / 8][4], const uint32_t
 //   scores_async(c, a, tile)            c = A · tileᵀ over D, 64 × 64 (S, dP, Sᵀ, dPᵀ)
 //   scores_async(c, a_tile, tile)       the same with A the 64-row tile a_tile (Sᵀ, dPᵀ)
 //   accumulate_async(acc, p, tile)      acc += P · tile, 64 × D (P·V, dS·K, Pᵀ·dO, dSᵀ·Q)
-//   wait<Pending>(regs)                 until at most `Pending` of the products started last are
-//                                       in flight; `regs` (results or A fragments of the finished
-//                                       ones) may be used after it
+//   wait<Pending>(regs...)              until at most `Pending` of the products started last are
+//                                       in flight; `regs` (results of the finished ones) may be
+//                                       used after it
 //   written(regs)                       after ordinary instructions wrote `regs` (an
 //                                       accumulator), before the next product reads them
 //   tiles_ready()                       after this thread's tile copies completed, before the
@@ -186,8 +186,8 @@ struct MmaSyncOps {
                                           const bf16* tile, int lane) {
     gemm_cols<D>(acc, p, tile, lane);
   }
-  template <int Pending, typename Regs>
-  __device__ static void wait(Regs&) {}
+  template <int Pending, typename... Regs>
+  __device__ static void wait(Regs&...) {}
   template <typename Regs>
   __device__ static void written(Regs&) {}
 };
@@ -198,7 +198,7 @@ template <int D>
 struct WgmmaOps {
   static_assert(D == 128 && kThreads == 128);
   using Tile = SwizzledTile<D>;
-  static constexpr int kForwardBlocksPerSm = 2;
+  static constexpr int kForwardBlocksPerSm = 3;
   static constexpr int kSmemSlack = wgmma::kTileAlignment;
   __device__ static bf16* tiles(unsigned char* smem) {
     const uint32_t address = shared_address(smem);
@@ -250,11 +250,11 @@ struct WgmmaOps {
     wgmma::commit();
 #endif
   }
-  template <int Pending, typename Regs>
-  __device__ static void wait(Regs& regs) {
+  template <int Pending, typename... Regs>
+  __device__ static void wait(Regs&... regs) {
 #ifdef DSPINE_WGMMA
     wgmma::wait<Pending>();
-    wgmma::pin(regs);
+    (wgmma::pin(regs), ...);
 #endif
   }
   template <typename Regs>
@@ -716,8 +716,7 @@ __global__ void __launch_bounds__(kThreads)
     float s[8][4], dp[8][4];
     Ops::scores_async(s, q_frag, s_k + buf * Tile::kElements, lane);
     Ops::scores_async(dp, do_frag, s_v + buf * Tile::kElements, lane);
-    Ops::template wait<0>(s);
-    Ops::template wait<0>(dp);
+    Ops::template wait<0>(s, dp);
     const bool block_tile = t == context_tiles;
     const int64_t start = tile_start(t);
     if (!whole_tile_visible(block_tile, start, anchor)) {
@@ -813,34 +812,34 @@ __global__ void __launch_bounds__(kThreads)
   int n = next_block(0);
   if (n >= 0) load_block(n, 0);
   commit_async();
+  wait_async<0>();
+  Ops::tiles_ready();
+  __syncthreads();
 
+  // Each iteration finishes block n and starts the next block's scores before waiting for its own
+  // dK product, so the tensor cores work through the elementwise part and the barrier.
   const float scale_log2 = p.scale * kLog2e;
   const int key_a = warp * 16 + lane / 4, key_b = key_a + 8;  // this thread's keys in the tile
   float dk_acc[D / 8][4] = {}, dv_acc[D / 8][4] = {};
+  float s[8][4], dp[8][4];  // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ: the warp's 16 keys × the block's 64 rows
+  if (n >= 0) {
+    Ops::scores_async(s, s_k, s_q, lane);
+    Ops::scores_async(dp, s_v, s_do, lane);
+  }
   int buf = 0;
   while (n >= 0) {
     const int following = next_block(n + 1);
     if (following >= 0) {
       load_block(following, buf ^ 1);
       commit_async();
-      wait_async<1>();
-    } else {
-      wait_async<0>();
     }
-    Ops::tiles_ready();
-    __syncthreads();
     const bf16* tile_q = s_q + buf * Tile::kElements;
     const bf16* tile_do = s_do + buf * Tile::kElements;
     const float* block_lse = s_lse + buf * kRows;
     const float* block_delta = s_delta + buf * kRows;
     const int64_t anchor = anchors[n];
 
-    // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ for this warp's 16 keys against the block's 64 query rows.
-    float s[8][4], dp[8][4];
-    Ops::scores_async(s, s_k, tile_q, lane);
-    Ops::scores_async(dp, s_v, tile_do, lane);
-    Ops::template wait<0>(s);
-    Ops::template wait<0>(dp);
+    Ops::template wait<0>(s, dp);
     if (!whole_tile_visible(block_tile, start, anchor)) {
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt) {
@@ -854,23 +853,37 @@ __global__ void __launch_bounds__(kThreads)
         }
       }
     }
+    uint32_t p_frag[4][4], ds_frag[4][4];
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int r = nt * 8 + 2 * (lane % 4) + (e & 1);  // query row
-        const float prob = fast_exp2(s[nt][e] * scale_log2 - block_lse[r]);
-        s[nt][e] = prob;
-        dp[nt][e] = prob * (dp[nt][e] - block_delta[r]);  // dSᵀ
+        s[nt][e] = fast_exp2(s[nt][e] * scale_log2 - block_lse[r]);
       }
     }
-    uint32_t p_frag[4][4], ds_frag[4][4];
     to_a_fragments(p_frag, s);
-    to_a_fragments(ds_frag, dp);
     Ops::accumulate_async(dv_acc, p_frag, tile_do, lane);
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = nt * 8 + 2 * (lane % 4) + (e & 1);  // query row
+        dp[nt][e] = s[nt][e] * (dp[nt][e] - block_delta[r]);  // dSᵀ
+      }
+    }
+    to_a_fragments(ds_frag, dp);
     Ops::accumulate_async(dk_acc, ds_frag, tile_q, lane);
-    Ops::template wait<0>(dv_acc);
-    Ops::template wait<0>(dk_acc);
+    if (following >= 0) {
+      wait_async<0>();
+      Ops::tiles_ready();
+      __syncthreads();
+      Ops::scores_async(s, s_k, s_q + (buf ^ 1) * Tile::kElements, lane);
+      Ops::scores_async(dp, s_v, s_do + (buf ^ 1) * Tile::kElements, lane);
+      Ops::template wait<2>(dv_acc, dk_acc);
+    } else {
+      Ops::template wait<0>(dv_acc, dk_acc);
+    }
     __syncthreads();  // every warp is done with this buffer before it is refilled
     n = following;
     buf ^= 1;
