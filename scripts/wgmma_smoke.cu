@@ -48,6 +48,62 @@ void compare(const char* what, const std::vector<float>& a, const std::vector<fl
   std::printf("%-28s rel %.3e cosine %.8f finite-mismatch %zu\n", what, std::sqrt(num / std::max(den, 1e-30)), dot / std::sqrt(std::max(na * nb, 1e-300)), bad);
 }
 
+
+// fp64 reference of the block attention on the host (docs/kernels.md's mask), for a small shape.
+struct Reference {
+  std::vector<float> out, dq, dk, dv;
+};
+Reference reference(const BlockAttentionShape& sh, const std::vector<bf16>& q, const std::vector<bf16>& k,
+                    const std::vector<bf16>& v, const std::vector<bf16>& dout,
+                    const std::vector<int64_t>& anchors, const std::vector<uint8_t>& keep, float scale) {
+  const int64_t Q = sh.blocks * sh.block_size, K = sh.context + Q, H = sh.heads, G = sh.kv_heads, D = sh.head_dim;
+  auto f = [](bf16 x) { return double(__bfloat162float(x)); };
+  Reference r{std::vector<float>(q.size()), std::vector<float>(q.size()), std::vector<float>(k.size()), std::vector<float>(k.size())};
+  std::vector<double> dk(k.size()), dv(k.size());
+  for (int64_t b = 0; b < sh.rows; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t i = 0; i < Q; ++i) {
+        const int64_t n = i / sh.block_size, j = i % sh.block_size, g = h / (H / G);
+        if (!keep[b * sh.blocks + n]) continue;
+        std::vector<int64_t> keys;
+        for (int64_t c = 0; c < anchors[b * sh.blocks + n]; ++c) keys.push_back(c);
+        for (int64_t jj = 0; jj <= j; ++jj) keys.push_back(sh.context + n * sh.block_size + jj);
+        const bf16* qi = &q[((b * Q + i) * H + h) * D];
+        const bf16* di = &dout[((b * Q + i) * H + h) * D];
+        std::vector<double> p(keys.size());
+        double mx = -1e300;
+        for (size_t t = 0; t < keys.size(); ++t) {
+          const bf16* kt = &k[((b * K + keys[t]) * G + g) * D];
+          double a = 0; for (int64_t d = 0; d < D; ++d) a += f(qi[d]) * f(kt[d]);
+          p[t] = a * scale; mx = std::max(mx, p[t]);
+        }
+        double sum = 0; for (auto& x : p) { x = std::exp(x - mx); sum += x; }
+        for (auto& x : p) x /= sum;
+        std::vector<double> o(D, 0.0);
+        for (size_t t = 0; t < keys.size(); ++t) {
+          const bf16* vt = &v[((b * K + keys[t]) * G + g) * D];
+          for (int64_t d = 0; d < D; ++d) o[d] += p[t] * f(vt[d]);
+        }
+        double delta = 0; for (int64_t d = 0; d < D; ++d) delta += o[d] * f(di[d]);
+        std::vector<double> dq(D, 0.0);
+        for (size_t t = 0; t < keys.size(); ++t) {
+          const int64_t at = ((b * K + keys[t]) * G + g) * D;
+          double dp = 0; for (int64_t d = 0; d < D; ++d) dp += f(di[d]) * f(v[at + d]);
+          const double ds = p[t] * (dp - delta);
+          for (int64_t d = 0; d < D; ++d) {
+            dq[d] += scale * ds * f(k[at + d]);
+            dk[at + d] += scale * ds * f(qi[d]);
+            dv[at + d] += p[t] * f(di[d]);
+          }
+        }
+        for (int64_t d = 0; d < D; ++d) { r.out[((b * Q + i) * H + h) * D + d] = o[d]; r.dq[((b * Q + i) * H + h) * D + d] = dq[d]; }
+      }
+  for (size_t x = 0; x < dk.size(); ++x) { r.dk[x] = dk[x]; r.dv[x] = dv[x]; }
+  return r;
+}
+
+int run_against_reference(std::mt19937& gen);
+
 int main() {
   std::mt19937 gen(1);
   std::printf("wgmma available: %d\n", int(wgmma_available()));
@@ -67,6 +123,7 @@ int main() {
       compare("  O = P V", download_f32(dout, 64*128), o_ref);
     }
   }
+  if (run_against_reference(gen)) return 1;
   // Attention at the recipe's shape.
   BlockAttentionShape sh{2, 3072, 512, 16, 32, 8, 128};
   const int64_t queries = sh.blocks * sh.block_size, keys = sh.context + queries;
@@ -112,5 +169,34 @@ int main() {
     std::printf("%s: forward %.3f ms, backward %.3f ms, total %.3f ms\n", i == 0 ? "wgmma" : "mma.sync", f_ms / 10, b_ms / 10, (f_ms + b_ms) / 10);
   }
   CK(cudaGetLastError());
+  return 0;
+}
+
+// Both instruction sets against the fp64 reference on a small shape with unsorted anchors, an
+// anchor at 0, a partial context tile and a dropped block.
+int run_against_reference(std::mt19937& gen) {
+  BlockAttentionShape sh{2, 200, 9, 16, 8, 2, 128};
+  const int64_t queries = sh.blocks * sh.block_size, keys = sh.context + queries;
+  auto q = randn(sh.rows * queries * sh.heads * 128, gen), k = randn(sh.rows * keys * sh.kv_heads * 128, gen);
+  auto v = randn(sh.rows * keys * sh.kv_heads * 128, gen), dout = randn(sh.rows * queries * sh.heads * 128, gen);
+  std::vector<int64_t> anchors = {0, 150, 7, 199, 64, 128, 1, 90, 33, 5, 180, 2, 63, 65, 127, 0, 100, 199};
+  std::vector<uint8_t> keep(sh.rows * sh.blocks, 1); keep[3] = 0; keep[12] = 0;
+  const float scale = 1.f / std::sqrt(128.f);
+  const Reference ref = reference(sh, q, k, v, dout, anchors, keep, scale);
+  bf16 *d_q = upload(q), *d_k = upload(k), *d_v = upload(v), *d_do = upload(dout);
+  int64_t* d_anchors = upload(anchors); uint8_t* d_keep = upload(keep);
+  const size_t nq = q.size(), nk = k.size(), nstat = sh.rows * queries * sh.heads;
+  bf16 *out, *dq, *dk, *dv; float *lse, *delta;
+  cudaMalloc(&out, nq*2); cudaMalloc(&dq, nq*2); cudaMalloc(&dk, nk*2); cudaMalloc(&dv, nk*2); cudaMalloc(&lse, nstat*4); cudaMalloc(&delta, nstat*4);
+  for (auto [name, set] : {std::pair{"wgmma", AttentionInstructions::kAutomatic}, std::pair{"mma.sync", AttentionInstructions::kMmaSync}}) {
+    CK(block_attention_forward(sh, d_q, d_k, d_v, d_anchors, d_keep, scale, out, lse, 0, set));
+    CK(block_attention_backward(sh, d_q, d_k, d_v, out, d_do, lse, d_anchors, d_keep, scale, delta, dq, dk, dv, 0, set));
+    CK(cudaDeviceSynchronize());
+    std::printf("%s against the fp64 reference:\n", name);
+    compare("  out", download_bf16(out, nq), ref.out);
+    compare("  dq", download_bf16(dq, nq), ref.dq);
+    compare("  dk", download_bf16(dk, nk), ref.dk);
+    compare("  dv", download_bf16(dv, nk), ref.dv);
+  }
   return 0;
 }
