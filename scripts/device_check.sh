@@ -27,7 +27,8 @@ TORCH_PREFIX=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)' 2
 targets=(test_fused_norm_mlp test_gspo_gpu test_gspo_policy_gpu test_dspine_fused_step
   test_random_source_gpu test_qwen3_model_gpu test_block_attention_gpu test_kernel_profile_gpu
   test_dspine_objective test_trainer test_vocab_objective_gpu test_fused_vocabulary
-  test_injection_residual_gpu test_qk_norm_rope_gpu test_master_adamw_gpu dspine-bench)
+  test_injection_residual_gpu test_qk_norm_rope_gpu test_master_adamw_gpu test_wgmma_probe_gpu
+  dspine-bench)
 [[ $PHASE == train || $PHASE == profile ]] && targets=(dspine-bench)
 { cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$TORCH_PREFIX" &&
   ninja -C "$BUILD_DIR" -j "$(nproc)" "${targets[@]}"; } > "$OUT/build.log" 2>&1 ||
@@ -67,13 +68,13 @@ gspo_rl_step() {
 tests=(test_fused_norm_mlp test_gspo_gpu test_gspo_policy_gpu test_dspine_fused_step
   test_random_source_gpu test_qwen3_model_gpu test_block_attention_gpu test_kernel_profile_gpu
   test_dspine_objective test_trainer test_vocab_objective_gpu test_fused_vocabulary
-  test_injection_residual_gpu test_qk_norm_rope_gpu test_master_adamw_gpu)
+  test_injection_residual_gpu test_qk_norm_rope_gpu test_master_adamw_gpu test_wgmma_probe_gpu)
 [[ $PHASE == gspo ]] && tests=(test_gspo_policy_gpu)
 [[ $PHASE == target ]] && tests=(test_qwen3_model_gpu)
-[[ $PHASE == attention ]] && tests=(test_block_attention_gpu test_qk_norm_rope_gpu
-  test_dspine_fused_step)
+[[ $PHASE == attention ]] && tests=(test_wgmma_probe_gpu test_block_attention_gpu
+  test_qk_norm_rope_gpu test_dspine_fused_step)
 [[ $PHASE == vocab ]] && tests=(test_vocab_objective_gpu test_dspine_fused_step test_fused_vocabulary)
-[[ $PHASE == step ]] && tests=(test_block_attention_gpu test_qk_norm_rope_gpu test_vocab_objective_gpu
+[[ $PHASE == step ]] && tests=(test_wgmma_probe_gpu test_block_attention_gpu test_qk_norm_rope_gpu test_vocab_objective_gpu
   test_fused_vocabulary test_injection_residual_gpu test_dspine_fused_step test_kernel_profile_gpu
   test_master_adamw_gpu)
 # test_trainer trains on the device `auto` picks: the GPU here.
