@@ -499,6 +499,29 @@ __device__ __forceinline__ void rescale_rows(float (&o)[D / 8][4], float2 alpha)
   }
 }
 
+// Stores the thread's two rows (row_a, row_b) of a 64 × D accumulator (C fragments) into a
+// [B, N·bs, H, D] tensor, each row times its factor; rows past the group are not stored.
+template <int D>
+__device__ __forceinline__ void store_query_rows(bf16* dst, const Problem& p, int b, int n, int g,
+                                                 int row_a, int row_b, const float (&acc)[D / 8][4],
+                                                 float factor_a, float factor_b, int lane) {
+  const bool valid_a = query_row(p, g, row_a).valid, valid_b = query_row(p, g, row_b).valid;
+  bf16* dst_a = dst + (valid_a ? query_offset(p, b, n, g, row_a) : 0);
+  bf16* dst_b = dst + (valid_b ? query_offset(p, b, n, g, row_b) : 0);
+#pragma unroll
+  for (int dt = 0; dt < D / 8; ++dt) {
+    const int col = dt * 8 + 2 * (lane % 4);
+    if (valid_a) {
+      *reinterpret_cast<uint32_t*>(dst_a + col) =
+          pack_bf16(acc[dt][0] * factor_a, acc[dt][1] * factor_a);
+    }
+    if (valid_b) {
+      *reinterpret_cast<uint32_t*>(dst_b + col) =
+          pack_bf16(acc[dt][2] * factor_b, acc[dt][3] * factor_b);
+    }
+  }
+}
+
 // Normalises and stores the thread's two output rows and their log2-sum-exp.
 template <int D>
 __device__ __forceinline__ void store_output_rows(const Problem& p, int b, int n, int g, int row_a,
@@ -510,20 +533,8 @@ __device__ __forceinline__ void store_output_rows(const Problem& p, int b, int n
     rows.sum_a += __shfl_xor_sync(0xffffffffu, rows.sum_a, offset);
     rows.sum_b += __shfl_xor_sync(0xffffffffu, rows.sum_b, offset);
   }
-  const float inv_a = 1.f / rows.sum_a, inv_b = 1.f / rows.sum_b;
+  store_query_rows<D>(out, p, b, n, g, row_a, row_b, o, 1.f / rows.sum_a, 1.f / rows.sum_b, lane);
   const bool valid_a = query_row(p, g, row_a).valid, valid_b = query_row(p, g, row_b).valid;
-  bf16* out_a = out + (valid_a ? query_offset(p, b, n, g, row_a) : 0);
-  bf16* out_b = out + (valid_b ? query_offset(p, b, n, g, row_b) : 0);
-#pragma unroll
-  for (int dt = 0; dt < D / 8; ++dt) {
-    const int col = dt * 8 + 2 * (lane % 4);
-    if (valid_a) {
-      *reinterpret_cast<uint32_t*>(out_a + col) = pack_bf16(o[dt][0] * inv_a, o[dt][1] * inv_a);
-    }
-    if (valid_b) {
-      *reinterpret_cast<uint32_t*>(out_b + col) = pack_bf16(o[dt][2] * inv_b, o[dt][3] * inv_b);
-    }
-  }
   if (lane % 4 == 0) {
     if (valid_a) lse[query_stat_offset(p, b, n, g, row_a)] = rows.max_a + log2f(rows.sum_a);
     if (valid_b) lse[query_stat_offset(p, b, n, g, row_b)] = rows.max_b + log2f(rows.sum_b);
@@ -734,20 +745,7 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();
   }
 
-  bf16* dq_a = dq + (valid_a ? query_offset(p, b, n, g, row_a) : 0);
-  bf16* dq_b = dq + (valid_b ? query_offset(p, b, n, g, row_b) : 0);
-#pragma unroll
-  for (int dt = 0; dt < D / 8; ++dt) {
-    const int col = dt * 8 + 2 * (lane % 4);
-    if (valid_a) {
-      *reinterpret_cast<uint32_t*>(dq_a + col) =
-          pack_bf16(acc[dt][0] * p.scale, acc[dt][1] * p.scale);
-    }
-    if (valid_b) {
-      *reinterpret_cast<uint32_t*>(dq_b + col) =
-          pack_bf16(acc[dt][2] * p.scale, acc[dt][3] * p.scale);
-    }
-  }
+  store_query_rows<D>(dq, p, b, n, g, row_a, row_b, acc, p.scale, p.scale, lane);
 }
 
 // dk, dv: one CTA per (key tile, kv head, row). Tiles 0..context_tiles-1 are 64 context keys;
