@@ -14,7 +14,7 @@
 //     (16 rows) starts at byte 2048 · s; the two column halves Rows · 128 bytes apart, 8-row
 //     groups 1024 bytes apart.
 // The A operand comes from registers in mma.sync's m16n8k16 fragment layout, warp w of the
-// warpgroup holding rows 16w..16w + 15; accumulators are mma.sync's C fragments of each 8-column
+// warpgroup holding rows 16w..16w + 15, or from a swizzled tile as a K-major operand; accumulators are mma.sync's C fragments of each 8-column
 // chunk in order (d[4j..4j + 3] for columns 8j..8j + 7).
 #pragma once
 
@@ -67,8 +67,8 @@ __device__ __forceinline__ void wait() {
 __device__ __forceinline__ void fence_shared() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
-// Keeps the compiler from moving reads or writes of registers an asynchronous wgmma writes
-// (accumulators) or reads (A fragments) across wait()/fence(), and from reusing them meanwhile.
+// Keeps the compiler from moving reads or writes of an asynchronous wgmma's accumulators across
+// wait()/fence(). (A fragments in registers need no pin: ptxas keeps them until the wait.)
 template <int N>
 __device__ __forceinline__ void pin(float (&d)[N]) {
 #pragma unroll
@@ -78,14 +78,6 @@ template <int R, int C>
 __device__ __forceinline__ void pin(float (&d)[R][C]) {
 #pragma unroll
   for (int i = 0; i < R; ++i) pin(d[i]);
-}
-template <int R, int C>
-__device__ __forceinline__ void pin(uint32_t (&a)[R][C]) {
-#pragma unroll
-  for (int i = 0; i < R; ++i) {
-#pragma unroll
-    for (int j = 0; j < C; ++j) asm volatile("" : "+r"(a[i][j])::"memory");
-  }
 }
 
 // d (64 × 64) = (accumulate ? d : 0) + A (64 × 16, registers) · B (16 × 64, K-major descriptor).
