@@ -559,7 +559,7 @@ __global__ void __launch_bounds__(kThreads, Ops::kForwardBlocksPerSm)
   using Tile = typename Ops::Tile;
   extern __shared__ __align__(16) unsigned char smem_bytes[];
   // The query tile is staged in the second key buffer and moved to registers before that buffer is
-  // refilled, so four tiles of shared memory suffice (two or three CTAs per SM).
+  // refilled, so four tiles of shared memory suffice (three CTAs per SM).
   bf16* s_k = Ops::tiles(smem_bytes);  // two buffers
   bf16* s_v = s_k + 2 * Tile::kElements;            // two buffers
   bf16* s_q = s_k + Tile::kElements;
@@ -999,14 +999,21 @@ bool block_attention_wgmma_available(int64_t head_dim) {
   return head_dim == 128 && wgmma_available();
 }
 
+namespace {
+// The instruction set a call runs: wgmma when asked for automatically and available.
+bool uses_wgmma(const BlockAttentionShape& shape, AttentionInstructions instructions) {
+  return instructions == AttentionInstructions::kAutomatic &&
+         block_attention_wgmma_available(shape.head_dim);
+}
+}  // namespace
+
 cudaError_t block_attention_forward(const BlockAttentionShape& shape, const void* q, const void* k,
                                     const void* v, const int64_t* anchors, const uint8_t* keep,
                                     float scale, void* out, float* lse, cudaStream_t stream,
                                     AttentionInstructions instructions) {
   if (!block_attention_supported(shape)) return cudaErrorInvalidValue;
   const Problem p = make_problem(shape, anchors, keep, scale);
-  const bool use_wgmma = instructions == AttentionInstructions::kAutomatic &&
-                         block_attention_wgmma_available(shape.head_dim);
+  const bool use_wgmma = uses_wgmma(shape, instructions);
   return shape.head_dim == 128 ? forward_impl<128>(p, q, k, v, out, lse, use_wgmma, stream)
                                : forward_impl<64>(p, q, k, v, out, lse, false, stream);
 }
@@ -1019,8 +1026,7 @@ cudaError_t block_attention_backward(const BlockAttentionShape& shape, const voi
                                      AttentionInstructions instructions) {
   if (!block_attention_supported(shape)) return cudaErrorInvalidValue;
   const Problem p = make_problem(shape, anchors, keep, scale);
-  const bool use_wgmma = instructions == AttentionInstructions::kAutomatic &&
-                         block_attention_wgmma_available(shape.head_dim);
+  const bool use_wgmma = uses_wgmma(shape, instructions);
   return shape.head_dim == 128
              ? backward_impl<128>(p, q, k, v, out, dout, lse, delta, dq, dk, dv, use_wgmma, stream)
              : backward_impl<64>(p, q, k, v, out, dout, lse, delta, dq, dk, dv, false, stream);
