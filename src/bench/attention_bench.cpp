@@ -28,9 +28,12 @@ namespace {
 struct AttentionOptions {
   int64_t rows = 2, context = 3072, blocks = 512, block_size = 16;
   int64_t heads = 32, kv_heads = 8, head_dim = 128;
-  int iterations = 10;
+  int iterations = 20;
   bool reference = true;
 };
+
+// Untimed calls before each timed series (clocks settle after the GEMM-rate measurement).
+constexpr int kWarmups = 5;
 
 struct Timing {
   double forward_ms = 0, both_ms = 0, peak_gib = 0;
@@ -64,9 +67,9 @@ Timing time_attention(const AttentionFn& attend, const torch::Tensor& q, const t
   Timing t;
   {
     torch::NoGradGuard no_grad;
-    t.forward_ms = cuda_median_ms([&] { attend(q, k, v); }, 2, iterations);
+    t.forward_ms = cuda_median_ms([&] { attend(q, k, v); }, kWarmups, iterations);
   }
-  t.both_ms = cuda_median_ms(both, 2, iterations);
+  t.both_ms = cuda_median_ms(both, kWarmups, iterations);
   t.peak_gib = peak_extra_gib(both);
   return t;
 }
@@ -174,8 +177,8 @@ void run_attention_bench(const AttentionOptions& o) {
                            Set{"mma.sync", kernels::AttentionInstructions::kMmaSync}}) {
       const char* name = set.first;
       const kernels::AttentionInstructions instructions = set.second;
-      const double f_ms = cuda_median_ms([&] { forward(instructions); }, 2, o.iterations);
-      const double b_ms = cuda_median_ms([&] { backward(instructions); }, 2, o.iterations);
+      const double f_ms = cuda_median_ms([&] { forward(instructions); }, kWarmups, o.iterations);
+      const double b_ms = cuda_median_ms([&] { backward(instructions); }, kWarmups, o.iterations);
       std::printf("kernels_%s: forward %.3f ms (%.1f TFLOP/s), backward %.3f ms (%.1f TFLOP/s)\n",
                   name, f_ms, forward_flop / (f_ms * 1e-3) / 1e12, b_ms,
                   backward_flop / (b_ms * 1e-3) / 1e12);

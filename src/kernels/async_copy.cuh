@@ -20,6 +20,11 @@ __device__ __forceinline__ void copy16_async(void* dst, const void* src, bool va
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address(dst)),
                "l"(src), "r"(valid ? 16 : 0));
 }
+// 4 bytes global -> shared (through L1), zero-filled when !valid.
+__device__ __forceinline__ void copy4_async(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(shared_address(dst)),
+               "l"(src), "r"(valid ? 4 : 0));
+}
 // Closes the thread's outstanding copies into one group.
 __device__ __forceinline__ void commit_async() { asm volatile("cp.async.commit_group;\n" ::); }
 // Waits until at most `Pending` of the thread's groups are still in flight.

@@ -19,6 +19,7 @@ namespace {
 using bf16 = __nv_bfloat16;
 using detail::commit_async;
 using detail::copy16_async;
+using detail::copy4_async;
 using detail::shared_address;
 using detail::wait_async;
 
@@ -198,7 +199,9 @@ template <int D>
 struct WgmmaOps {
   static_assert(D == 128 && kThreads == 128);
   using Tile = SwizzledTile<D>;
-  static constexpr int kForwardBlocksPerSm = 3;
+  // Two CTAs per SM leave the forward the registers to keep its products asynchronous (at three,
+  // ptxas serializes them); measured 2% faster than three.
+  static constexpr int kForwardBlocksPerSm = 2;
   static constexpr int kSmemSlack = wgmma::kTileAlignment;
   __device__ static bf16* tiles(unsigned char* smem) {
     const uint32_t address = shared_address(smem);
@@ -264,16 +267,6 @@ struct WgmmaOps {
 #endif
   }
 };
-
-// A product started and finished (the dq kernel uses its result at once).
-template <typename Ops, int D>
-__device__ __forceinline__ void accumulate(float (&acc)[D / 8][4], const float (&p)[8][4],
-                                           const bf16* tile, int lane) {
-  uint32_t p_frag[4][4];
-  to_a_fragments(p_frag, p);
-  Ops::accumulate_async(acc, p_frag, tile, lane);
-  Ops::template wait<0>(acc);
-}
 
 struct Problem {
   BlockAttentionShape shape;
@@ -343,20 +336,50 @@ struct TileCopies {
 };
 
 // Where the 64 query rows of a kv head's tile lie in a [B, N·bs, H, D] tensor, relative to the
-// first position of the block (elements; -1 for rows past the group): written once per CTA into
-// `rows` (shared, one entry per row) so that a block's copies need no divisions.
-__device__ __forceinline__ void fill_query_rows(int* rows, const Problem& p, int g) {
-  if (threadIdx.x < kRows) {
-    const QueryRow q = query_row(p, g, threadIdx.x);
-    rows[threadIdx.x] =
-        q.valid ? static_cast<int>((q.position * p.shape.heads + q.head) * p.shape.head_dim) : -1;
+// first position of the block (elements; -1 for rows past the group), written once per CTA so that
+// a block's copies need no divisions. The table is ordered by copying thread: the kPerThread rows
+// r0 + s · kRowStep of the threads with first row r0 are consecutive entries, which each such
+// thread reads as 16-byte vectors (QueryRowOffsets).
+template <int D>
+struct QueryRowTable {
+  using Copies = TileCopies<D>;
+  static_assert(Copies::kPerThread % 4 == 0);
+  __device__ static int slot(int r) {
+    return (r % Copies::kRowStep) * Copies::kPerThread + r / Copies::kRowStep;
   }
-}
+  __device__ static void fill(int* table, const Problem& p, int g) {
+    if (threadIdx.x < kRows) {
+      const QueryRow q = query_row(p, g, threadIdx.x);
+      table[slot(threadIdx.x)] =
+          q.valid ? static_cast<int>((q.position * p.shape.heads + q.head) * p.shape.head_dim) : -1;
+    }
+  }
+};
 
-// Query rows of block n.
+// This thread's entries of the query row table (its copies of a query tile's rows).
+template <int D>
+struct QueryRowOffsets {
+  using Copies = TileCopies<D>;
+  int at[Copies::kPerThread];
+  __device__ explicit QueryRowOffsets(const int* table) {
+    const int4* mine = reinterpret_cast<const int4*>(table + threadIdx.x / Copies::kChunks *
+                                                                 Copies::kPerThread);
+#pragma unroll
+    for (int v = 0; v < Copies::kPerThread / 4; ++v) {
+      const int4 four = mine[v];
+      at[4 * v] = four.x;
+      at[4 * v + 1] = four.y;
+      at[4 * v + 2] = four.z;
+      at[4 * v + 3] = four.w;
+    }
+  }
+};
+
+// Query rows of block n (rows past the group are zero-filled).
 template <int D, typename Tile>
-__device__ __forceinline__ void load_query_tile(bf16* dst, const bf16* src, const int* rows,
-                                                const Problem& p, int b, int n) {
+__device__ __forceinline__ void load_query_tile(bf16* dst, const bf16* src,
+                                                const QueryRowOffsets<D>& rows, const Problem& p,
+                                                int b, int n) {
   using Copies = TileCopies<D>;
   const int c = threadIdx.x % Copies::kChunks, r0 = threadIdx.x / Copies::kChunks;
   const bf16* base =
@@ -364,27 +387,29 @@ __device__ __forceinline__ void load_query_tile(bf16* dst, const bf16* src, cons
       c * 8;
 #pragma unroll
   for (int s = 0; s < Copies::kPerThread; ++s) {
-    const int r = r0 + s * Copies::kRowStep;
-    const int offset = rows[r];
-    copy16_async(dst + Tile::at(r, c), offset >= 0 ? base + offset : src, offset >= 0);
+    const int offset = rows.at[s];
+    copy16_async(dst + Tile::at(r0 + s * Copies::kRowStep, c), base + max(offset, 0),
+                 offset >= 0);
   }
 }
 // Key rows of the context from `start`, or block `start / bs`'s own keys (rows past the keys that
-// exist are zero-filled).
+// exist are zero-filled). A thread's rows are kRowStep apart: its source advances by a fixed
+// stride and its destination by kRowStep swizzle rows.
 template <int D, typename Tile>
 __device__ __forceinline__ void load_key_tile(bf16* dst, const bf16* src, const Problem& p, int b,
                                               int g, bool block_tile, int64_t start) {
   using Copies = TileCopies<D>;
   const int c = threadIdx.x % Copies::kChunks, r0 = threadIdx.x / Copies::kChunks;
   const int64_t first = block_tile ? p.shape.context + start : start;
-  const int64_t rows = block_tile ? p.shape.block_size : p.shape.context - start;
-  const int64_t row_stride = p.shape.kv_heads * D;
-  const bf16* base = src + ((b * p.keys + first) * p.shape.kv_heads + g) * D + c * 8;
+  const int64_t available = block_tile ? p.shape.block_size : p.shape.context - start;
+  const int rows = available < kKeys ? static_cast<int>(available) : kKeys;
+  const int64_t step = Copies::kRowStep * p.shape.kv_heads * D;
+  const bf16* row = src + ((b * p.keys + first + r0) * p.shape.kv_heads + g) * D + c * 8;
 #pragma unroll
   for (int s = 0; s < Copies::kPerThread; ++s) {
     const int r = r0 + s * Copies::kRowStep;
-    const bool valid = r < rows;
-    copy16_async(dst + Tile::at(r, c), valid ? base + r * row_stride : src, valid);
+    // Rows past the keys are not read (zero-fill), so their address may lie past the tensor.
+    copy16_async(dst + Tile::at(r, c), row + s * step, r < rows);
   }
 }
 
@@ -449,14 +474,13 @@ struct SoftmaxRows {
 
 // Scores of one key tile (C fragments s[nt][e], 8 chunks of 8 keys; masked ones -inf) →
 // unnormalised probabilities against the updated running maxima, in place; returns the factors
-// (alpha_a, alpha_b) by which the output accumulated so far is to be rescaled.
+// (alpha_a, alpha_b) by which the output accumulated so far is to be rescaled. The maxima are
+// taken on the raw scores (scale > 0), so that scaling and subtracting are one FMA per score.
 __device__ __forceinline__ float2 softmax_tile(float (&s)[8][4], SoftmaxRows& rows,
                                                float scale_log2) {
   float tile_max_a = -INFINITY, tile_max_b = -INFINITY;
 #pragma unroll
   for (int nt = 0; nt < 8; ++nt) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) s[nt][e] *= scale_log2;
     tile_max_a = fmaxf(tile_max_a, fmaxf(s[nt][0], s[nt][1]));
     tile_max_b = fmaxf(tile_max_b, fmaxf(s[nt][2], s[nt][3]));
   }
@@ -465,7 +489,8 @@ __device__ __forceinline__ float2 softmax_tile(float (&s)[8][4], SoftmaxRows& ro
     tile_max_a = fmaxf(tile_max_a, __shfl_xor_sync(0xffffffffu, tile_max_a, offset));
     tile_max_b = fmaxf(tile_max_b, __shfl_xor_sync(0xffffffffu, tile_max_b, offset));
   }
-  const float new_a = fmaxf(rows.max_a, tile_max_a), new_b = fmaxf(rows.max_b, tile_max_b);
+  const float new_a = fmaxf(rows.max_a, tile_max_a * scale_log2);
+  const float new_b = fmaxf(rows.max_b, tile_max_b * scale_log2);
   // A row that has seen no key yet keeps a finite reference so no inf - inf appears.
   const float use_a = new_a == -INFINITY ? 0.f : new_a;
   const float use_b = new_b == -INFINITY ? 0.f : new_b;
@@ -475,10 +500,10 @@ __device__ __forceinline__ float2 softmax_tile(float (&s)[8][4], SoftmaxRows& ro
   float row_sum_a = 0.f, row_sum_b = 0.f;
 #pragma unroll
   for (int nt = 0; nt < 8; ++nt) {
-    s[nt][0] = fast_exp2(s[nt][0] - use_a);
-    s[nt][1] = fast_exp2(s[nt][1] - use_a);
-    s[nt][2] = fast_exp2(s[nt][2] - use_b);
-    s[nt][3] = fast_exp2(s[nt][3] - use_b);
+    s[nt][0] = fast_exp2(fmaf(s[nt][0], scale_log2, -use_a));
+    s[nt][1] = fast_exp2(fmaf(s[nt][1], scale_log2, -use_a));
+    s[nt][2] = fast_exp2(fmaf(s[nt][2], scale_log2, -use_b));
+    s[nt][3] = fast_exp2(fmaf(s[nt][3], scale_log2, -use_b));
     row_sum_a += s[nt][0] + s[nt][1];
     row_sum_b += s[nt][2] + s[nt][3];
   }
@@ -559,7 +584,7 @@ __global__ void __launch_bounds__(kThreads, Ops::kForwardBlocksPerSm)
   using Tile = typename Ops::Tile;
   extern __shared__ __align__(16) unsigned char smem_bytes[];
   // The query tile is staged in the second key buffer and moved to registers before that buffer is
-  // refilled, so four tiles of shared memory suffice (three CTAs per SM).
+  // refilled, so four tiles of shared memory suffice (up to three CTAs per SM).
   bf16* s_k = Ops::tiles(smem_bytes);  // two buffers
   bf16* s_v = s_k + 2 * Tile::kElements;            // two buffers
   bf16* s_q = s_k + Tile::kElements;
@@ -580,10 +605,10 @@ __global__ void __launch_bounds__(kThreads, Ops::kForwardBlocksPerSm)
   auto tile_start = [&](int t) -> int64_t {
     return t < context_tiles ? static_cast<int64_t>(t) * kKeys : n * p.shape.block_size;
   };
-  __shared__ int query_rows[kRows];
-  fill_query_rows(query_rows, p, g);
+  __shared__ __align__(16) int query_rows[kRows];
+  QueryRowTable<D>::fill(query_rows, p, g);
   __syncthreads();
-  load_query_tile<D, Tile>(s_q, q, query_rows, p, b, n);
+  load_query_tile<D, Tile>(s_q, q, QueryRowOffsets<D>(query_rows), p, b, n);
   load_key_tile<D, Tile>(s_k, k, p, b, g, context_tiles == 0, tile_start(0));
   commit_async();
   wait_async<0>();
@@ -662,6 +687,9 @@ __global__ void attention_delta_kernel(const bf16* __restrict__ out, const bf16*
 }
 
 // dq: one CTA per (block, kv head, row), over the block's visible key tiles as in the forward.
+// Key/value tiles go through three buffers, so that a tile's dQ product can still be running while
+// the next tile is copied and its scores start: the copy into a buffer waits only for the
+// products of two tiles before.
 template <int D, typename Ops>
 __global__ void __launch_bounds__(kThreads)
     attention_dq_kernel(Problem p, const bf16* __restrict__ q, const bf16* __restrict__ k,
@@ -669,11 +697,14 @@ __global__ void __launch_bounds__(kThreads)
               const float* __restrict__ lse, const float* __restrict__ delta,
               bf16* __restrict__ dq) {
   using Tile = typename Ops::Tile;
+  constexpr int kBuffers = 3;
   extern __shared__ __align__(16) unsigned char smem_bytes[];
-  bf16* s_q = Ops::tiles(smem_bytes);
-  bf16* s_do = s_q + Tile::kElements;
-  bf16* s_k = s_do + Tile::kElements;     // two buffers
-  bf16* s_v = s_k + 2 * Tile::kElements;  // two buffers
+  bf16* s_k = Ops::tiles(smem_bytes);            // three buffers
+  bf16* s_v = s_k + kBuffers * Tile::kElements;  // three buffers
+  // The query and dO tiles are staged in the third buffers and moved to registers at the first
+  // tile, before those buffers are first refilled (with tile 2).
+  bf16* s_q = s_k + 2 * Tile::kElements;
+  bf16* s_do = s_v + 2 * Tile::kElements;
   const int n = static_cast<int>(p.shape.blocks - 1 - blockIdx.z);
   const int g = blockIdx.x, b = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -692,11 +723,14 @@ __global__ void __launch_bounds__(kThreads)
   auto tile_start = [&](int t) -> int64_t {
     return t < context_tiles ? static_cast<int64_t>(t) * kKeys : n * p.shape.block_size;
   };
-  __shared__ int query_rows[kRows];
-  fill_query_rows(query_rows, p, g);
+  __shared__ __align__(16) int query_rows[kRows];
+  QueryRowTable<D>::fill(query_rows, p, g);
   __syncthreads();
-  load_query_tile<D, Tile>(s_q, q, query_rows, p, b, n);
-  load_query_tile<D, Tile>(s_do, dout, query_rows, p, b, n);
+  {
+    const QueryRowOffsets<D> rows(query_rows);
+    load_query_tile<D, Tile>(s_q, q, rows, p, b, n);
+    load_query_tile<D, Tile>(s_do, dout, rows, p, b, n);
+  }
   prefetch_key_value_tiles<D, Tile>(s_k, s_v, k, v, p, b, g, 0, context_tiles == 0,
                                     tile_start(0));
 
@@ -707,19 +741,20 @@ __global__ void __launch_bounds__(kThreads)
   const float delta_a = valid_a ? delta[query_stat_offset(p, b, n, g, row_a)] : 0.f;
   const float delta_b = valid_b ? delta[query_stat_offset(p, b, n, g, row_b)] : 0.f;
   uint32_t q_frag[D / 16][4], do_frag[D / 16][4];
+  uint32_t ds_frag[4][4];  // dS of the previous tile, A fragments of its running dQ product
   float acc[D / 8][4] = {};
 
   for (int t = 0; t < tiles; ++t) {
-    const int buf = t & 1;
-    if (t + 1 < tiles) {
-      prefetch_key_value_tiles<D, Tile>(s_k, s_v, k, v, p, b, g, (t + 1) & 1,
-                                        t + 1 == context_tiles, tile_start(t + 1));
-      wait_async<1>();
-    } else {
-      wait_async<0>();
-    }
+    const int buf = t % kBuffers;
+    wait_async<0>();  // tile t (and at t = 0 the query and dO tiles)
     Ops::tiles_ready();
+    // Every warp has its copies of tile t in and has finished the products of tile t - 2 (waited
+    // for in the previous iteration), whose buffer the next copy refills.
     __syncthreads();
+    if (t + 1 < tiles) {
+      prefetch_key_value_tiles<D, Tile>(s_k, s_v, k, v, p, b, g, (t + 1) % kBuffers,
+                                        t + 1 == context_tiles, tile_start(t + 1));
+    }
     if (t == 0) {
       load_a<D, Tile>(q_frag, s_q, warp * 16, lane);
       load_a<D, Tile>(do_frag, s_do, warp * 16, lane);
@@ -727,7 +762,7 @@ __global__ void __launch_bounds__(kThreads)
     float s[8][4], dp[8][4];
     Ops::scores_async(s, q_frag, s_k + buf * Tile::kElements, lane);
     Ops::scores_async(dp, do_frag, s_v + buf * Tile::kElements, lane);
-    Ops::template wait<0>(s, dp);
+    Ops::template wait<0>(s, dp, acc);  // the previous tile's dQ product finishes first
     const bool block_tile = t == context_tiles;
     const int64_t start = tile_start(t);
     if (!whole_tile_visible(block_tile, start, anchor)) {
@@ -741,11 +776,63 @@ __global__ void __launch_bounds__(kThreads)
         s[nt][e] = prob * (dp[nt][e] - (e < 2 ? delta_a : delta_b));  // dS
       }
     }
-    accumulate<Ops, D>(acc, s, s_k + buf * Tile::kElements, lane);
-    __syncthreads();
+    to_a_fragments(ds_frag, s);
+    Ops::accumulate_async(acc, ds_frag, s_k + buf * Tile::kElements, lane);
   }
+  Ops::template wait<0>(acc);
 
   store_query_rows<D>(dq, p, b, n, g, row_a, row_b, acc, p.scale, p.scale, lane);
+}
+
+// The blocks that see a context key tile, collected into shared memory a window of kBlockWindow
+// candidates at a time, so that the dk/dv loop over them waits on no global loads. An entry is
+// n · 128 + the number of the tile's keys block n sees (1..64, all when it is 64).
+constexpr int kBlockWindow = 512;
+__device__ __forceinline__ int block_entry(int n, int visible_keys) { return n * 128 + visible_keys; }
+__device__ __forceinline__ int entry_block(int entry) { return entry >> 7; }
+__device__ __forceinline__ int entry_visible_keys(int entry) { return entry & 127; }
+
+// Writes the entries of the kept blocks n in [from, from + kBlockWindow) anchored after `start`,
+// in ascending order, into `list`; returns their count. Called by every thread of the CTA.
+__device__ int collect_visible_blocks(int* list, int* warp_totals, const Problem& p, int b,
+                                      int from, int64_t start) {
+  constexpr int kPerThread = kBlockWindow / kThreads;
+  const int64_t* anchors = p.anchors + b * p.shape.blocks;
+  const uint8_t* keep = p.keep + b * p.shape.blocks;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  int entry[kPerThread];
+  int count = 0;
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) {
+    const int n = from + threadIdx.x * kPerThread + i;
+    entry[i] = -1;
+    if (n < p.shape.blocks && keep[n] != 0 && anchors[n] > start) {
+      const int64_t visible_keys = anchors[n] - start;
+      entry[i] = block_entry(n, visible_keys < kKeys ? static_cast<int>(visible_keys) : kKeys);
+      ++count;
+    }
+  }
+  int inclusive = count;  // prefix sum over the warp
+#pragma unroll
+  for (int offset = 1; offset < 32; offset <<= 1) {
+    const int below = __shfl_up_sync(0xffffffffu, inclusive, offset);
+    if (lane >= offset) inclusive += below;
+  }
+  __syncthreads();  // every thread is done with the previous window
+  if (lane == 31) warp_totals[warp] = inclusive;
+  __syncthreads();
+  int at = inclusive - count, total = 0;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+    if (w < warp) at += warp_totals[w];
+    total += warp_totals[w];
+  }
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) {
+    if (entry[i] >= 0) list[at++] = entry[i];
+  }
+  __syncthreads();
+  return total;
 }
 
 // dk, dv: one CTA per (key tile, kv head, row). Tiles 0..context_tiles-1 are 64 context keys;
@@ -757,14 +844,15 @@ __global__ void __launch_bounds__(kThreads)
                 const bf16* __restrict__ v, const bf16* __restrict__ dout,
                 const float* __restrict__ lse, const float* __restrict__ delta,
                 bf16* __restrict__ dk, bf16* __restrict__ dv) {
+  static_assert(kThreads == 2 * kRows, "one thread copies each row's lse and one its delta");
   using Tile = typename Ops::Tile;
   extern __shared__ __align__(16) unsigned char smem_bytes[];
   bf16* s_k = Ops::tiles(smem_bytes);
   bf16* s_v = s_k + Tile::kElements;
   bf16* s_q = s_v + Tile::kElements;      // two buffers
   bf16* s_do = s_q + 2 * Tile::kElements;  // two buffers
-  float* s_lse = reinterpret_cast<float*>(s_do + 2 * Tile::kElements);  // two buffers of 64
-  float* s_delta = s_lse + 2 * kRows;                                   // two buffers of 64
+  float* s_stats = reinterpret_cast<float*>(s_do + 2 * Tile::kElements);  // two buffers of 128:
+                                                                         // 64 lse, 64 delta
 
   // Tiles go out in order, slowest grid dimension: context tile t is seen by the blocks anchored
   // after 64t, so the first tiles are the longest CTAs (hundreds of blocks at the recipe's size)
@@ -775,40 +863,53 @@ __global__ void __launch_bounds__(kThreads)
   const int own_block = tile - p.context_tiles;
   const int64_t start =
       block_tile ? own_block * p.shape.block_size : static_cast<int64_t>(tile) * kKeys;
-  const int64_t* anchors = p.anchors + b * p.shape.blocks;
-  const uint8_t* keep = p.keep + b * p.shape.blocks;
 
-  // The blocks that see a key of this tile: their own block tile, or anchor > the tile's start.
-  auto sees = [&](int n) {
-    if (keep[n] == 0) return false;
-    return block_tile ? n == own_block : anchors[n] > start;
-  };
-  auto next_block = [&](int from) {
-    if (block_tile) return from <= own_block && sees(own_block) ? own_block : -1;
-    for (int n = from; n < p.shape.blocks; ++n) {
-      if (sees(n)) return n;
-    }
-    return -1;
-  };
-  __shared__ int query_rows[kRows];
-  fill_query_rows(query_rows, p, g);
+  __shared__ __align__(16) int query_rows[kRows];
+  __shared__ int visible_list[kBlockWindow];
+  __shared__ int warp_totals[kWarps];
+  QueryRowTable<D>::fill(query_rows, p, g);
   __syncthreads();
-  auto load_block = [&](int n, int buf) {
-    load_query_tile<D, Tile>(s_q + buf * Tile::kElements, q, query_rows, p, b, n);
-    load_query_tile<D, Tile>(s_do + buf * Tile::kElements, dout, query_rows, p, b, n);
-    if (threadIdx.x < kRows) {
-      const int offset = query_rows[threadIdx.x];
-      const int64_t at = (b * p.queries + static_cast<int64_t>(n) * p.shape.block_size) *
-                             p.shape.heads + offset / D;
-      s_lse[buf * kRows + threadIdx.x] = offset >= 0 ? lse[at] : INFINITY;
-      s_delta[buf * kRows + threadIdx.x] = offset >= 0 ? delta[at] : 0.f;
+
+  // The entries of the blocks that see this tile, in order (-1 after the last): a block tile is
+  // seen by its own block only.
+  int window_from = 0, listed = 0, taken = 0;
+  bool own_taken = false;
+  auto next_entry = [&]() -> int {
+    if (block_tile) {
+      const bool first = !own_taken;
+      own_taken = true;
+      return first && p.keep[b * p.shape.blocks + own_block] != 0 ? block_entry(own_block, 0)
+                                                                   : -1;
     }
+    while (taken == listed) {
+      if (window_from >= p.shape.blocks) return -1;
+      listed = collect_visible_blocks(visible_list, warp_totals, p, b, window_from, start);
+      window_from += kBlockWindow;
+      taken = 0;
+    }
+    return visible_list[taken++];
+  };
+
+  // This thread's lse (threads 0..63) or delta (64..127) row of a block: its offset in [B, N·bs, H]
+  // from the block's first position (rows past the group read nothing and get 0; their q and dout
+  // rows are zero, so they add nothing to dk and dv).
+  const int stat_row = threadIdx.x % kRows;
+  const int stat_offset = query_rows[QueryRowTable<D>::slot(stat_row)];
+  const float* stat_source = threadIdx.x < kRows ? lse : delta;
+  auto load_block = [&](int n, int buf) {
+    const QueryRowOffsets<D> rows(query_rows);
+    load_query_tile<D, Tile>(s_q + buf * Tile::kElements, q, rows, p, b, n);
+    load_query_tile<D, Tile>(s_do + buf * Tile::kElements, dout, rows, p, b, n);
+    const int64_t first = (b * p.queries + static_cast<int64_t>(n) * p.shape.block_size) *
+                          p.shape.heads;
+    copy4_async(s_stats + buf * 2 * kRows + threadIdx.x,
+                stat_source + first + max(stat_offset, 0) / D, stat_offset >= 0);
   };
 
   load_key_tile<D, Tile>(s_k, k, p, b, g, block_tile, start);
   load_key_tile<D, Tile>(s_v, v, p, b, g, block_tile, start);
-  int n = next_block(0);
-  if (n >= 0) load_block(n, 0);
+  int entry = next_entry();
+  if (entry >= 0) load_block(entry_block(entry), 0);
   commit_async();
   wait_async<0>();
   Ops::tiles_ready();
@@ -820,33 +921,34 @@ __global__ void __launch_bounds__(kThreads)
   const int key_a = warp * 16 + lane / 4, key_b = key_a + 8;  // this thread's keys in the tile
   float dk_acc[D / 8][4] = {}, dv_acc[D / 8][4] = {};
   float s[8][4], dp[8][4];  // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ: the warp's 16 keys × the block's 64 rows
-  if (n >= 0) {
+  if (entry >= 0) {
     Ops::scores_async(s, s_k, s_q, lane);
     Ops::scores_async(dp, s_v, s_do, lane);
   }
   int buf = 0;
-  while (n >= 0) {
-    const int following = next_block(n + 1);
+  while (entry >= 0) {
+    const int following = next_entry();
     if (following >= 0) {
-      load_block(following, buf ^ 1);
+      load_block(entry_block(following), buf ^ 1);
       commit_async();
     }
     const bf16* tile_q = s_q + buf * Tile::kElements;
     const bf16* tile_do = s_do + buf * Tile::kElements;
-    const float* block_lse = s_lse + buf * kRows;
-    const float* block_delta = s_delta + buf * kRows;
-    const int64_t anchor = anchors[n];
+    const float* block_lse = s_stats + buf * 2 * kRows;
+    const float* block_delta = block_lse + kRows;
+    const int visible_keys = entry_visible_keys(entry);
 
     Ops::template wait<0>(s, dp);
-    if (!whole_tile_visible(block_tile, start, anchor)) {
+    // Masked keys: in a context tile, those at or after the anchor; in a block tile, those after
+    // the query's position (keys past the block's bs are never visible).
+    if (block_tile || visible_keys < kKeys) {
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int r = nt * 8 + 2 * (lane % 4) + (e & 1);  // query row
           const int key = e < 2 ? key_a : key_b;
-          const bool see = key_position(p, block_tile, start, key) >= 0 &&
-                           visible(block_tile, start, anchor, key, query_row(p, g, r).position);
+          const bool see = block_tile ? key <= query_row(p, g, r).position : key < visible_keys;
           if (!see) s[nt][e] = -INFINITY;
         }
       }
@@ -883,7 +985,7 @@ __global__ void __launch_bounds__(kThreads)
       Ops::template wait<0>(dv_acc, dk_acc);
     }
     __syncthreads();  // every warp is done with this buffer before it is refilled
-    n = following;
+    entry = following;
     buf ^= 1;
   }
 
@@ -1011,7 +1113,8 @@ cudaError_t block_attention_forward(const BlockAttentionShape& shape, const void
                                     const void* v, const int64_t* anchors, const uint8_t* keep,
                                     float scale, void* out, float* lse, cudaStream_t stream,
                                     AttentionInstructions instructions) {
-  if (!block_attention_supported(shape)) return cudaErrorInvalidValue;
+  // The forward's running maxima are taken on unscaled scores (softmax_tile).
+  if (!block_attention_supported(shape) || !(scale > 0.f)) return cudaErrorInvalidValue;
   const Problem p = make_problem(shape, anchors, keep, scale);
   const bool use_wgmma = uses_wgmma(shape, instructions);
   return shape.head_dim == 128 ? forward_impl<128>(p, q, k, v, out, lse, use_wgmma, stream)

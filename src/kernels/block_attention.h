@@ -40,7 +40,8 @@ enum class AttentionInstructions { kAutomatic, kMmaSync };
 bool block_attention_wgmma_available(int64_t head_dim);
 
 // out = softmax(scale · q kᵀ + mask) v; lse receives each row's log-sum-exp of the scaled scores
-// in base 2 (the backward's input; +inf for dropped blocks).
+// in base 2 (the backward's input; +inf for dropped blocks). scale must be > 0 (else
+// cudaErrorInvalidValue).
 cudaError_t block_attention_forward(
     const BlockAttentionShape& shape, const void* q, const void* k, const void* v,
     const int64_t* anchors, const uint8_t* keep, float scale, void* out, float* lse,

@@ -54,7 +54,9 @@ struct BlockAttentionFunction : public torch::autograd::Function<BlockAttentionF
     const auto shape = shape_of(q, k, block_size);
     auto qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();
     auto anchors_c = anchors.to(at::kLong).contiguous();
-    auto keep_c = keep.to(at::kByte).contiguous();
+    // A bool mask is read in place as bytes (0/1): no conversion kernel between the layers' calls.
+    auto keep_c = (keep.scalar_type() == at::kBool ? keep.view(at::kByte) : keep.to(at::kByte))
+                      .contiguous();
     auto out = at::empty_like(qc);
     auto lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
     check_launch(kernels::block_attention_forward(
