@@ -123,6 +123,7 @@ KernelProfile stop_kernel_profile(const std::string& trace_path) {
   }
   if (!trace_path.empty()) result->save(trace_path);
   std::map<std::string, KernelRow> device, host;
+  uint64_t first_start = UINT64_MAX, last_end = 0;
   for (const auto& event : result->events()) {
     const auto type = static_cast<libkineto::ActivityType>(event.activityType());
     const bool memory = type == libkineto::ActivityType::GPU_MEMCPY ||
@@ -138,8 +139,13 @@ KernelProfile stop_kernel_profile(const std::string& trace_path) {
     row.category = on_device ? kernel_category(name, memory) : "cpu_op";
     row.total_ms += static_cast<double>(event.durationNs()) * 1e-6;
     ++row.calls;
+    if (on_device) {
+      first_start = std::min<uint64_t>(first_start, event.startNs());
+      last_end = std::max<uint64_t>(last_end, event.startNs() + event.durationNs());
+    }
   }
   profile.device = !device.empty();
+  if (profile.device) profile.span_ms = static_cast<double>(last_end - first_start) * 1e-6;
   for (const auto& [name, row] : profile.device ? device : host) profile.rows.push_back(row);
   std::sort(profile.rows.begin(), profile.rows.end(),
             [](const KernelRow& a, const KernelRow& b) { return a.total_ms > b.total_ms; });
@@ -182,7 +188,13 @@ void print_kernel_profile(const KernelProfile& profile, std::FILE* out, size_t l
     std::fprintf(out, "| %s | %.3f | %lld | %.1f%% |\n", name.c_str(), row.total_ms,
                  static_cast<long long>(row.calls), share(row.total_ms));
   }
-  std::fprintf(out, "| idle gap (wall − kernels) | %.3f | | |\n\n", profile.wall_ms - kernel_ms);
+  std::fprintf(out, "| idle gap (wall − kernels) | %.3f | | |\n", profile.wall_ms - kernel_ms);
+  // Kernels overlapping on several streams can make the span shorter than their sum.
+  const double gaps_ms = std::max(0.0, profile.span_ms - kernel_ms);
+  std::fprintf(out, "| of which gaps between the profiled stretch's kernels | %.3f | | |\n",
+               gaps_ms);
+  std::fprintf(out, "| of which median wall − profiled span (run-to-run) | %.3f | | |\n\n",
+               profile.wall_ms - kernel_ms - gaps_ms);
   std::fprintf(out, "| kernel | category | total ms | calls | share of GPU time |\n"
                     "|---|---|---:|---:|---:|\n");
   for (size_t i = 0; i < shown; ++i) {

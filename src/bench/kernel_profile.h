@@ -33,6 +33,8 @@ struct KernelProfile {
   std::string unavailable;        // why nothing was recorded ("" when the profiler ran)
   std::vector<KernelRow> rows;    // grouped by name, longest total first
   double wall_ms = 0.0;           // the stretch's unprofiled wall time (set by the caller)
+  double span_ms = 0.0;           // first device activity's start to the last one's end, in
+                                  // the profiled stretch itself
   double kernel_ms() const;       // sum of the rows' totals
 };
 
@@ -44,8 +46,10 @@ void start_kernel_profile(bool cuda);
 // is also saved there.
 KernelProfile stop_kernel_profile(const std::string& trace_path = "");
 
-// The report: categories with their share of the kernel time, the idle gap (wall − kernel time)
-// and the `limit` longest kernels, as markdown tables (`limit` 0: every kernel).
+// The report: categories with their share of the kernel time, the idle gap (wall − kernel time,
+// split into the gaps between the profiled stretch's own kernels and the rest: the median wall's
+// difference from the profiled stretch) and the `limit` longest kernels, as markdown tables
+// (`limit` 0: every kernel).
 void print_kernel_profile(const KernelProfile& profile, std::FILE* out, size_t limit);
 
 }  // namespace dspine::bench

@@ -42,6 +42,8 @@ TEST(KernelProfileGpu, GroupsCudaKernelsIntoCategories) {
     EXPECT_TRUE(categories.count(expected)) << "no " << expected << " kernel among: " << names;
   }
   EXPECT_GT(profile.kernel_ms(), 0.0);
+  // One stream: the kernels run one after another, so their span covers their sum.
+  EXPECT_GE(profile.span_ms, profile.kernel_ms() - 1e-3);
   EXPECT_TRUE(std::isfinite(total.item<float>()));
 }
 
