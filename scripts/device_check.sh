@@ -28,7 +28,7 @@ targets=(test_fused_norm_mlp test_gspo_gpu test_gspo_policy_gpu test_dspine_fuse
   test_random_source_gpu test_qwen3_model_gpu test_block_attention_gpu test_kernel_profile_gpu
   test_dspine_objective test_trainer test_vocab_objective_gpu test_fused_vocabulary
   test_injection_residual_gpu test_qk_norm_rope_gpu test_master_adamw_gpu test_wgmma_probe_gpu
-  dspine-bench)
+  dspine-bench attention-check)
 [[ $PHASE == train || $PHASE == profile ]] && targets=(dspine-bench)
 { cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$TORCH_PREFIX" &&
   ninja -C "$BUILD_DIR" -j "$(nproc)" "${targets[@]}"; } > "$OUT/build.log" 2>&1 ||
@@ -84,9 +84,13 @@ for test in "${tests[@]}"; do
   grep -E "^\[  FAILED  \]|Failure|Expected|Which is|fused vs reference|relative error|reference vs reference|max diff" "$OUT/$test.log" | head -40
 done
 echo "tests done at $(( $(date +%s) - start )) s"
+# The block attention of one layer through the autograd op and as kernels alone, then the
+# torch-free kernel check (fp64 reference, both instruction sets, timings).
 attention_bench() {
   "$BUILD_DIR/bin/dspine-bench" attention > "$OUT/bench_attention.md" 2>&1 || status=1
   cat "$OUT/bench_attention.md"
+  "$BUILD_DIR/bin/attention-check" > "$OUT/attention_check.log" 2>&1 || status=1
+  grep -E "FAIL|wgmma:|mma.sync:|attention-check:" "$OUT/attention_check.log"
 }
 if [[ $PHASE == attention ]]; then
   attention_bench
