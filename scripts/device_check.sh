@@ -4,7 +4,7 @@
 # Usage: scripts/device_check.sh [all|gspo|target|attention|vocab|train|step|profile]  (gspo: only the GSPO
 # policy test and the RL step; target: only the Qwen3 target test and the online-target step,
 # scripts/bench_online_target.sh; attention: the block attention test, the fused step test and
-# `dspine-bench attention` at the recipe's shapes; vocab: the fused vocabulary objective's tests,
+# `dspine-bench attention` and attention-check at the recipe's shapes; vocab: the fused vocabulary objective's tests,
 # the fused step test and `dspine-bench vocab`; train: only dspine-bench and the recipe-size
 # training step with its kernel profile, scripts/bench_train.sh; step: the attention, vocabulary,
 # fused-step and fused AdamW tests, then the attention, vocabulary and training-step benchmarks;
