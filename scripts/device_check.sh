@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # Builds and runs every GPU test and benchmark on the GPU machine in one go; logs under $OUT.
 # Uses the machine's torch 2.11 and packages (installs nothing); carry .whl for Liger-Kernel.
-# Usage: scripts/device_check.sh [all|gspo|target|attention|vocab|train|step|profile]  (gspo: only the GSPO
-# policy test and the RL step; target: only the Qwen3 target test and the online-target step,
-# scripts/bench_online_target.sh; attention: the block attention test, the fused step test and
-# `dspine-bench attention` and attention-check at the recipe's shapes; vocab: the fused vocabulary objective's tests,
-# the fused step test and `dspine-bench vocab`; train: only dspine-bench and the recipe-size
-# training step with its kernel profile, scripts/bench_train.sh; step: the attention, vocabulary,
-# fused-step and fused AdamW tests, then the attention, vocabulary and training-step benchmarks;
-# profile: only the fused recipe step, profiled, its kernels by launching code and its trace;
-# attention and step also run the q/k norm + RoPE test)
+# Usage: scripts/device_check.sh [all|gspo|target|attention|vocab|train|step|profile]
+# (gspo: only the GSPO policy test and the RL step; target: only the Qwen3 target test and the
+# online-target step, scripts/bench_online_target.sh; attention: the block attention test, the
+# fused step test, `dspine-bench attention` and attention-check at the recipe's shapes; vocab: the
+# fused vocabulary objective's tests, the fused step test and `dspine-bench vocab`; train: only
+# dspine-bench and the recipe-size training step with its kernel profile, scripts/bench_train.sh;
+# step: the attention, vocabulary, fused-step and fused AdamW tests, then the attention,
+# vocabulary and training-step benchmarks; profile: only the fused recipe step, profiled, its
+# kernels by launching code and its trace; attention and step also run the q/k norm + RoPE test)
 set -uo pipefail
 PHASE="${1:-all}"
 cd "$(dirname "$0")/.."
