@@ -119,6 +119,7 @@ bool block_attention_heads_supported(int64_t heads, int64_t kv_heads, int64_t he
 at::Tensor block_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                            const at::Tensor& anchors, const at::Tensor& keep, int64_t block_size,
                            double scale) {
+  if (!(scale > 0.0)) fail("fused block attention needs a softmax scale > 0, got {}", scale);
   check_inputs(q, k, v, anchors, keep, block_size);
   return BlockAttentionFunction::apply(q, k, v, anchors, keep, block_size, scale);
 }

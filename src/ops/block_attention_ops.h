@@ -21,7 +21,8 @@ bool block_attention_heads_supported(int64_t heads, int64_t kv_heads, int64_t he
 // (context keys first), anchors [B, N] int64 and keep [B, N] bool: query j of block n sees
 // context keys k < anchors[n] and its own block's positions ≤ j; dropped blocks (keep false) give
 // zeros. Returns [B, N·bs, H, D]; gradients flow to q, k and v. Throws dspine::Error naming the
-// shapes when !block_attention_fusable.
+// shapes when !block_attention_fusable, and naming the scale unless scale > 0 (the kernels' online
+// softmax takes its maxima on unscaled scores).
 at::Tensor block_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                            const at::Tensor& anchors, const at::Tensor& keep, int64_t block_size,
                            double scale);

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cmath>
 #include <string>
 
 #include "core/error.h"
@@ -32,6 +33,22 @@ TEST(BlockAttention, CpuInputsAreNotFusableAndNamedInTheError) {
     const std::string message = e.what();
     EXPECT_NE(message.find("fused block attention needs CUDA bf16"), std::string::npos) << message;
     EXPECT_NE(message.find("[1, 8, 2, 64]"), std::string::npos) << message;
+  }
+}
+
+TEST(BlockAttention, ScaleOutsideThePositivesIsNamedInTheError) {
+  auto q = torch::zeros({1, 8, 2, 64}, torch::kBFloat16);
+  auto k = torch::zeros({1, 12, 2, 64}, torch::kBFloat16);
+  auto anchors = torch::zeros({1, 2}, torch::kInt64);
+  auto keep = torch::ones({1, 2}, torch::kBool);
+  for (const double scale : {0.0, -0.125, std::nan("")}) {
+    try {
+      ops::block_attention(q, k, k, anchors, keep, 4, scale);
+      FAIL() << "scale " << scale << " accepted";
+    } catch (const Error& e) {
+      const std::string message = e.what();
+      EXPECT_NE(message.find("softmax scale > 0, got"), std::string::npos) << message;
+    }
   }
 }
 
