@@ -7,6 +7,7 @@
 // the same run is the yardstick.
 #include <cstdio>
 #include <memory>
+#include <string>
 #include <utility>
 
 #include <ATen/cuda/CUDAContext.h>
@@ -16,6 +17,7 @@
 
 #include "bench/bench.h"
 #include "bench/cuda_timing.h"
+#include "bench/kernel_profile.h"
 #include "core/error.h"
 #include "kernels/block_attention.h"
 #include "model/attention.h"
@@ -30,6 +32,7 @@ struct AttentionOptions {
   int64_t heads = 32, kv_heads = 8, head_dim = 128;
   int iterations = 20;
   bool reference = true;
+  std::string profile_trace;  // where to save the Chrome trace of the profiled op call ("": none)
 };
 
 // Untimed calls before each timed series (clocks settle after the GEMM-rate measurement).
@@ -172,6 +175,15 @@ void run_attention_bench(const AttentionOptions& o) {
           dv.data_ptr(), stream, instructions));
     };
     const double backward_flop = both_flop - forward_flop;
+    // Forward and backward back to back, as the op runs them: the op's extra time is measured
+    // against this, not against the two separate medians.
+    const double pair_ms = cuda_median_ms(
+        [&] {
+          forward(kernels::AttentionInstructions::kAutomatic);
+          backward(kernels::AttentionInstructions::kAutomatic);
+        },
+        kWarmups, o.iterations);
+    std::printf("kernels_wgmma_back_to_back: forward+backward %.3f ms\n", pair_ms);
     using Set = std::pair<const char*, kernels::AttentionInstructions>;
     for (const Set& set : {Set{"wgmma", kernels::AttentionInstructions::kAutomatic},
                            Set{"mma.sync", kernels::AttentionInstructions::kMmaSync}}) {
@@ -189,6 +201,19 @@ void run_attention_bench(const AttentionOptions& o) {
   const Timing again = time_attention(fused, q, k, v, dout, o.iterations);
   std::printf("fused_timed_last: forward %.3f ms, forward+backward %.3f ms (%.1f TFLOP/s)\n",
               again.forward_ms, again.both_ms, both_flop / (again.both_ms * 1e-3) / 1e12);
+  // One op call (forward + backward) profiled: its kernels against its wall time show whether
+  // the op's extra time is in its kernels or between them.
+  {
+    auto ql = q.detach().requires_grad_(true), kl = k.detach().requires_grad_(true),
+         vl = v.detach().requires_grad_(true);
+    start_kernel_profile(true);
+    fused(ql, kl, vl).backward(dout);
+    torch::cuda::synchronize();
+    KernelProfile profile = stop_kernel_profile(o.profile_trace);
+    profile.wall_ms = again.both_ms;
+    std::printf("\nthe op, forward + backward, one call profiled (wall: fused_timed_last)\n");
+    print_kernel_profile(profile, stdout, 8);
+  }
 }
 
 }  // namespace
@@ -207,6 +232,8 @@ void register_attention_bench(CLI::App& app) {
   cmd->add_option("--iters", o->iterations, "timed calls (the median is reported)")
       ->check(CLI::Range(1, 1000));
   cmd->add_flag("!--no-reference", o->reference, "skip the dense reference");
+  cmd->add_option("--profile-trace", o->profile_trace,
+                  "save the Chrome trace of the profiled op call to this path");
   cmd->callback([o] { run_attention_bench(*o); });
 }
 

@@ -666,45 +666,56 @@ __global__ void __launch_bounds__(kThreads, Ops::kForwardBlocksPerSm)
 // ---------------------------------------------------------------------------------------------
 // Backward.
 
-// delta = rowsum(dout ∘ out) over D, one warp per (query, head) row.
+// delta = rowsum(dout ∘ out) of the thread's two rows (a, b) from their A fragments (a quad of
+// lanes holds a row: registers 0 and 2 of each fragment are row a, 1 and 3 row b).
 template <int D>
-__global__ void attention_delta_kernel(const bf16* __restrict__ out, const bf16* __restrict__ dout,
-                             float* __restrict__ delta, int64_t rows) {
-  const int64_t row = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-  const int lane = threadIdx.x % 32;
-  if (row >= rows) return;
-  float acc = 0.f;
+__device__ __forceinline__ float2 row_dots(const uint32_t (&x)[D / 16][4],
+                                           const uint32_t (&y)[D / 16][4]) {
+  float dot_a = 0.f, dot_b = 0.f;
 #pragma unroll
-  for (int i = lane * 2; i < D; i += 64) {
-    const float2 o = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(out + row * D + i));
-    const float2 d =
-        __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(dout + row * D + i));
-    acc += o.x * d.x + o.y * d.y;
+  for (int ks = 0; ks < D / 16; ++ks) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 xf = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&x[ks][i]));
+      const float2 yf = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&y[ks][i]));
+      const float dot = xf.x * yf.x + xf.y * yf.y;
+      if (i % 2 == 0) {
+        dot_a += dot;
+      } else {
+        dot_b += dot;
+      }
+    }
   }
 #pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, offset);
-  if (lane == 0) delta[row] = acc;
+  for (int offset = 1; offset < 4; offset <<= 1) {
+    dot_a += __shfl_xor_sync(0xffffffffu, dot_a, offset);
+    dot_b += __shfl_xor_sync(0xffffffffu, dot_b, offset);
+  }
+  return make_float2(dot_a, dot_b);
 }
 
 // dq: one CTA per (block, kv head, row), over the block's visible key tiles as in the forward.
-// Key/value tiles go through three buffers, so that a tile's dQ product can still be running while
-// the next tile is copied and its scores start: the copy into a buffer waits only for the
-// products of two tiles before.
+// It first computes its rows' delta = rowsum(dout ∘ out), which it needs itself and writes for the
+// dk/dv pass (no separate pass over out and dout). Key/value tiles go through three buffers, so
+// that a tile's dQ product can still be running while the next tile is copied and its scores
+// start: the copy into a buffer waits only for the products of two tiles before.
 template <int D, typename Ops>
 __global__ void __launch_bounds__(kThreads)
     attention_dq_kernel(Problem p, const bf16* __restrict__ q, const bf16* __restrict__ k,
-              const bf16* __restrict__ v, const bf16* __restrict__ dout,
-              const float* __restrict__ lse, const float* __restrict__ delta,
-              bf16* __restrict__ dq) {
+              const bf16* __restrict__ v, const bf16* __restrict__ out,
+              const bf16* __restrict__ dout, const float* __restrict__ lse,
+              float* __restrict__ delta, bf16* __restrict__ dq) {
   using Tile = typename Ops::Tile;
   constexpr int kBuffers = 3;
   extern __shared__ __align__(16) unsigned char smem_bytes[];
   bf16* s_k = Ops::tiles(smem_bytes);            // three buffers
   bf16* s_v = s_k + kBuffers * Tile::kElements;  // three buffers
   // The query and dO tiles are staged in the third buffers and moved to registers at the first
-  // tile, before those buffers are first refilled (with tile 2).
+  // tile, before those buffers are first refilled (with tile 2); the output tile (for delta) is
+  // staged in the second key buffer, read before tile 1 is copied there.
   bf16* s_q = s_k + 2 * Tile::kElements;
   bf16* s_do = s_v + 2 * Tile::kElements;
+  bf16* s_out = s_k + Tile::kElements;
   const int n = static_cast<int>(p.shape.blocks - 1 - blockIdx.z);
   const int g = blockIdx.x, b = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -730,6 +741,7 @@ __global__ void __launch_bounds__(kThreads)
     const QueryRowOffsets<D> rows(query_rows);
     load_query_tile<D, Tile>(s_q, q, rows, p, b, n);
     load_query_tile<D, Tile>(s_do, dout, rows, p, b, n);
+    load_query_tile<D, Tile>(s_out, out, rows, p, b, n);
   }
   prefetch_key_value_tiles<D, Tile>(s_k, s_v, k, v, p, b, g, 0, context_tiles == 0,
                                     tile_start(0));
@@ -738,8 +750,7 @@ __global__ void __launch_bounds__(kThreads)
   const int pos_a = query_row(p, g, row_a).position, pos_b = query_row(p, g, row_b).position;
   const float lse_a = valid_a ? lse[query_stat_offset(p, b, n, g, row_a)] : INFINITY;
   const float lse_b = valid_b ? lse[query_stat_offset(p, b, n, g, row_b)] : INFINITY;
-  const float delta_a = valid_a ? delta[query_stat_offset(p, b, n, g, row_a)] : 0.f;
-  const float delta_b = valid_b ? delta[query_stat_offset(p, b, n, g, row_b)] : 0.f;
+  float delta_a = 0.f, delta_b = 0.f;  // set at the first tile
   uint32_t q_frag[D / 16][4], do_frag[D / 16][4];
   uint32_t ds_frag[4][4];  // dS of the previous tile, A fragments of its running dQ product
   float acc[D / 8][4] = {};
@@ -751,13 +762,24 @@ __global__ void __launch_bounds__(kThreads)
     // Every warp has its copies of tile t in and has finished the products of tile t - 2 (waited
     // for in the previous iteration), whose buffer the next copy refills.
     __syncthreads();
-    if (t + 1 < tiles) {
-      prefetch_key_value_tiles<D, Tile>(s_k, s_v, k, v, p, b, g, (t + 1) % kBuffers,
-                                        t + 1 == context_tiles, tile_start(t + 1));
-    }
     if (t == 0) {
       load_a<D, Tile>(q_frag, s_q, warp * 16, lane);
       load_a<D, Tile>(do_frag, s_do, warp * 16, lane);
+      uint32_t out_frag[D / 16][4];
+      load_a<D, Tile>(out_frag, s_out, warp * 16, lane);
+      const float2 dots = row_dots<D>(out_frag, do_frag);
+      // Rows past the group are zero-filled: their delta is 0 and they are not stored.
+      delta_a = dots.x;
+      delta_b = dots.y;
+      if (lane % 4 == 0) {
+        if (valid_a) delta[query_stat_offset(p, b, n, g, row_a)] = delta_a;
+        if (valid_b) delta[query_stat_offset(p, b, n, g, row_b)] = delta_b;
+      }
+      __syncthreads();  // every warp has read the output tile before tile 1 is copied over it
+    }
+    if (t + 1 < tiles) {
+      prefetch_key_value_tiles<D, Tile>(s_k, s_v, k, v, p, b, g, (t + 1) % kBuffers,
+                                        t + 1 == context_tiles, tile_start(t + 1));
     }
     float s[8][4], dp[8][4];
     Ops::scores_async(s, q_frag, s_k + buf * Tile::kElements, lane);
@@ -870,9 +892,12 @@ __global__ void __launch_bounds__(kThreads)
   QueryRowTable<D>::fill(query_rows, p, g);
   __syncthreads();
 
-  // The entries of the blocks that see this tile, in order (-1 after the last): a block tile is
-  // seen by its own block only.
-  int window_from = 0, listed = 0, taken = 0;
+  // The entries of the blocks that see this tile, from the last block to the first (-1 after
+  // them): a block tile is seen by its own block only. Every context tile's CTA starts at the last
+  // blocks, so the CTAs running at the same time read the same blocks' query and dO rows at about
+  // the same time, from L2; in ascending order each would start at its own first block, spread
+  // over more rows than L2 holds.
+  int window_from = (p.shape.blocks - 1) / kBlockWindow * kBlockWindow, remaining = 0;
   bool own_taken = false;
   auto next_entry = [&]() -> int {
     if (block_tile) {
@@ -881,13 +906,12 @@ __global__ void __launch_bounds__(kThreads)
       return first && p.keep[b * p.shape.blocks + own_block] != 0 ? block_entry(own_block, 0)
                                                                    : -1;
     }
-    while (taken == listed) {
-      if (window_from >= p.shape.blocks) return -1;
-      listed = collect_visible_blocks(visible_list, warp_totals, p, b, window_from, start);
-      window_from += kBlockWindow;
-      taken = 0;
+    while (remaining == 0) {
+      if (window_from < 0) return -1;
+      remaining = collect_visible_blocks(visible_list, warp_totals, p, b, window_from, start);
+      window_from -= kBlockWindow;
     }
-    return visible_list[taken++];
+    return visible_list[--remaining];
   };
 
   // This thread's lse (threads 0..63) or delta (64..127) row of a block: its offset in [B, N·bs, H]
@@ -1026,11 +1050,11 @@ cudaError_t launch_forward(const Problem& p, const void* q, const void* k, const
   return cudaGetLastError();
 }
 
-// dq and dk/dv (delta is computed before).
+// dq (with delta) and then dk/dv, which reads delta.
 template <int D, typename Ops>
 cudaError_t launch_gradients(const Problem& p, const void* q, const void* k, const void* v,
-                             const void* dout, const float* lse, const float* delta, void* dq,
-                             void* dk, void* dv, cudaStream_t stream) {
+                             const void* out, const void* dout, const float* lse, float* delta,
+                             void* dq, void* dk, void* dv, cudaStream_t stream) {
   const size_t dq_smem = 6 * Ops::Tile::kElements * sizeof(bf16) + Ops::kSmemSlack;
   cudaError_t status = cudaFuncSetAttribute(attention_dq_kernel<D, Ops>,
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, dq_smem);
@@ -1039,7 +1063,8 @@ cudaError_t launch_gradients(const Problem& p, const void* q, const void* k, con
                      static_cast<unsigned>(p.shape.blocks));
   attention_dq_kernel<D, Ops><<<dq_grid, kThreads, dq_smem, stream>>>(
       p, static_cast<const bf16*>(q), static_cast<const bf16*>(k), static_cast<const bf16*>(v),
-      static_cast<const bf16*>(dout), lse, delta, static_cast<bf16*>(dq));
+      static_cast<const bf16*>(out), static_cast<const bf16*>(dout), lse, delta,
+      static_cast<bf16*>(dq));
   status = cudaGetLastError();
   if (status != cudaSuccess) return status;
 
@@ -1069,20 +1094,14 @@ template <int D>
 cudaError_t backward_impl(const Problem& p, const void* q, const void* k, const void* v,
                           const void* out, const void* dout, const float* lse, float* delta,
                           void* dq, void* dk, void* dv, bool use_wgmma, cudaStream_t stream) {
-  const int64_t stat_rows = p.shape.rows * p.queries * p.shape.heads;
-  const int rows_per_cta = 8;  // warps of 32 threads
-  attention_delta_kernel<D><<<static_cast<unsigned>((stat_rows + rows_per_cta - 1) / rows_per_cta),
-                    rows_per_cta * 32, 0, stream>>>(static_cast<const bf16*>(out),
-                                                    static_cast<const bf16*>(dout), delta,
-                                                    stat_rows);
-  const cudaError_t status = cudaGetLastError();
-  if (status != cudaSuccess) return status;
   if constexpr (D == 128) {
     if (use_wgmma) {
-      return launch_gradients<D, WgmmaOps<D>>(p, q, k, v, dout, lse, delta, dq, dk, dv, stream);
+      return launch_gradients<D, WgmmaOps<D>>(p, q, k, v, out, dout, lse, delta, dq, dk, dv,
+                                              stream);
     }
   }
-  return launch_gradients<D, MmaSyncOps<D>>(p, q, k, v, dout, lse, delta, dq, dk, dv, stream);
+  return launch_gradients<D, MmaSyncOps<D>>(p, q, k, v, out, dout, lse, delta, dq, dk, dv,
+                                             stream);
 }
 
 }  // namespace
