@@ -1144,10 +1144,13 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // TMA maps of k and v [B, S + N·bs, KVH, D] as 4-D tensors innermost first, in boxes of 64
-// columns of one kv head's 64 keys.
-template <int D>
+// columns of one kv head's 64 keys; left empty for kernels that copy their tiles with cp.async.
+template <int D, typename Ops>
 cudaError_t key_value_maps(const Problem& p, const void* k, const void* v, CUtensorMap& key_map,
                            CUtensorMap& value_map) {
+  key_map = CUtensorMap{};
+  value_map = CUtensorMap{};
+  if constexpr (!Ops::kTensorCopies) return cudaSuccess;
   const uint64_t row_bytes = static_cast<uint64_t>(D) * sizeof(bf16);
   const uint64_t dims[4] = {static_cast<uint64_t>(D), static_cast<uint64_t>(p.shape.kv_heads),
                             static_cast<uint64_t>(p.keys), static_cast<uint64_t>(p.shape.rows)};
@@ -1168,11 +1171,9 @@ cudaError_t launch_forward(const Problem& p, const void* q, const void* k, const
   if (status != cudaSuccess) return status;
   const dim3 grid(static_cast<unsigned>(p.shape.kv_heads), static_cast<unsigned>(p.shape.rows),
                   static_cast<unsigned>(p.shape.blocks));
-  CUtensorMap key_map{}, value_map{};
-  if constexpr (Ops::kTensorCopies) {
-    status = key_value_maps<D>(p, k, v, key_map, value_map);
-    if (status != cudaSuccess) return status;
-  }
+  CUtensorMap key_map, value_map;
+  status = key_value_maps<D, Ops>(p, k, v, key_map, value_map);
+  if (status != cudaSuccess) return status;
   attention_forward_kernel<D, Ops><<<grid, kThreads, smem, stream>>>(
       p, static_cast<const bf16*>(q), static_cast<const bf16*>(k), static_cast<const bf16*>(v),
       static_cast<bf16*>(out), lse, key_map, value_map);
@@ -1190,11 +1191,9 @@ cudaError_t launch_gradients(const Problem& p, const void* q, const void* k, con
   if (status != cudaSuccess) return status;
   const dim3 dq_grid(static_cast<unsigned>(p.shape.kv_heads), static_cast<unsigned>(p.shape.rows),
                      static_cast<unsigned>(p.shape.blocks));
-  CUtensorMap key_map{}, value_map{};
-  if constexpr (Ops::kTensorCopies) {
-    status = key_value_maps<D>(p, k, v, key_map, value_map);
-    if (status != cudaSuccess) return status;
-  }
+  CUtensorMap key_map, value_map;
+  status = key_value_maps<D, Ops>(p, k, v, key_map, value_map);
+  if (status != cudaSuccess) return status;
   attention_dq_kernel<D, Ops><<<dq_grid, kThreads, dq_smem, stream>>>(
       p, static_cast<const bf16*>(q), static_cast<const bf16*>(k), static_cast<const bf16*>(v),
       static_cast<const bf16*>(out), static_cast<const bf16*>(dout), lse, delta,

@@ -14,8 +14,9 @@
 //     (16 rows) starts at byte 2048 · s; the two column halves Rows · 128 bytes apart, 8-row
 //     groups 1024 bytes apart.
 // The A operand comes from registers in mma.sync's m16n8k16 fragment layout, warp w of the
-// warpgroup holding rows 16w..16w + 15, or from a swizzled tile as a K-major operand; accumulators are mma.sync's C fragments of each 8-column
-// chunk in order (d[4j..4j + 3] for columns 8j..8j + 7).
+// warpgroup holding rows 16w..16w + 15, or from a swizzled tile as a K-major operand;
+// accumulators are mma.sync's C fragments of each 8-column chunk in order (d[4j..4j + 3] for
+// columns 8j..8j + 7).
 #pragma once
 
 #include <cstdint>
