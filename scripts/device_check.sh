@@ -14,6 +14,14 @@ set -uo pipefail
 PHASE="${1:-all}"
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/dspine-out}"; mkdir -p "$OUT"
+# A runner may bring back only a few files: at exit the logs and tables (*.log, *.md, *.txt) are
+# packed into $OUT/logs.tgz in their place; traces stay beside it.
+pack_logs() {
+  local logs
+  mapfile -t logs < <(cd "$OUT" && ls -- *.log *.md *.txt 2>/dev/null)
+  ((${#logs[@]})) && tar czf "$OUT/logs.tgz" -C "$OUT" "${logs[@]}" && (cd "$OUT" && rm -f -- "${logs[@]}")
+}
+trap pack_logs EXIT
 BUILD_DIR=build-device
 start=$(date +%s)
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv

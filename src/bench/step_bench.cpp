@@ -210,18 +210,29 @@ double max_over_ranks(dist::Communicator& comm, const c10::Device& device, doubl
 // Mean valid anchor position over the first window's micro-batches. Anchors are a uniform subset
 // of the valid positions, so this is the expected anchor, i.e. the mean context prefix a block
 // sees (the FLOP count's attention term).
-struct AnchorMean {
-  double sum = 0.0;
+// The shape of the first step's batches that the FLOP count needs: the mean anchor position and
+// the distinct teacher positions per row, both as expected under uniform anchor sampling.
+struct AnchorStats {
+  int64_t anchors = 0, proposals = 0;
+  double anchor_sum = 0.0, teacher_sum = 0.0;
   int64_t batches = 0;
 
   void add(const data::DraftBatch& batch) {
-    auto valid = objectives::valid_anchor_positions(batch.loss_mask).to(torch::kDouble);
+    auto valid = objectives::valid_anchor_positions(batch.loss_mask).to(torch::kDouble).cpu();
     auto positions = torch::arange(valid.size(1), valid.options());
     auto per_row = (valid * positions).sum(1) / valid.sum(1).clamp_min(1.0);
-    sum += per_row.mean().item<double>();
+    anchor_sum += per_row.mean().item<double>();
+    double teacher = 0.0;
+    for (int64_t r = 0; r < valid.size(0); ++r) {
+      const auto row = valid[r].contiguous();
+      const double* v = row.data_ptr<double>();
+      teacher += expected_teacher_positions(std::vector<bool>(v, v + row.numel()), anchors,
+                                            proposals);
+    }
+    teacher_sum += teacher / static_cast<double>(std::max<int64_t>(valid.size(0), 1));
     ++batches;
   }
-  double mean() const { return batches > 0 ? sum / static_cast<double>(batches) : 0.0; }
+  double mean(double sum) const { return batches > 0 ? sum / static_cast<double>(batches) : 0.0; }
 };
 
 // Rank 0's process id on every rank: the checkpoint scratch directory all ranks share.
@@ -267,10 +278,12 @@ void run_step_bench(const StepOptions& options) {
   const bool dspine = config.objective.name == "dspine";
   train::Trainer trainer(config, comm);
   trainer.set_phase_hook([&](const std::string& phase) { meter.on_phase(phase); });
-  AnchorMean anchor_mean;
+  AnchorStats anchor_stats;
   if (dspine) {
+    anchor_stats.anchors = objectives::read_dspine_settings(config).num_anchors;
+    anchor_stats.proposals = config.model.block_size - 1;
     trainer.set_batch_hook([&](int64_t step, int64_t, data::DraftBatch& batch) {
-      if (step == 0) anchor_mean.add(batch);
+      if (step == 0) anchor_stats.add(batch);
     });
   }
   const auto result = trainer.run();
@@ -346,13 +359,15 @@ void run_step_bench(const StepOptions& options) {
     std::printf("proposals_per_s: %.1f\n", per_second(proposals, window_s));
     // One rank's replay: accumulation_steps forward + backward micro-steps.
     const StepShape shape{t.batch_size, config.data.seq_len, settings.num_anchors,
-                          anchor_mean.mean()};
+                          anchor_stats.mean(anchor_stats.anchor_sum),
+                          anchor_stats.mean(anchor_stats.teacher_sum)};
     const auto parts = dspine_step_flops(config.model, shape);
     const double micro = static_cast<double>(t.accumulation_steps);
     const double flop = micro * total_flops(parts);
     const double replay_s = median_after_first(meter.seconds["replay"]);
     const double achieved = per_second(flop, replay_s) / 1e12;
-    std::printf("mean_anchor: %.1f\n", anchor_mean.mean());
+    std::printf("mean_anchor: %.1f\n", shape.mean_anchor);
+    std::printf("teacher_positions_per_row: %.1f\n", shape.teacher_positions);
     std::printf("step_tflop: %.6g\n", flop / 1e12);
     for (const auto& part : parts) {
       std::printf("step_tflop.%s: %.6g\n", part.name.c_str(),

@@ -1,5 +1,7 @@
 #include "bench/step_flops.h"
 
+#include <algorithm>
+
 namespace dspine::bench {
 
 // Counting rules (B rows, S context tokens, N anchors, bs block size, T = bs - 1 proposals,
@@ -19,7 +21,9 @@ namespace dspine::bench {
 //   refinement    the head's readout and write on the P rows (as one injection layer) plus the
 //                 scores of top_k candidate rows of the frozen lm_head: P·top_k dot products of
 //                 width H, whose backward is the input gradient only (1×).
-//   teacher_logits  the target's softmax over the vocabulary, P × H → V, without gradient.
+//   teacher_logits  the target's softmax over the vocabulary, once per distinct target position
+//                 the proposals read (B · teacher_positions rows × H → V), without gradient:
+//                 overlapping blocks share positions, and the objective projects each once.
 //   draft_logits    P × H → V; the lm_head is frozen: the backward is dX only (1×).
 std::vector<FlopPart> dspine_step_flops(const core::ModelConfig& model, const StepShape& shape) {
   const double b = static_cast<double>(shape.rows), s = static_cast<double>(shape.seq_len);
@@ -49,6 +53,7 @@ std::vector<FlopPart> dspine_step_flops(const core::ModelConfig& model, const St
   const double refine_head = gemm(proposals, h, rank) + write;
   const double scores = gemm(proposals * top_k, h, 1);
   const double logits = gemm(proposals, h, vocab);
+  const double teacher = gemm(b * shape.teacher_positions, h, vocab);
   return {
       {"context", context, context},
       {"projections", projections, 2 * projections},
@@ -56,9 +61,31 @@ std::vector<FlopPart> dspine_step_flops(const core::ModelConfig& model, const St
       {"attention", attention, 2 * attention},
       {"injection", injection, 2 * injection},
       {"refinement", refine_head + scores, 2 * refine_head + scores},
-      {"teacher_logits", logits, 0.0},
+      {"teacher_logits", teacher, 0.0},
       {"draft_logits", logits, logits},
   };
+}
+
+double expected_teacher_positions(const std::vector<bool>& valid, int64_t anchors,
+                                  int64_t proposals) {
+  const int64_t positions = static_cast<int64_t>(valid.size());
+  int64_t candidates = 0;
+  for (bool v : valid) candidates += v;
+  anchors = std::min(anchors, candidates);
+  // Position p is read unless none of the m valid anchors in [p - proposals + 1, p] is drawn:
+  // probability C(V - m, N) / C(V, N) = Π_{i<m} (V - N - i) / (V - i).
+  double expected = 0.0;
+  int64_t window = 0;  // valid anchors in [p - proposals + 1, p]
+  for (int64_t p = 0; p < positions; ++p) {
+    window += valid[p];
+    if (p >= proposals) window -= valid[p - proposals];
+    double none = 1.0;
+    for (int64_t i = 0; i < window && none > 0.0; ++i) {
+      none *= std::max<double>(0.0, double(candidates - anchors - i)) / double(candidates - i);
+    }
+    expected += 1.0 - none;
+  }
+  return expected;
 }
 
 double total_flops(const std::vector<FlopPart>& parts) {

@@ -19,6 +19,8 @@ struct StepShape {
   int64_t seq_len = 0;       // S: context tokens per row
   int64_t anchors = 0;       // N: anchor blocks per row
   double mean_anchor = 0.0;  // mean anchor position = mean visible context prefix of a block
+  // Distinct target positions a row's proposals read (their teacher states; blocks overlap).
+  double teacher_positions = 0.0;
 };
 
 // One group of products: its forward FLOPs and those of its backward.
@@ -34,5 +36,12 @@ std::vector<FlopPart> dspine_step_flops(const core::ModelConfig& model, const St
 
 // Forward + backward over all parts.
 double total_flops(const std::vector<FlopPart>& parts);
+
+// The expected number of distinct positions read by a row's proposals when `anchors` anchors are
+// drawn uniformly without replacement from its valid anchor positions (valid[a] for a in
+// [0, S - 1)) and the anchor at a reads the teacher states at a .. a + proposals - 1 (within
+// [0, S - 1)).
+double expected_teacher_positions(const std::vector<bool>& valid, int64_t anchors,
+                                  int64_t proposals);
 
 }  // namespace dspine::bench

@@ -2,9 +2,12 @@
 // the teacher's probabilities there, the hidden gradient) at the recipe's size in bf16 — the fused
 // vocabulary objective (ops/vocab_objective_ops.h) against the reference chunk function
 // (objectives/dspine_terms.h, backbone_terms) under checkpointed chunks as the objective runs it,
-// forward + backward. One [rows, H] x [H, V] logits GEMM is timed in the same run, so each path
-// is also reported as a multiple of one GEMM pass; one more fused call runs under the kernel
-// profiler to show where its time goes (GEMMs against the row kernel).
+// forward + backward. The teacher states come as the objective passes them: one per target
+// position of `--batch` rows of `--seq-len`, read by the proposals of sorted random anchors, whose
+// blocks overlap; the fused objective is timed reading them by position (each chunk projects a
+// position once) and gathered per proposal row. One [rows, H] x [H, V] logits GEMM is timed in the
+// same run, so each path is also reported as a multiple of one GEMM pass; one more fused call runs
+// under the kernel profiler to show where its time goes (GEMMs against the row kernel).
 #include <cstdio>
 #include <functional>
 #include <memory>
@@ -19,6 +22,7 @@
 #include "bench/kernel_profile.h"
 #include "core/error.h"
 #include "objectives/chunking.h"
+#include "objectives/dspine_blocks.h"
 #include "objectives/dspine_terms.h"
 #include "ops/vocab_objective_ops.h"
 
@@ -27,6 +31,8 @@ namespace {
 
 struct Options {
   int64_t rows = 15360;  // 2 rows x 512 anchors x 15 proposals
+  int64_t batch = 2;
+  int64_t seq_len = 3072;
   int64_t hidden = 4096;
   int64_t vocab = 151936;
   int64_t top_k = 16;
@@ -53,12 +59,26 @@ void run(const Options& o) {
     fail("dspine-bench vocab: --rows ({}) must be a multiple of --proposals ({})", o.rows,
          o.proposals);
   }
+  const int64_t anchors = o.rows / o.proposals / std::max<int64_t>(o.batch, 1);
+  if (o.batch < 1 || anchors * o.proposals * o.batch != o.rows || anchors > o.seq_len - 1) {
+    fail("dspine-bench vocab: --rows ({}) must be --batch ({}) x anchors x --proposals ({}), with "
+         "at most --seq-len - 1 ({}) anchors per row",
+         o.rows, o.batch, o.proposals, o.seq_len - 1);
+  }
   torch::manual_seed(0);
   const auto cuda = torch::TensorOptions().device(torch::kCUDA);
   const auto bf16 = cuda.dtype(torch::kBFloat16);
   const auto lm_head = (torch::randn({o.vocab, o.hidden}, cuda) * 0.02).to(torch::kBFloat16);
   auto hidden = torch::randn({o.rows, o.hidden}, bf16).requires_grad_(true);
-  const auto teacher = torch::randn({o.rows, o.hidden}, bf16);
+  const auto states = torch::randn({o.batch * o.seq_len, o.hidden}, bf16);
+  // Distinct anchors, sorted per row, as objectives::sample_anchors draws them.
+  const auto shuffled = std::get<1>(torch::rand({o.batch, o.seq_len - 1}, cuda).sort(1));
+  const auto anchor_starts = std::get<0>(shuffled.slice(1, 0, anchors).sort(1));
+  const auto source_index =
+      (anchor_starts.unsqueeze(-1) + torch::arange(o.proposals + 1, anchor_starts.options()))
+          .clamp_max(o.seq_len - 1);
+  const auto teacher_index = objectives::teacher_positions(source_index, o.seq_len).reshape({-1});
+  const auto teacher = states.index_select(0, teacher_index);
   const auto labels = torch::randint(o.vocab, {o.rows}, cuda.dtype(torch::kInt64));
   const auto weights = torch::rand({o.rows}, cuda);
   const auto supervised = torch::ones({o.rows}, cuda.dtype(torch::kBool));
@@ -72,13 +92,25 @@ void run(const Options& o) {
   fused_options.ce_weight = cw;
   fused_options.top_k = o.top_k;
   fused_options.use_kernel = true;
-  at::Tensor fused_loss, reference_loss;
+  at::Tensor fused_loss, per_row_loss, reference_loss;
   auto fused = [&] {
     hidden.mutable_grad() = at::Tensor();
-    auto r = ops::vocab_objective(hidden, teacher, labels, weights, lm_head, fused_options);
+    auto r = ops::vocab_objective(hidden, states, labels, weights, lm_head, fused_options,
+                                  teacher_index);
     r.loss.backward();
     fused_loss = r.loss.detach();
   };
+  auto fused_per_row = [&] {
+    hidden.mutable_grad() = at::Tensor();
+    auto r = ops::vocab_objective(hidden, teacher, labels, weights, lm_head, fused_options);
+    r.loss.backward();
+    per_row_loss = r.loss.detach();
+  };
+  // Rows of teacher logits the fused objective projects: each chunk's distinct positions.
+  const int64_t chunk = ops::vocab_chunk_rows(o.vocab, 2, 2);
+  const auto chunk_of_row = torch::arange(o.rows, teacher_index.options()).div(chunk, "floor");
+  const int64_t teacher_rows =
+      std::get<0>(at::_unique2(chunk_of_row * states.size(0) + teacher_index)).numel();
   const auto blocks = [&](const at::Tensor& t) {
     auto sizes = t.sizes().vec();
     sizes[0] = o.proposals;
@@ -104,6 +136,9 @@ void run(const Options& o) {
   hidden.mutable_grad() = at::Tensor();
   const double fused_gib = peak_above_gib(fused, grad_bytes);
   const auto fused_grad = hidden.grad().clone();
+  const double per_row_ms = cuda_median_ms(fused_per_row, 1, o.iterations);
+  hidden.mutable_grad() = at::Tensor();
+  const double per_row_gib = peak_above_gib(fused_per_row, grad_bytes);
   const double reference_ms = cuda_median_ms(reference, 1, o.iterations);
   hidden.mutable_grad() = at::Tensor();
   const double reference_gib = peak_above_gib(reference, grad_bytes);
@@ -117,10 +152,15 @@ void run(const Options& o) {
               long(o.rows), long(o.hidden), long(o.vocab), long(o.top_k), cw);
   std::printf("one logits GEMM [%ld, %ld] x [%ld, %ld]: %.2f ms (%.0f TFLOP/s)\n", long(o.rows),
               long(o.hidden), long(o.hidden), long(o.vocab), gemm_ms, tflops);
-  std::printf("%-32s %10s %9s %10s %12s\n", "path", "ms", "x GEMM", "peak GiB", "loss");
-  std::printf("%-32s %10.2f %9.2f %10.3f %12.6g\n", "fused vocabulary objective", fused_ms,
+  std::printf("teacher states: %ld positions; the fused objective projects %ld teacher rows "
+              "(chunks of %ld rows) for %ld proposal rows\n",
+              long(states.size(0)), long(teacher_rows), long(chunk), long(o.rows));
+  std::printf("%-36s %10s %9s %10s %12s\n", "path", "ms", "x GEMM", "peak GiB", "loss");
+  std::printf("%-36s %10.2f %9.2f %10.3f %12.6g\n", "fused, teacher by position", fused_ms,
               fused_ms / gemm_ms, fused_gib, fused_loss.item<double>());
-  std::printf("%-32s %10.2f %9.2f %10.3f %12.6g\n", "reference chunks (checkpointed)",
+  std::printf("%-36s %10.2f %9.2f %10.3f %12.6g\n", "fused, teacher gathered per row",
+              per_row_ms, per_row_ms / gemm_ms, per_row_gib, per_row_loss.item<double>());
+  std::printf("%-36s %10.2f %9.2f %10.3f %12.6g\n", "reference chunks (checkpointed)",
               reference_ms, reference_ms / gemm_ms, reference_gib, reference_loss.item<double>());
   std::printf("speedup %.2fx; hidden gradient cosine (fused vs reference) %.6f\n",
               reference_ms / fused_ms, cosine);
@@ -143,6 +183,8 @@ void register_vocab_bench(CLI::App& app) {
       "DSpine backbone vocabulary terms (teacher, CE, L1, top-k, dX): fused vocabulary "
       "objective vs the reference chunks, forward + backward, against one logits GEMM");
   cmd->add_option("--rows", options->rows, "proposal rows (recipe: 15360)");
+  cmd->add_option("--batch", options->batch, "sequences the proposal rows come from");
+  cmd->add_option("--seq-len", options->seq_len, "target positions per sequence");
   cmd->add_option("--hidden", options->hidden, "hidden size H");
   cmd->add_option("--vocab", options->vocab, "vocabulary size V");
   cmd->add_option("--top-k", options->top_k, "candidates per row");

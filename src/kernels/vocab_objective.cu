@@ -200,7 +200,9 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   __shared__ uint64_t top_lists[kWarps * detail::kWarpLanes];
   const int64_t row = blockIdx.x;
   T* z = static_cast<T*>(rows.draft) + row * rows.row_stride;
-  const T* t = kTeacher ? static_cast<const T*>(rows.teacher) + row * rows.row_stride : nullptr;
+  const int64_t teacher_row = rows.teacher_rows != nullptr ? rows.teacher_rows[row] : row;
+  const T* t =
+      kTeacher ? static_cast<const T*>(rows.teacher) + teacher_row * rows.row_stride : nullptr;
   const int64_t y = rows.labels[row];
 
   // Pass 1: softmax statistics of z (and t), argmax and top-k of z.

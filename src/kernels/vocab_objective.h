@@ -1,6 +1,6 @@
 // Row kernels of the fused vocabulary objective (docs/model.md, "Fused vocabulary objective"), on
-// raw device pointers. One block per row of draft logits z [rows, V] (and teacher logits t of the
-// same shape, type and strides), statistics in fp32, so no fp32 [rows, V] intermediate exists:
+// raw device pointers. One block per row of draft logits z [rows, V] (and its row of teacher logits
+// t, of z's type and row stride), statistics in fp32, so no fp32 [rows, V] intermediate exists:
 //   pass 1  max / sum-exp of z and of t, argmax of z, and optionally the top-k of z (warp lists
 //           filtered by one compare per element, merged per row; kernels/vocab_topk.cuh) with the
 //           teacher's probabilities there;
@@ -27,6 +27,9 @@ struct VocabRows {
   int64_t vocab = 0;
   int64_t row_stride = 0;          // elements, shared by z and t
   const int64_t* labels = nullptr; // [rows], each in [0, vocab) (the caller checks)
+  // [rows] or nullptr: row r's teacher logits are row teacher_rows[r] of t (the caller checks the
+  // range), so rows that share a teacher share one row of t; nullptr: row r.
+  const int64_t* teacher_rows = nullptr;
 };
 
 // Per-row fp32 / int64 outputs, each [rows]; a null pointer is not written.

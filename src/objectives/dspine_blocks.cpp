@@ -102,15 +102,10 @@ at::Tensor block_input_ids(const at::Tensor& input_ids, const at::Tensor& anchor
   return ids.view({rows, blocks * block_size});
 }
 
-at::Tensor teacher_hidden(const at::Tensor& target_last_hidden_states,
-                          const at::Tensor& source_index) {
-  const int64_t rows = source_index.size(0), blocks = source_index.size(1);
-  const int64_t proposals = source_index.size(2) - 1;
-  const int64_t hidden = target_last_hidden_states.size(2);
-  auto position = (source_index.slice(2, 1) - 1).clamp_min(0).reshape({rows, -1});
-  auto gathered = target_last_hidden_states.gather(
-      1, position.unsqueeze(-1).expand({rows, position.size(1), hidden}));
-  return gathered.view({rows, blocks, proposals, hidden});
+at::Tensor teacher_positions(const at::Tensor& source_index, int64_t seq_len) {
+  const int64_t rows = source_index.size(0);
+  const auto batch_row = torch::arange(rows, source_index.options()).view({rows, 1, 1});
+  return batch_row * seq_len + (source_index.slice(2, 1) - 1).clamp_min(0);
 }
 
 }  // namespace dspine::objectives

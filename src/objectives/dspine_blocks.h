@@ -57,8 +57,8 @@ at::Tensor block_position_ids(const at::Tensor& anchors, int64_t seq_len, int64_
 at::Tensor block_input_ids(const at::Tensor& input_ids, const at::Tensor& anchors,
                            const at::Tensor& keep, int64_t block_size, int64_t mask_token_id);
 
-// target_last_hidden_states rows before each proposal's label: [B, N, T, H] (§5.9).
-at::Tensor teacher_hidden(const at::Tensor& target_last_hidden_states,
-                          const at::Tensor& source_index);
+// The target position before each proposal's label, as a row of target_last_hidden_states
+// viewed as [B·S, H]: [B, N, T] int64 (§5.9). Overlapping blocks share positions.
+at::Tensor teacher_positions(const at::Tensor& source_index, int64_t seq_len);
 
 }  // namespace dspine::objectives

@@ -172,9 +172,12 @@ DraftPass DSpineTrainingModel::draft_pass(const data::DraftBatch& batch, at::Gen
     out.features = draft.layer_features.slice(3, 1)
                        .permute({1, 2, 0, 3, 4})
                        .reshape({blocks, model_config_.num_hidden_layers, proposals, -1});
-    out.teacher = teacher_hidden(batch.target_last_hidden_states.detach().to(device, dtype),
-                                 out.blocks.source_index)
-                      .reshape({blocks, proposals, hidden});
+    out.teacher_states =
+        batch.target_last_hidden_states.detach().to(device, dtype).reshape({-1, hidden});
+    out.teacher_positions =
+        teacher_positions(out.blocks.source_index, input_ids.size(1)).reshape({blocks, proposals});
+    out.teacher = out.teacher_states.index_select(0, out.teacher_positions.reshape({-1}))
+                      .view({blocks, proposals, hidden});
   }
   return out;
 }
@@ -280,9 +283,11 @@ DSpineTrainingModel::TermSums DSpineTrainingModel::fused_terms(const DraftPass& 
   const int64_t hidden = pass.hidden_rows.size(-1);
   const auto weights = pass.weights.reshape({-1});
   RECORD_USER_SCOPE("dspine.vocab_objective");
-  auto rows = ops::vocab_objective(pass.hidden_rows.reshape({-1, hidden}),
-                                   pass.teacher.reshape({-1, hidden}), pass.labels.reshape({-1}),
-                                   weights, lm_head_, vocabulary_options(settings_, top_k));
+  // Teacher logits once per target position: the blocks overlap, so proposals share them.
+  auto rows = ops::vocab_objective(pass.hidden_rows.reshape({-1, hidden}), pass.teacher_states,
+                                   pass.labels.reshape({-1}), weights, lm_head_,
+                                   vocabulary_options(settings_, top_k),
+                                   pass.teacher_positions.reshape({-1}));
   TermSums out;
   out.backbone = rows.loss;
   out.ce = (weights * rows.ce).sum();

@@ -67,6 +67,8 @@ struct DraftPass {
   at::Tensor pre_rows;      // [M, T, H] last layer's states before its injection
   at::Tensor features;      // [M, L, T, r] post-injection features
   at::Tensor teacher;       // [M, T, H] target's last hidden state before each label
+  at::Tensor teacher_states;     // [B·S, H] target_last_hidden_states, one row per position
+  at::Tensor teacher_positions;  // [M, T] int64: teacher = teacher_states[teacher_positions]
 };
 
 class DSpineTrainingModel {

@@ -4,6 +4,8 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
+#include <optional>
+#include <vector>
 
 #include "core/error.h"
 #include "ops/vocab_rows.h"
@@ -47,12 +49,31 @@ void check_rows(const at::Tensor& hidden, const at::Tensor& labels, const at::Te
   }
 }
 
-void check_teacher(const at::Tensor& hidden, const at::Tensor& teacher, const at::Tensor& weights) {
-  if (teacher.sizes() != hidden.sizes() || teacher.scalar_type() != hidden.scalar_type() ||
+void check_teacher(const at::Tensor& hidden, const at::Tensor& teacher, const at::Tensor& index,
+                   const at::Tensor& weights) {
+  const bool shape = index.defined()
+                         ? teacher.dim() == 2 && teacher.size(0) > 0 && teacher.size(1) == hidden.size(1)
+                         : teacher.sizes() == hidden.sizes();
+  if (!shape || teacher.scalar_type() != hidden.scalar_type() ||
       teacher.device() != hidden.device()) {
-    fail("vocab objective: teacher_hidden {} {} must match hidden {} {}",
+    fail("vocab objective: teacher_hidden {} {} must match hidden {} {}{}",
          c10::toString(teacher.scalar_type()), c10::str(teacher.sizes()),
-         c10::toString(hidden.scalar_type()), c10::str(hidden.sizes()));
+         c10::toString(hidden.scalar_type()), c10::str(hidden.sizes()),
+         index.defined() ? " in dtype, device and width (one row per teacher position)" : "");
+  }
+  if (index.defined()) {
+    if (index.dim() != 1 || index.size(0) != hidden.size(0) || index.scalar_type() != at::kLong ||
+        index.device() != hidden.device()) {
+      fail("vocab objective: teacher_index must be int64 [{}] on {}, got {} {} on {}",
+           hidden.size(0), hidden.device().str(), c10::toString(index.scalar_type()),
+           c10::str(index.sizes()), index.device().str());
+    }
+    const auto bad = ((index < 0) | (index >= teacher.size(0))).nonzero();
+    if (bad.numel() > 0) {
+      fail("vocab objective: teacher_index {} at row {} is outside [0, {})",
+           index[bad[0][0].item<int64_t>()].item<int64_t>(), bad[0][0].item<int64_t>(),
+           teacher.size(0));
+    }
   }
   if (weights.dim() != 1 || weights.size(0) != hidden.size(0) ||
       weights.scalar_type() != at::kFloat || weights.device() != hidden.device()) {
@@ -69,11 +90,39 @@ int64_t chunk_rows(const VocabObjectiveOptions& options, const at::Tensor& lm_he
              : vocab_chunk_rows(lm_head.size(0), lm_head.element_size(), logits_per_row);
 }
 
+// The teacher rows of each chunk of `step` rows: chunk c projects the teacher states at
+// positions[offsets[c], offsets[c + 1]) (distinct, ascending), and its row r reads row local[r]
+// of that projection.
+struct ChunkTeachers {
+  at::Tensor positions, local;
+  std::vector<int64_t> offsets;
+};
+
+ChunkTeachers chunk_teachers(const at::Tensor& index, int64_t positions, int64_t step) {
+  const int64_t rows = index.size(0), chunks = (rows + step - 1) / step;
+  const auto chunk = at::arange(rows, index.options()).div(step, "floor");
+  // Keys order by chunk, then position, so one sort finds every chunk's distinct positions.
+  const auto unique = at::_unique2(chunk * positions + index, /*sorted=*/true,
+                                   /*return_inverse=*/true, /*return_counts=*/false);
+  const auto& keys = std::get<0>(unique);
+  const auto key_chunk = keys.div(positions, "floor");
+  const auto per_chunk =
+      at::zeros({chunks}, index.options()).index_add_(0, key_chunk, at::ones_like(key_chunk));
+  ChunkTeachers out;
+  out.positions = keys - key_chunk * positions;
+  out.local = std::get<1>(unique) - (per_chunk.cumsum(0) - per_chunk).index_select(0, chunk);
+  const auto sizes = per_chunk.cpu();  // one synchronisation for every chunk's size
+  const auto size = sizes.accessor<int64_t, 1>();
+  out.offsets.assign(1, 0);
+  for (int64_t c = 0; c < chunks; ++c) out.offsets.push_back(out.offsets.back() + size[c]);
+  return out;
+}
+
 // The whole objective, chunk by chunk; with grad_hidden, also dX = Σ_chunks g @ lm_head.
 VocabObjectiveResult run_chunks(const at::Tensor& hidden, const at::Tensor& teacher,
-                                const at::Tensor& labels, const at::Tensor& weights,
-                                const at::Tensor& lm_head, const VocabObjectiveOptions& options,
-                                at::Tensor* grad_hidden) {
+                                const at::Tensor& teacher_index, const at::Tensor& labels,
+                                const at::Tensor& weights, const at::Tensor& lm_head,
+                                const VocabObjectiveOptions& options, at::Tensor* grad_hidden) {
   const int64_t rows = hidden.size(0), k = options.top_k;
   const auto f32 = hidden.options().dtype(at::kFloat);
   VocabObjectiveResult out;
@@ -86,14 +135,25 @@ VocabObjectiveResult run_chunks(const at::Tensor& hidden, const at::Tensor& teac
   VocabRowGradient gradient{at::Tensor(), options.ce_weight, 1.0 - options.ce_weight};
   const auto head_t = lm_head.t();
   const int64_t step = chunk_rows(options, lm_head, 2);
+  const ChunkTeachers shared = teacher_index.defined()
+                                   ? chunk_teachers(teacher_index, teacher.size(0), step)
+                                   : ChunkTeachers{};
   for (int64_t begin = 0; begin < rows; begin += step) {
     const int64_t end = std::min(rows, begin + step);
     auto z = at::mm(hidden.slice(0, begin, end), head_t);
-    const auto t = at::mm(teacher.slice(0, begin, end), head_t);
+    at::Tensor t, teacher_rows;
+    if (teacher_index.defined()) {
+      const int64_t c = begin / step;
+      const auto positions = shared.positions.slice(0, shared.offsets[c], shared.offsets[c + 1]);
+      t = at::mm(teacher.index_select(0, positions), head_t);
+      teacher_rows = shared.local.slice(0, begin, end);
+    } else {
+      t = at::mm(teacher.slice(0, begin, end), head_t);
+    }
     const auto y = labels.slice(0, begin, end);
     gradient.weights = weights.slice(0, begin, end);
     auto r = vocab_rows(z, t, y, grad_hidden != nullptr ? &gradient : nullptr,
-                        options.use_kernel && vocab_kernel_takes(z), k);
+                        options.use_kernel && vocab_kernel_takes(z), k, teacher_rows);
     out.ce.slice(0, begin, end).copy_(r.ce);
     out.l1.slice(0, begin, end).copy_(r.l1);
     out.argmax.slice(0, begin, end).copy_(r.argmax);
@@ -113,12 +173,15 @@ VocabObjectiveResult run_chunks(const at::Tensor& hidden, const at::Tensor& teac
 // Forward = the chunked objective with its gradient; backward = grad_output · dX.
 struct VocabObjectiveFunction : torch::autograd::Function<VocabObjectiveFunction> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& hidden,
-                               const at::Tensor& teacher, const at::Tensor& labels,
-                               const at::Tensor& weights, const at::Tensor& lm_head,
-                               double ce_weight, int64_t top_k, int64_t chunk, bool use_kernel) {
+                               const at::Tensor& teacher,
+                               const std::optional<at::Tensor>& teacher_index,
+                               const at::Tensor& labels, const at::Tensor& weights,
+                               const at::Tensor& lm_head, double ce_weight, int64_t top_k,
+                               int64_t chunk, bool use_kernel) {
     const VocabObjectiveOptions options{ce_weight, top_k, chunk, use_kernel};
     at::Tensor grad_hidden;
-    auto r = run_chunks(hidden, teacher, labels, weights, lm_head, options, &grad_hidden);
+    auto r = run_chunks(hidden, teacher, teacher_index.value_or(at::Tensor()), labels, weights,
+                        lm_head, options, &grad_hidden);
     ctx->saved_data["grad_hidden"] = grad_hidden;
     ctx->mark_non_differentiable({r.ce, r.l1, r.argmax, r.candidates, r.teacher_candidates});
     return {r.loss, r.ce, r.l1, r.argmax, r.candidates, r.teacher_candidates};
@@ -127,7 +190,7 @@ struct VocabObjectiveFunction : torch::autograd::Function<VocabObjectiveFunction
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     auto grad_hidden = ctx->saved_data["grad_hidden"].toTensor();
     ctx->saved_data.erase("grad_hidden");  // dX is used once: free it with this backward
-    variable_list grads(9);
+    variable_list grads(10);
     // In place (no second [rows, H] copy), by a host scalar so that the scale is applied in fp32,
     // not rounded to a bf16 tensor first (one synchronisation per backward).
     grads[0] = grad_hidden.mul_(grad_outputs[0].item<double>());
@@ -147,15 +210,19 @@ int64_t vocab_chunk_rows(int64_t vocab, int64_t element_bytes, int64_t logits_pe
 VocabObjectiveResult vocab_objective(const at::Tensor& hidden, const at::Tensor& teacher_hidden,
                                      const at::Tensor& labels, const at::Tensor& weights,
                                      const at::Tensor& lm_head,
-                                     const VocabObjectiveOptions& options) {
+                                     const VocabObjectiveOptions& options,
+                                     const at::Tensor& teacher_index) {
   check_rows(hidden, labels, lm_head, options);
-  check_teacher(hidden, teacher_hidden, weights);
+  check_teacher(hidden, teacher_hidden, teacher_index, weights);
   const auto teacher = teacher_hidden.detach();
   const auto y = labels.contiguous();
   if (!at::GradMode::is_enabled() || !hidden.requires_grad()) {
-    return run_chunks(hidden, teacher, y, weights, lm_head, options, nullptr);
+    return run_chunks(hidden, teacher, teacher_index, y, weights, lm_head, options, nullptr);
   }
-  auto out = VocabObjectiveFunction::apply(hidden, teacher, y, weights.detach(),
+  // An optional, so that no index is no input (autograd takes no undefined tensor).
+  const auto index = teacher_index.defined() ? std::optional<at::Tensor>(teacher_index)
+                                             : std::nullopt;
+  auto out = VocabObjectiveFunction::apply(hidden, teacher, index, y, weights.detach(),
                                            lm_head.detach(), options.ce_weight, options.top_k,
                                            options.chunk_rows, options.use_kernel);
   return {out[0], out[1], out[2], out[3], out[4], out[5]};

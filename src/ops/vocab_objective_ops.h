@@ -3,7 +3,7 @@
 // draft's argmax and top-k candidates with the teacher's probabilities there — over row chunks of
 // the frozen lm_head projection. Per chunk: the two logits GEMMs in the training dtype, the row
 // pass (ops/vocab_rows.h, top-k included), and with a gradient wanted the logits gradient written
-// over the draft logits and dX = g @ lm_head. Only dX [rows, H] outlives a chunk: no [rows, V]
+// over the draft logits and dX = g @ lm_head. Rows sharing a teacher state share its logits. Only dX [rows, H] outlives a chunk: no [rows, V]
 // tensor, no full-width teacher softmax, nothing recomputed in backward.
 #pragma once
 
@@ -33,10 +33,15 @@ struct VocabObjectiveResult {
 // labels [rows] int64 in [0, V), weights [rows] fp32, lm_head [V, H] (frozen). hidden, teacher
 // and lm_head share dtype and device. The gradient is computed in the forward when autograd is on
 // and hidden requires it; backward scales it by the incoming gradient.
+// With teacher_index (int64 [rows], each in [0, P)), teacher_hidden is [P, H] and row r's teacher
+// state is teacher_hidden[teacher_index[r]]: each chunk projects every teacher row it uses once.
+// DSpine's blocks overlap, so its proposals share target positions (at the recipe's size a chunk
+// of 1,024 proposal rows reads about 390 positions).
 VocabObjectiveResult vocab_objective(const at::Tensor& hidden, const at::Tensor& teacher_hidden,
                                      const at::Tensor& labels, const at::Tensor& weights,
                                      const at::Tensor& lm_head,
-                                     const VocabObjectiveOptions& options);
+                                     const VocabObjectiveOptions& options,
+                                     const at::Tensor& teacher_index = {});
 
 // The CE-only form of the prepass (no teacher, no gradient): ce [rows] fp32 and argmax [rows].
 struct VocabCeResult {

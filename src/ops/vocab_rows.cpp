@@ -13,6 +13,7 @@ namespace {
 
 kernels::VocabRows kernel_rows(const at::Tensor& z, const at::Tensor* t, const at::Tensor& labels) {
   if (!vocab_kernel_takes(z) || (t != nullptr && (t->strides() != z.strides() ||
+                                                  t->size(1) != z.size(1) ||
                                                   t->scalar_type() != z.scalar_type()))) {
     fail("vocab objective kernel needs CUDA fp32/bf16 logits [n, V] with unit column stride "
          "(teacher alike); got {} {} on {}",
@@ -104,13 +105,33 @@ bool vocab_kernel_takes(const at::Tensor& logits) {
 }
 
 VocabRowResults vocab_rows(at::Tensor& z, const at::Tensor& t, const at::Tensor& labels,
-                           const VocabRowGradient* gradient, bool use_kernel, int64_t top_k) {
+                           const VocabRowGradient* gradient, bool use_kernel, int64_t top_k,
+                           const at::Tensor& teacher_rows) {
   if (top_k < 0 || top_k > z.size(-1)) {
     fail("vocab rows: top_k must lie in [0, {}], got {}", z.size(-1), top_k);
   }
-  if (!use_kernel) return reference_rows(z, t, labels, gradient, top_k);
+  if (teacher_rows.defined() &&
+      (teacher_rows.dim() != 1 || teacher_rows.size(0) != z.size(0) ||
+       teacher_rows.scalar_type() != at::kLong || teacher_rows.device() != z.device())) {
+    fail("vocab rows: teacher_rows must be int64 [{}] on {}, got {} {} on {}", z.size(0),
+         z.device().str(), c10::toString(teacher_rows.scalar_type()),
+         c10::str(teacher_rows.sizes()), teacher_rows.device().str());
+  }
+  if (!teacher_rows.defined() && t.size(0) != z.size(0)) {
+    fail("vocab rows: teacher logits {} must have one row per draft row {}", c10::str(t.sizes()),
+         c10::str(z.sizes()));
+  }
+  if (!use_kernel) {
+    return reference_rows(z, teacher_rows.defined() ? t.index_select(0, teacher_rows) : t, labels,
+                          gradient, top_k);
+  }
   const c10::cuda::CUDAGuard guard(z.device());
   auto rows = kernel_rows(z, &t, labels);
+  at::Tensor teacher_index;
+  if (teacher_rows.defined()) {
+    teacher_index = teacher_rows.contiguous();
+    rows.teacher_rows = teacher_index.data_ptr<int64_t>();
+  }
   auto out = empty_results(z, true);
   auto stats = kernel_stats(out);
   const bool kernel_selects = top_k <= kernels::kVocabMaxTopK;
@@ -138,7 +159,9 @@ VocabRowResults vocab_rows(at::Tensor& z, const at::Tensor& t, const at::Tensor&
                                              at::cuda::getCurrentCUDAStream()),
                "vocab objective rows", z);
   if (top_k > 0 && !kernel_selects) {
-    out.teacher_candidates = teacher_probabilities(t, out.candidates, out.lse_teacher);
+    out.teacher_candidates = teacher_probabilities(
+        teacher_rows.defined() ? t.index_select(0, teacher_rows) : t, out.candidates,
+        out.lse_teacher);
   }
   return out;
 }

@@ -30,9 +30,12 @@ bool vocab_kernel_takes(const at::Tensor& logits);
 // Teacher form. z and t: [n, V] of one dtype and layout, labels [n] int64 in [0, V). With a
 // gradient, z is overwritten by it (same dtype). use_kernel: the CUDA kernel (vocab_kernel_takes
 // must hold), else ATen. top_k in [0, V]: the kernel selects up to kernels::kVocabMaxTopK in its
-// first pass; beyond, ATen (a stable sort, [n, V] int64 transient) does.
+// first pass; beyond, ATen (a stable sort, [n, V] int64 transient) does. With teacher_rows (int64
+// [n], each in [0, u)), t is [u, V] and row r's teacher is t[teacher_rows[r]]: rows that share a
+// teacher read one row of t.
 VocabRowResults vocab_rows(at::Tensor& z, const at::Tensor& t, const at::Tensor& labels,
-                           const VocabRowGradient* gradient, bool use_kernel, int64_t top_k = 0);
+                           const VocabRowGradient* gradient, bool use_kernel, int64_t top_k = 0,
+                           const at::Tensor& teacher_rows = {});
 
 // CE-only form: ce and argmax of z (l1 and lse_teacher undefined).
 VocabRowResults vocab_ce_rows(const at::Tensor& z, const at::Tensor& labels, bool use_kernel);

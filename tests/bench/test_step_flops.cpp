@@ -20,10 +20,10 @@ std::map<std::string, FlopPart> by_name(const std::vector<FlopPart>& parts) {
 
 // H 16, I 32, 4 heads / 2 kv heads of 4, 3 layers, V 32, block 4, K 3, rank 8, message 4,
 // top-k 3; one row of S = 8 with N = 2 anchors at mean position 3: 8 block tokens, P = 6
-// proposal rows. Every product [m, k] x [k, n] is 2·m·k·n.
+// proposal rows reading 5 distinct teacher positions. Every product [m, k] x [k, n] is 2·m·k·n.
 TEST(StepFlops, MatchesAHandCountOnTheTinyConfig) {
   const auto model = testing::tiny_model_config();
-  const auto parts = by_name(dspine_step_flops(model, {1, 8, 2, 3.0}));
+  const auto parts = by_name(dspine_step_flops(model, {1, 8, 2, 3.0, 5.0}));
   ASSERT_EQ(parts.size(), 8u);
   // fc: 8 context tokens × 48 → 16; frozen target states, weight gradient only.
   EXPECT_DOUBLE_EQ(parts.at("context").forward, 2.0 * 8 * 48 * 16);
@@ -48,15 +48,16 @@ TEST(StepFlops, MatchesAHandCountOnTheTinyConfig) {
   const double head = 2.0 * 6 * 16 * 8 + write, scores = 2.0 * 6 * 3 * 16;
   EXPECT_DOUBLE_EQ(parts.at("refinement").forward, head + scores);
   EXPECT_DOUBLE_EQ(parts.at("refinement").backward, 2 * head + scores);
-  // Vocabulary: 6 × 16 × 32; the teacher has no gradient, the draft logits only dX.
-  EXPECT_DOUBLE_EQ(parts.at("teacher_logits").forward, 2.0 * 6 * 16 * 32);
+  // Vocabulary: the teacher 5 × 16 × 32 (once per position), without gradient; the draft
+  // 6 × 16 × 32, with dX only.
+  EXPECT_DOUBLE_EQ(parts.at("teacher_logits").forward, 2.0 * 5 * 16 * 32);
   EXPECT_DOUBLE_EQ(parts.at("teacher_logits").backward, 0.0);
   EXPECT_DOUBLE_EQ(parts.at("draft_logits").forward, 2.0 * 6 * 16 * 32);
   EXPECT_DOUBLE_EQ(parts.at("draft_logits").backward, 2.0 * 6 * 16 * 32);
 
   double sum = 0.0;
   for (const auto& [name, part] : parts) sum += part.forward + part.backward;
-  EXPECT_DOUBLE_EQ(total_flops(dspine_step_flops(model, {1, 8, 2, 3.0})), sum);
+  EXPECT_DOUBLE_EQ(total_flops(dspine_step_flops(model, {1, 8, 2, 3.0, 5.0})), sum);
 }
 
 TEST(StepFlops, AttentionCountsTheVisiblePairsOfTheBlockMask) {
@@ -67,7 +68,7 @@ TEST(StepFlops, AttentionCountsTheVisiblePairsOfTheBlockMask) {
   const auto visible = static_cast<double>(
       model::block_attention_mask(anchors, keep, seq, model.block_size).sum().item<int64_t>());
   const double mean_anchor = anchors.to(torch::kDouble).mean().item<double>();
-  const auto parts = by_name(dspine_step_flops(model, {2, seq, 3, mean_anchor}));
+  const auto parts = by_name(dspine_step_flops(model, {2, seq, 3, mean_anchor, 20.0}));
   const double per_pair = 4.0 * model.head_dim * model.num_attention_heads;  // QKᵀ and PV
   EXPECT_DOUBLE_EQ(parts.at("attention").forward,
                    static_cast<double>(model.num_hidden_layers) * per_pair * visible);
@@ -75,13 +76,29 @@ TEST(StepFlops, AttentionCountsTheVisiblePairsOfTheBlockMask) {
 
 TEST(StepFlops, ScalesWithRows) {
   const auto model = testing::tiny_model_config();
-  const double one = total_flops(dspine_step_flops(model, {1, 8, 2, 3.0}));
-  EXPECT_DOUBLE_EQ(total_flops(dspine_step_flops(model, {3, 8, 2, 3.0})), 3 * one);
+  const double one = total_flops(dspine_step_flops(model, {1, 8, 2, 3.0, 5.0}));
+  EXPECT_DOUBLE_EQ(total_flops(dspine_step_flops(model, {3, 8, 2, 3.0, 5.0})), 3 * one);
+}
+
+// The expected distinct teacher positions against hand counts: one anchor of five reading two
+// positions each (the last one only itself: 2, 2, 2, 2, 1 → 1.8); every anchor drawn (each valid
+// position and the one after it, within the row); and the recipe's row.
+TEST(StepFlops, ExpectedTeacherPositionsMatchHandCounts) {
+  EXPECT_NEAR(expected_teacher_positions(std::vector<bool>(5, true), 1, 2), 1.8, 1e-12);
+  const std::vector<bool> gaps{false, true, true, false, false, true, false};
+  EXPECT_NEAR(expected_teacher_positions(gaps, 3, 2), 5.0, 1e-12);  // 1, 2, 3, 5, 6
+  // Two of the three valid anchors: position 2 is read by anchor 1 or 2, one of which is always
+  // drawn; positions 1, 3, 5 and 6 each by one anchor, drawn with probability 2/3.
+  EXPECT_NEAR(expected_teacher_positions(gaps, 2, 2), 1.0 + 4 * 2.0 / 3, 1e-12);
+  std::vector<bool> recipe(3071, true);
+  for (int a = 0; a < 8; ++a) recipe[a] = false;
+  EXPECT_NEAR(expected_teacher_positions(recipe, 512, 15), 2863.6, 0.1);
 }
 
 // configs/qwen3-8b-dspine.yaml on random data (prompt of 8 unsupervised tokens: valid anchors
-// 8..3070, mean 1539): about 166.5 TFLOP per micro-batch, of which the two vocabulary
-// projections are 57.4 (teacher 19.1 forward; draft 19.1 forward + 19.1 dX).
+// 8..3070, mean 1539; 2,863.6 distinct teacher positions per row): about 154.5 TFLOP per
+// micro-batch, of which the two vocabulary projections are 45.4 (teacher 7.1 forward; draft 19.1
+// forward + 19.1 dX).
 TEST(StepFlops, RecipeSize) {
   core::ModelConfig model;
   model.hidden_size = 4096;
@@ -96,10 +113,11 @@ TEST(StepFlops, RecipeSize) {
   model.dspine.transfer_rank = 1024;
   model.dspine.message_size = 512;
   model.dspine.top_k = 16;
-  const auto parts = dspine_step_flops(model, {2, 3072, 512, 1539.0});
-  EXPECT_NEAR(total_flops(parts) / 1e12, 166.51, 0.01);
+  const auto parts = dspine_step_flops(model, {2, 3072, 512, 1539.0, 2863.6});
+  EXPECT_NEAR(total_flops(parts) / 1e12, 154.52, 0.01);
   const auto named = by_name(parts);
   EXPECT_NEAR(named.at("draft_logits").forward / 1e12, 19.118, 0.001);
+  EXPECT_NEAR(named.at("teacher_logits").forward / 1e12, 7.128, 0.001);
 }
 
 }  // namespace

@@ -1,8 +1,8 @@
 // The fused vocabulary objective's CUDA row kernel against its ATen row pass on the same CUDA
 // logits: fp32 (tight), bf16 at the recipe's vocabulary (values within bf16 tolerance, gradient
-// cosine), the CE-only form, hand-built rows, the top-k candidates against torch::topk (ties by
-// lower index), and the memory claim at the recipe's size (no [rows, V] tensor: the peak stays
-// within 1 GiB above the inputs and dX).
+// cosine), the CE-only form, hand-built rows, teacher states read by position through an index,
+// the top-k candidates against torch::topk (ties by lower index), and the memory claim at the
+// recipe's size (no [rows, V] tensor: the peak stays within 1 GiB above the inputs and dX).
 #include <gtest/gtest.h>
 
 #include <ATen/cuda/CUDAContext.h>
@@ -137,6 +137,45 @@ TEST(VocabObjectiveGpu, Bf16AtTheRecipeVocabularyMatchesTheAtenRowPass) {
   EXPECT_GE(cosine, 0.9999);
   const double relative = ((fused.grad - aten.grad).norm() / aten.grad.norm()).item<double>();
   EXPECT_LE(relative, 1e-2);
+}
+
+// Teacher states by position through an index with repeats, as DSpine's overlapping blocks read
+// them: the kernel (each chunk's logits once per position, rows reading them by index) against the
+// ATen row pass on the teacher gathered row by row; fp32 tightly, bf16 at the recipe's vocabulary.
+TEST(VocabObjectiveGpu, TeacherIndexMatchesTheGatheredTeacher) {
+  SKIP_WITHOUT_CUDA();
+  for (auto dtype : {torch::kFloat32, torch::kBFloat16}) {
+    const int64_t rows = 300, vocab = dtype == torch::kFloat32 ? 4096 : 151936;
+    auto in = random_inputs(rows, 256, vocab, dtype);
+    const auto cuda = torch::TensorOptions().device(torch::kCUDA);
+    const auto states = torch::randn({130, 256}, cuda).to(dtype);
+    auto index = ((torch::arange(rows, cuda.dtype(torch::kInt64)) * 2).div(5, "floor") +
+                  torch::randint(0, 8, {rows}, cuda.dtype(torch::kInt64)))
+                     .clamp_max(129);
+    in.teacher = states.index_select(0, index);
+    const auto aten = run(in, false, 128);
+    auto x = in.hidden.detach().clone().requires_grad_(true);
+    VocabObjectiveOptions o;
+    o.ce_weight = 0.1;
+    o.top_k = 16;
+    o.chunk_rows = 128;
+    o.use_kernel = true;
+    auto r = vocab_objective(x, states, in.labels, in.weights, in.lm_head, o, index);
+    r.loss.backward();
+    const auto grad = x.grad().to(torch::kFloat32);
+    const double tol = dtype == torch::kFloat32 ? 1e-5 : 1e-4;
+    const std::string tag = dtype == torch::kFloat32 ? "fp32" : "bf16";
+    expect_close(r.loss, aten.result.loss, tol, tag + " loss");
+    expect_close(r.l1, aten.result.l1, tol, tag + " l1");
+    expect_close(r.teacher_candidates, aten.result.teacher_candidates, tol, tag + " teacher probs");
+    EXPECT_TRUE(torch::equal(r.candidates, aten.result.candidates)) << tag;
+    if (dtype == torch::kFloat32) {
+      expect_close(grad, aten.grad, tol, tag + " grad");
+    } else {
+      EXPECT_GE(torch::cosine_similarity(grad.flatten(), aten.grad.flatten(), 0).item<double>(),
+                0.9999);
+    }
+  }
 }
 
 // idx [rows, k] must be what a stable descending sort of z puts first: the values of torch::topk

@@ -83,6 +83,53 @@ TEST(VocabObjective, MatchesTheUnfusedTermsAndGradientForEveryChunkSize) {
   }
 }
 
+// Teacher states by position, read through an index with repeats (DSpine's overlapping blocks):
+// the same objective as the teacher gathered row by row, whatever the chunks' shares of positions.
+TEST(VocabObjective, TeacherIndexEqualsTheGatheredTeacherForEveryChunkSize) {
+  const auto in = random_inputs(31, 16, 97, 4);
+  const auto states = torch::randn({12, 16});
+  // Runs of nearby positions, as overlapping blocks read them, and one repeated far position.
+  auto index = (torch::arange(31).div(3, "floor") + torch::randint(0, 3, {31})).clamp_max(11);
+  index[30] = 0;
+  Inputs gathered = in;
+  gathered.teacher = states.index_select(0, index);
+  const double cw = 0.3;
+  const auto e = unfused(gathered, cw, 5);
+  for (int64_t chunk : {0, 1, 4, 31}) {
+    auto x = in.hidden.detach().clone().requires_grad_(true);
+    VocabObjectiveOptions o;
+    o.ce_weight = cw;
+    o.top_k = 5;
+    o.chunk_rows = chunk;
+    auto r = vocab_objective(x, states, in.labels, in.weights, in.lm_head, o, index);
+    r.loss.backward();
+    const auto tag = "chunk " + std::to_string(chunk);
+    expect_close(r.loss, e.loss, 1e-5, tag + " loss");
+    expect_close(r.l1, e.l1.detach(), 1e-5, tag + " l1");
+    expect_close(x.grad(), e.grad, 1e-5, tag + " grad");
+    expect_close(r.teacher_candidates, e.teacher_candidates, 1e-5, tag + " teacher probs");
+    EXPECT_TRUE(torch::equal(r.candidates, e.candidates)) << tag;
+  }
+
+  VocabObjectiveOptions o;
+  auto outside = index.clone();
+  outside[7] = 12;
+  try {
+    vocab_objective(in.hidden, states, in.labels, in.weights, in.lm_head, o, outside);
+    FAIL() << "a teacher index outside the states must throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("teacher_index 12 at row 7 is outside [0, 12)"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(vocab_objective(in.hidden, states, in.labels, in.weights, in.lm_head, o,
+                               index.slice(0, 1)),
+               Error);
+  EXPECT_THROW(vocab_objective(in.hidden, states.slice(1, 1), in.labels, in.weights, in.lm_head,
+                               o, index),
+               Error);
+}
+
 TEST(VocabObjective, BackwardScalesByTheIncomingGradientAndWithoutAutogradGivesNoGraph) {
   const auto in = random_inputs(9, 8, 33, 5);
   const auto e = unfused(in, 0.5, 2);
