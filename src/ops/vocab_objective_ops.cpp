@@ -51,9 +51,9 @@ void check_rows(const at::Tensor& hidden, const at::Tensor& labels, const at::Te
 
 void check_teacher(const at::Tensor& hidden, const at::Tensor& teacher, const at::Tensor& index,
                    const at::Tensor& weights) {
-  const bool shape = index.defined()
-                         ? teacher.dim() == 2 && teacher.size(0) > 0 && teacher.size(1) == hidden.size(1)
-                         : teacher.sizes() == hidden.sizes();
+  const bool by_position =
+      teacher.dim() == 2 && teacher.size(0) > 0 && teacher.size(1) == hidden.size(1);
+  const bool shape = index.defined() ? by_position : teacher.sizes() == hidden.sizes();
   if (!shape || teacher.scalar_type() != hidden.scalar_type() ||
       teacher.device() != hidden.device()) {
     fail("vocab objective: teacher_hidden {} {} must match hidden {} {}{}",

@@ -3,8 +3,9 @@
 // draft's argmax and top-k candidates with the teacher's probabilities there — over row chunks of
 // the frozen lm_head projection. Per chunk: the two logits GEMMs in the training dtype, the row
 // pass (ops/vocab_rows.h, top-k included), and with a gradient wanted the logits gradient written
-// over the draft logits and dX = g @ lm_head. Rows sharing a teacher state share its logits. Only dX [rows, H] outlives a chunk: no [rows, V]
-// tensor, no full-width teacher softmax, nothing recomputed in backward.
+// over the draft logits and dX = g @ lm_head. Rows sharing a teacher state share its logits. Only
+// dX [rows, H] outlives a chunk: no [rows, V] tensor, no full-width teacher softmax, nothing
+// recomputed in backward.
 #pragma once
 
 #include <ATen/core/Tensor.h>
