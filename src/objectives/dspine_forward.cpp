@@ -257,13 +257,25 @@ std::vector<at::Tensor> DSpineTrainingModel::trainable_parameters() const {
 DSpineTrainingModel::TermSums DSpineTrainingModel::reference_terms(const DraftPass& pass) {
   auto& draft_impl = *draft_;
   const int64_t top_k = model_config_.dspine.top_k;
+  std::vector<at::Tensor> inputs{pass.hidden_rows, pass.pre_rows,    pass.features,
+                                 pass.labels,      pass.predecessors, pass.teacher,
+                                 pass.weights,     pass.supervised};
+  if (pinned_candidates_.defined()) {
+    const auto blocks = pass.labels.sizes();
+    if (pinned_candidates_.dim() != 3 || pinned_candidates_.size(0) != blocks[0] ||
+        pinned_candidates_.size(1) != blocks[1] || pinned_candidates_.size(2) != top_k ||
+        pinned_candidates_.scalar_type() != torch::kInt64) {
+      fail("DSpine pinned candidates must be int64 [{}, {}, {}], got {} {}", blocks[0], blocks[1],
+           top_k, c10::toString(pinned_candidates_.scalar_type()),
+           c10::str(pinned_candidates_.sizes()));
+    }
+    inputs.push_back(pinned_candidates_.to(pass.labels.device()));
+  }
   auto sums = checkpointed_chunk_reduce(
       [this, &draft_impl, top_k](const std::vector<at::Tensor>& c) {
         return objective_terms(draft_impl, lm_head_, settings_, top_k, c);
       },
-      {pass.hidden_rows, pass.pre_rows, pass.features, pass.labels, pass.predecessors,
-       pass.teacher, pass.weights, pass.supervised},
-      settings_.objective_chunk_blocks, trainable_parameters());
+      inputs, settings_.objective_chunk_blocks, trainable_parameters());
   const double cw = settings_.ce_weight;
   TermSums out;
   out.backbone = cw * sums[kCe] + (1.0 - cw) * sums[kL1];
@@ -295,6 +307,8 @@ DSpineTrainingModel::TermSums DSpineTrainingModel::fused_terms(const DraftPass& 
   out.correct = correct(rows.argmax, pass);
 
   const auto blocks = pass.labels.sizes();
+  if (pinned_candidates_.defined()) fail("DSpine pinned candidates are for the reference terms");
+  last_candidates_ = rows.candidates.view({blocks[0], blocks[1], top_k});
   auto& draft_impl = *draft_;
   auto sums = checkpointed_chunk_reduce(
       [this, &draft_impl](const std::vector<at::Tensor>& c) {

@@ -8,6 +8,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "core/config.h"
@@ -104,6 +105,13 @@ class DSpineTrainingModel {
   const at::Tensor& embed_tokens() const { return embed_tokens_; }
   const at::Tensor& lm_head() const { return lm_head_; }
 
+  // For parity checks between kernel sets: the refinement's candidates are the draft's top-k
+  // logits, a discrete choice that two evaluations rounding differently make differently among
+  // near-tied logits. The fused vocabulary path keeps the candidates [M, T, k] it chose last;
+  // candidates pinned here replace the reference terms' own top-k (undefined: unpinned).
+  const at::Tensor& last_candidates() const { return last_candidates_; }
+  void pin_candidates(at::Tensor candidates) { pinned_candidates_ = std::move(candidates); }
+
  private:
   core::ModelConfig model_config_;
   DSpineSettings settings_;
@@ -111,6 +119,7 @@ class DSpineTrainingModel {
   at::Tensor embed_tokens_, lm_head_;
   int64_t mask_token_id_;
   bool fused_vocabulary_ = false;
+  at::Tensor last_candidates_, pinned_candidates_;
 
   // The objective's sums: `backbone` = cw·CE + (1−cw)·L1 (with grad), the rest detached except
   // refinement and alignment.

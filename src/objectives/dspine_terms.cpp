@@ -92,7 +92,7 @@ std::vector<at::Tensor> refinement_and_alignment(model::DSpineDraftImpl& draft,
 BackboneTerms backbone_terms(const at::Tensor& hidden, const at::Tensor& teacher_hidden,
                              const at::Tensor& labels, const at::Tensor& weights,
                              const at::Tensor& supervised, const at::Tensor& lm_head,
-                             int64_t top_k) {
+                             int64_t top_k, const at::Tensor& candidates) {
   torch::Tensor teacher;
   {
     torch::NoGradGuard no_grad;
@@ -102,7 +102,9 @@ BackboneTerms backbone_terms(const at::Tensor& hidden, const at::Tensor& teacher
   auto l1 = (backbone.log_probs.exp() - teacher).abs().sum(-1);
 
   BackboneTerms out;
-  out.candidates = std::get<1>(backbone.logits.detach().topk(top_k, -1, true, true));
+  out.candidates = candidates.defined()
+                       ? candidates
+                       : std::get<1>(backbone.logits.detach().topk(top_k, -1, true, true));
   {
     torch::NoGradGuard no_grad;
     out.candidate_mass = teacher.gather(-1, out.candidates);
@@ -119,7 +121,9 @@ std::vector<at::Tensor> objective_terms(model::DSpineDraftImpl& draft, const at:
   const auto& labels = chunk[kLabels];
   const auto& weights = chunk[kWeights];
   auto backbone = backbone_terms(chunk[kHidden], chunk[kTeacherHidden], labels, weights,
-                                 chunk[kSupervised], lm_head, top_k);
+                                 chunk[kSupervised], lm_head, top_k,
+                                 chunk.size() > kPinnedCandidates ? chunk[kPinnedCandidates]
+                                                                  : at::Tensor());
   auto rest = refinement_and_alignment(
       draft, lm_head, settings,
       {chunk[kPre], chunk[kFeatures], labels, chunk[kPredecessors], weights, chunk[kSupervised],

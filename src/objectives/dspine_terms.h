@@ -28,19 +28,23 @@ enum FullTermInput : size_t {
   kSupervised,     // [c, T] bool
   kFullTermInputs
 };
+// An optional chunk input after the others: [c, T, k] int64 candidates that replace the draft's
+// top-k (DSpineTrainingModel::pin_candidates).
+constexpr size_t kPinnedCandidates = kFullTermInputs;
 // Output order of objective_terms.
 enum FullTermOutput : size_t { kCe, kL1, kRefine, kAlign, kCorrect, kCoverage, kFullTermOutputs };
 
 // The reference backbone terms of a chunk (full-width fp32 softmaxes of the draft and teacher
-// logits): Σw·ce and Σw·l1 (with grad), the correct count, the draft's top-k candidates and the
-// teacher's probabilities there (no grad). hidden / teacher_hidden [..., H], the rest [...].
+// logits): Σw·ce and Σw·l1 (with grad), the correct count, the draft's top-k candidates (or the
+// given `candidates` [..., k]) and the teacher's probabilities there (no grad). hidden /
+// teacher_hidden [..., H], the rest [...].
 struct BackboneTerms {
   at::Tensor ce, l1, correct, candidates, candidate_mass;
 };
 BackboneTerms backbone_terms(const at::Tensor& hidden, const at::Tensor& teacher_hidden,
                              const at::Tensor& labels, const at::Tensor& weights,
                              const at::Tensor& supervised, const at::Tensor& lm_head,
-                             int64_t top_k);
+                             int64_t top_k, const at::Tensor& candidates = {});
 
 // The six sums of §7.1 step 10: CE = Σw·ce, L1 = Σw·l1, R = Σw·(cw·rce + (1−cw)·rl1·gate),
 // A = Σ_l Σ w·(1 − cos(feature_l, code_y)), correct, coverage. `draft` supplies refine() and the

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "common/dspine_tiny.h"
+#include "core/error.h"
 #include "objectives/dspine_forward.h"
 
 namespace dspine::objectives {
@@ -23,13 +24,16 @@ using testing::training_objective;
 struct Run {
   DSpineOutput out;
   std::map<std::string, torch::Tensor> grads;
+  torch::Tensor candidates;  // the fused path's refinement candidates
 };
 
-Run run(bool fused, int64_t chunk_blocks, int64_t step, bool ce_only = false) {
+Run run(bool fused, int64_t chunk_blocks, int64_t step, bool ce_only = false,
+        const torch::Tensor& pinned = {}) {
   auto objective = training_objective(tiny_config(), tiny_settings(chunk_blocks));
   auto& model = objective->training_model();
   EXPECT_FALSE(model.fused_vocabulary());  // model.fused_kernels = false
   model.use_fused_vocabulary(fused);
+  model.pin_candidates(pinned);
   auto batch = random_batch(
       mask_rows({{0, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1}, {0, 0, 1, 1, 1, 1, 1, 1, 0, 0, 1, 1}}), 7);
   dist::SingleProcessCommunicator comm;
@@ -51,6 +55,7 @@ Run run(bool fused, int64_t chunk_blocks, int64_t step, bool ce_only = false) {
   for (auto& p : objective->draft()->named_parameters()) {
     r.grads[p.key()] = p.value().grad().defined() ? p.value().grad().clone() : torch::Tensor();
   }
+  r.candidates = model.last_candidates();
   return r;
 }
 
@@ -88,6 +93,31 @@ TEST(FusedVocabulary, TermsLossAndEveryGradientMatchTheReference) {
       }
     }
   }
+}
+
+// Pinned candidates, for parity checks between kernel sets that break near-ties differently: the
+// reference terms on the fused path's candidates give its objective and gradients; on other
+// candidates their refinement term moves; the fused path and a wrong shape refuse them.
+TEST(FusedVocabulary, ReferenceTermsTakePinnedCandidates) {
+  for (int64_t chunk : {0, 3}) {
+    const auto tag = "chunk " + std::to_string(chunk);
+    auto fused = run(true, chunk, 100);
+    ASSERT_TRUE(fused.candidates.defined());
+    EXPECT_EQ(fused.candidates.dim(), 3);
+    auto pinned = run(false, chunk, 100, false, fused.candidates);
+    expect_close(pinned.out.loss, fused.out.loss, tag + " loss");
+    expect_close(pinned.out.refinement, fused.out.refinement, tag + " refinement");
+    EXPECT_TRUE(torch::equal(pinned.out.coverage, fused.out.coverage)) << tag;
+    for (const auto& [name, grad] : fused.grads) {
+      if (grad.defined()) expect_close(pinned.grads.at(name), grad, tag + " grad " + name);
+    }
+    const int64_t vocab = tiny_config().model.vocab_size;
+    auto other = run(false, chunk, 100, false, (fused.candidates + 1).remainder(vocab));
+    EXPECT_GT((other.out.refinement - fused.out.refinement).abs().item<double>(), 1e-4) << tag;
+  }
+  auto fused = run(true, 0, 100);
+  EXPECT_THROW(run(true, 0, 100, false, fused.candidates), Error);
+  EXPECT_THROW(run(false, 0, 100, false, fused.candidates.slice(2, 1)), Error);
 }
 
 TEST(FusedVocabulary, CeOnlyPrepassMatchesTheReference) {
