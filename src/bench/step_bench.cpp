@@ -207,11 +207,10 @@ double max_over_ranks(dist::Communicator& comm, const c10::Device& device, doubl
   return tensor.item<double>();
 }
 
-// Mean valid anchor position over the first window's micro-batches. Anchors are a uniform subset
-// of the valid positions, so this is the expected anchor, i.e. the mean context prefix a block
-// sees (the FLOP count's attention term).
-// The shape of the first step's batches that the FLOP count needs: the mean anchor position and
-// the distinct teacher positions per row, both as expected under uniform anchor sampling.
+// What the FLOP count needs from the first window's micro-batches, both as expected under uniform
+// anchor sampling from the valid positions: the mean anchor position, i.e. the mean context prefix
+// a block sees (the attention term), and the distinct teacher positions per row (the teacher
+// logits term).
 struct AnchorStats {
   int64_t anchors = 0, proposals = 0;
   double anchor_sum = 0.0, teacher_sum = 0.0;

@@ -292,6 +292,7 @@ DSpineTrainingModel::TermSums DSpineTrainingModel::reference_terms(const DraftPa
 // refinement and alignment terms chunked as before, fed the candidates and teacher probabilities.
 DSpineTrainingModel::TermSums DSpineTrainingModel::fused_terms(const DraftPass& pass) {
   const int64_t top_k = model_config_.dspine.top_k;
+  if (pinned_candidates_.defined()) fail("DSpine pinned candidates are for the reference terms");
   const int64_t hidden = pass.hidden_rows.size(-1);
   const auto weights = pass.weights.reshape({-1});
   RECORD_USER_SCOPE("dspine.vocab_objective");
@@ -307,7 +308,6 @@ DSpineTrainingModel::TermSums DSpineTrainingModel::fused_terms(const DraftPass& 
   out.correct = correct(rows.argmax, pass);
 
   const auto blocks = pass.labels.sizes();
-  if (pinned_candidates_.defined()) fail("DSpine pinned candidates are for the reference terms");
   last_candidates_ = rows.candidates.view({blocks[0], blocks[1], top_k});
   auto& draft_impl = *draft_;
   auto sums = checkpointed_chunk_reduce(
