@@ -106,11 +106,8 @@ void run(const Options& o) {
     r.loss.backward();
     per_row_loss = r.loss.detach();
   };
-  // Rows of teacher logits the fused objective projects: each chunk's distinct positions.
   const int64_t chunk = ops::vocab_chunk_rows(o.vocab, 2, 2);
-  const auto chunk_of_row = torch::arange(o.rows, teacher_index.options()).div(chunk, "floor");
-  const int64_t teacher_rows =
-      std::get<0>(at::_unique2(chunk_of_row * states.size(0) + teacher_index)).numel();
+  const int64_t teacher_rows = ops::vocab_teacher_rows(teacher_index, states.size(0), chunk);
   const auto blocks = [&](const at::Tensor& t) {
     auto sizes = t.sizes().vec();
     sizes[0] = o.proposals;

@@ -15,7 +15,7 @@ namespace {
 double expected_accepted(const DraftPass& pass, const at::Tensor& kept, const at::Tensor& lm_head,
                          int64_t chunk_blocks) {
   auto hidden = pass.hidden_rows.index_select(0, kept);
-  auto teacher = pass.teacher.index_select(0, kept);
+  auto teacher = teacher_hidden(pass, kept);
   auto supervised = pass.supervised.index_select(0, kept).to(torch::kFloat32);
   const int64_t blocks = hidden.size(0);
   const int64_t chunk = chunk_blocks > 0 ? chunk_blocks : std::max<int64_t>(blocks, 1);

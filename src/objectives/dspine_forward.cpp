@@ -78,6 +78,13 @@ at::Tensor correct(const at::Tensor& argmax, const DraftPass& pass) {
 
 }  // namespace
 
+at::Tensor teacher_hidden(const DraftPass& pass, const at::Tensor& blocks) {
+  const auto positions =
+      blocks.defined() ? pass.teacher_positions.index_select(0, blocks) : pass.teacher_positions;
+  return pass.teacher_states.index_select(0, positions.reshape({-1}))
+      .view({positions.size(0), positions.size(1), pass.teacher_states.size(1)});
+}
+
 DSpineTrainingModel::DSpineTrainingModel(const core::Config& config,
                                          const DSpineSettings& settings, model::DSpineDraft draft,
                                          at::Tensor embed_tokens, at::Tensor lm_head)
@@ -176,8 +183,6 @@ DraftPass DSpineTrainingModel::draft_pass(const data::DraftBatch& batch, at::Gen
         batch.target_last_hidden_states.detach().to(device, dtype).reshape({-1, hidden});
     out.teacher_positions =
         teacher_positions(out.blocks.source_index, input_ids.size(1)).reshape({blocks, proposals});
-    out.teacher = out.teacher_states.index_select(0, out.teacher_positions.reshape({-1}))
-                      .view({blocks, proposals, hidden});
   }
   return out;
 }
@@ -213,7 +218,9 @@ DSpineOutput DSpineTrainingModel::objective(const DraftPass& pass,
     out.loss = out.numerator / out.denominator.clamp_min(1.0);
     return out;
   }
-  if (!pass.teacher.defined()) fail("DSpine objective terms need a draft pass with its full rows");
+  if (!pass.teacher_states.defined()) {
+    fail("DSpine objective terms need a draft pass with its full rows");
+  }
   const auto sums = fused_vocabulary_ ? fused_terms(pass) : reference_terms(pass);
 
   // §7.2: CE̅ of the window (replay) or of this batch over all ranks (immediate path).
@@ -258,7 +265,7 @@ DSpineTrainingModel::TermSums DSpineTrainingModel::reference_terms(const DraftPa
   auto& draft_impl = *draft_;
   const int64_t top_k = model_config_.dspine.top_k;
   std::vector<at::Tensor> inputs{pass.hidden_rows, pass.pre_rows,    pass.features,
-                                 pass.labels,      pass.predecessors, pass.teacher,
+                                 pass.labels,      pass.predecessors, teacher_hidden(pass),
                                  pass.weights,     pass.supervised};
   if (pinned_candidates_.defined()) {
     const auto blocks = pass.labels.sizes();

@@ -67,10 +67,13 @@ struct DraftPass {
   // Full rows only:
   at::Tensor pre_rows;      // [M, T, H] last layer's states before its injection
   at::Tensor features;      // [M, L, T, r] post-injection features
-  at::Tensor teacher;       // [M, T, H] target's last hidden state before each label
   at::Tensor teacher_states;     // [B·S, H] target_last_hidden_states, one row per position
-  at::Tensor teacher_positions;  // [M, T] int64: teacher = teacher_states[teacher_positions]
+  at::Tensor teacher_positions;  // [M, T] int64: the position before each proposal's label
 };
+
+// The teacher states of a full-rows pass, the target's last hidden state before each label:
+// [M, T, H], or [K, T, H] for the blocks `blocks` (int64 [K]) alone.
+at::Tensor teacher_hidden(const DraftPass& pass, const at::Tensor& blocks = {});
 
 class DSpineTrainingModel {
  public:

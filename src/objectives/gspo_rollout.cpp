@@ -26,8 +26,10 @@ KeptRows kept_rows(const DraftPass& pass, const at::Tensor& kept, bool need_pre,
     rows.pre = pass.pre_rows.index_select(0, kept);
   }
   if (need_teacher) {
-    if (!pass.teacher.defined()) fail("gspo: expected_acceptance needs a draft pass with full rows");
-    rows.teacher = pass.teacher.index_select(0, kept);
+    if (!pass.teacher_states.defined()) {
+      fail("gspo: expected_acceptance needs a draft pass with full rows");
+    }
+    rows.teacher = teacher_hidden(pass, kept);
   }
   return rows;
 }

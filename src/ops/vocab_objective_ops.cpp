@@ -16,6 +16,23 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
+// An index per row of hidden (`name`: int64 [rows] on hidden's device), each in [0, end); an
+// entry outside is named with its row (`entry` at row r).
+void check_row_index(const at::Tensor& index, const at::Tensor& hidden, int64_t end,
+                     const char* name, const char* entry) {
+  if (index.dim() != 1 || index.size(0) != hidden.size(0) || index.scalar_type() != at::kLong ||
+      index.device() != hidden.device()) {
+    fail("vocab objective: {} must be int64 [{}] on {}, got {} {} on {}", name, hidden.size(0),
+         hidden.device().str(), c10::toString(index.scalar_type()), c10::str(index.sizes()),
+         index.device().str());
+  }
+  const auto bad = ((index < 0) | (index >= end)).nonzero();
+  if (bad.numel() > 0) {
+    fail("vocab objective: {} {} at row {} is outside [0, {})", entry,
+         index[bad[0][0].item<int64_t>()].item<int64_t>(), bad[0][0].item<int64_t>(), end);
+  }
+}
+
 void check_rows(const at::Tensor& hidden, const at::Tensor& labels, const at::Tensor& lm_head,
                 const VocabObjectiveOptions& options) {
   if (lm_head.dim() != 2) fail("vocab objective: lm_head must be [V, H], got {}",
@@ -30,23 +47,13 @@ void check_rows(const at::Tensor& hidden, const at::Tensor& labels, const at::Te
          c10::toString(hidden.scalar_type()), hidden.device().str(),
          c10::toString(lm_head.scalar_type()), lm_head.device().str());
   }
-  if (labels.dim() != 1 || labels.size(0) != hidden.size(0) || labels.scalar_type() != at::kLong ||
-      labels.device() != hidden.device()) {
-    fail("vocab objective: labels must be int64 [{}] on {}, got {} {} on {}", hidden.size(0),
-         hidden.device().str(), c10::toString(labels.scalar_type()), c10::str(labels.sizes()),
-         labels.device().str());
-  }
   if (options.top_k < 0 || options.top_k > vocab) {
     fail("vocab objective: top_k must lie in [0, {}], got {}", vocab, options.top_k);
   }
   if (options.chunk_rows < 0) {
     fail("vocab objective: chunk_rows must be >= 0, got {}", options.chunk_rows);
   }
-  const auto bad = ((labels < 0) | (labels >= vocab)).nonzero();
-  if (bad.numel() > 0) {
-    fail("vocab objective: label {} at row {} is outside [0, {})",
-         labels[bad[0][0].item<int64_t>()].item<int64_t>(), bad[0][0].item<int64_t>(), vocab);
-  }
+  check_row_index(labels, hidden, vocab, "labels", "label");
 }
 
 void check_teacher(const at::Tensor& hidden, const at::Tensor& teacher, const at::Tensor& index,
@@ -62,18 +69,7 @@ void check_teacher(const at::Tensor& hidden, const at::Tensor& teacher, const at
          index.defined() ? " in dtype, device and width (one row per teacher position)" : "");
   }
   if (index.defined()) {
-    if (index.dim() != 1 || index.size(0) != hidden.size(0) || index.scalar_type() != at::kLong ||
-        index.device() != hidden.device()) {
-      fail("vocab objective: teacher_index must be int64 [{}] on {}, got {} {} on {}",
-           hidden.size(0), hidden.device().str(), c10::toString(index.scalar_type()),
-           c10::str(index.sizes()), index.device().str());
-    }
-    const auto bad = ((index < 0) | (index >= teacher.size(0))).nonzero();
-    if (bad.numel() > 0) {
-      fail("vocab objective: teacher_index {} at row {} is outside [0, {})",
-           index[bad[0][0].item<int64_t>()].item<int64_t>(), bad[0][0].item<int64_t>(),
-           teacher.size(0));
-    }
+    check_row_index(index, hidden, teacher.size(0), "teacher_index", "teacher_index");
   }
   if (weights.dim() != 1 || weights.size(0) != hidden.size(0) ||
       weights.scalar_type() != at::kFloat || weights.device() != hidden.device()) {
@@ -199,6 +195,11 @@ struct VocabObjectiveFunction : torch::autograd::Function<VocabObjectiveFunction
 };
 
 }  // namespace
+
+int64_t vocab_teacher_rows(const at::Tensor& teacher_index, int64_t positions,
+                           int64_t chunk_rows) {
+  return chunk_teachers(teacher_index, positions, chunk_rows).offsets.back();
+}
 
 int64_t vocab_chunk_rows(int64_t vocab, int64_t element_bytes, int64_t logits_per_row) {
   constexpr int64_t kTileRows = 256;

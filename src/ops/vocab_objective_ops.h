@@ -60,4 +60,9 @@ constexpr int64_t kVocabChunkBytes = int64_t(614) << 20;
 // chunks of 1,024; docs/benchmarks.md has its measurement).
 int64_t vocab_chunk_rows(int64_t vocab, int64_t element_bytes, int64_t logits_per_row);
 
+// Rows of teacher logits vocab_objective projects for teacher_index (int64 [rows], each in
+// [0, positions)) in chunks of chunk_rows rows: each chunk's distinct positions, summed.
+int64_t vocab_teacher_rows(const at::Tensor& teacher_index, int64_t positions,
+                           int64_t chunk_rows);
+
 }  // namespace dspine::ops

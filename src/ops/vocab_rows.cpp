@@ -121,10 +121,11 @@ VocabRowResults vocab_rows(at::Tensor& z, const at::Tensor& t, const at::Tensor&
     fail("vocab rows: teacher logits {} must have one row per draft row {}", c10::str(t.sizes()),
          c10::str(z.sizes()));
   }
-  if (!use_kernel) {
-    return reference_rows(z, teacher_rows.defined() ? t.index_select(0, teacher_rows) : t, labels,
-                          gradient, top_k);
-  }
+  // Row r's teacher logits for the ATen parts: [n, V].
+  auto teacher_per_row = [&] {
+    return teacher_rows.defined() ? t.index_select(0, teacher_rows) : t;
+  };
+  if (!use_kernel) return reference_rows(z, teacher_per_row(), labels, gradient, top_k);
   const c10::cuda::CUDAGuard guard(z.device());
   auto rows = kernel_rows(z, &t, labels);
   at::Tensor teacher_index;
@@ -159,9 +160,8 @@ VocabRowResults vocab_rows(at::Tensor& z, const at::Tensor& t, const at::Tensor&
                                              at::cuda::getCurrentCUDAStream()),
                "vocab objective rows", z);
   if (top_k > 0 && !kernel_selects) {
-    out.teacher_candidates = teacher_probabilities(
-        teacher_rows.defined() ? t.index_select(0, teacher_rows) : t, out.candidates,
-        out.lse_teacher);
+    out.teacher_candidates =
+        teacher_probabilities(teacher_per_row(), out.candidates, out.lse_teacher);
   }
   return out;
 }
