@@ -1120,6 +1120,11 @@ __global__ void __launch_bounds__(kThreads)
     entry = following;
     buf ^= 1;
   }
+  // Nothing is in flight here: the last block took the wait<0> branch, and with no blocks nothing
+  // was started. ptxas does not tie the exit test to those branches (to it the next block's scores
+  // from the wait<2> branch may still be running), so without this wait it inserts the same one
+  // here itself (ptxas info C7517).
+  Ops::template wait<0>(dv_acc, dk_acc);
 
   const int64_t pos_a = key_position(p, block_tile, start, key_a);
   const int64_t pos_b = key_position(p, block_tile, start, key_b);
