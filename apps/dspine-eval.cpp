@@ -19,11 +19,13 @@
 #include "core/error.h"
 #include "core/safetensors.h"
 #include "data/batch_source.h"
+#include "data/held_out.h"
 #include "dist/communicator.h"
 #include "model/draft_loading.h"
 #include "objectives/acceptance.h"
 #include "objectives/dspine_objective.h"
 #include "objectives/dspine_settings.h"
+#include "train/checkpoint.h"
 #include "train/objective_registry.h"
 
 namespace {
@@ -47,13 +49,37 @@ torch::Tensor optional_tensor(const core::SafetensorsFile& file, const std::stri
   return file.contains(name) ? file.at(name) : torch::Tensor();
 }
 
-// --acceptance: the acceptance figures of the draft from every anchor of `samples` held-out
-// samples of the config's data source, starting at global sample index `offset`.
+// The rows --acceptance measures: --offset, else data.eval_offset's rule for the run that saved
+// `weights` (its world size and the samples it has read, when `weights` is a checkpoint; else a
+// one-rank run through training.total_steps). Default rows the run trained on are refused.
+dspine::data::HeldOutRows acceptance_rows(const core::Config& config, const std::string& weights,
+                                          const dspine::data::BatchSource& training,
+                                          const dspine::data::BatchSource* held_out,
+                                          int64_t samples, int64_t offset) {
+  const auto state = dspine::train::checkpoint_state(weights);
+  const int64_t world = state ? state->saved_world_size : 1;
+  const int64_t trained = state ? state->data_cursor : core::training_rows(config, world);
+  const bool chosen = offset >= 0 || config.data.eval_offset >= 0;
+  if (offset < 0) offset = core::eval_offset(config, world);
+  auto rows = dspine::data::held_out_rows(training, held_out, trained, offset, samples);
+  // A run that has not reached total_steps yet must still not be measured on its future rows.
+  if (!chosen) {
+    dspine::data::require_unread(
+        dspine::data::held_out_rows(training, held_out, core::training_rows(config, world),
+                                    offset, samples),
+        config);
+  }
+  return rows;
+}
+
+// --acceptance: the acceptance figures of the draft from every anchor of the held-out `rows` of
+// `source`.
 nlohmann::json acceptance_report(const core::Config& config,
                                  objectives::DSpineObjective& objective,
-                                 dspine::data::BatchSource& source, int64_t samples,
-                                 int64_t offset, const torch::Device& device) {
-  auto batches = objectives::held_out_batches(source, offset, samples,
+                                 dspine::data::BatchSource& source,
+                                 const dspine::data::HeldOutRows& rows,
+                                 const torch::Device& device) {
+  auto batches = objectives::held_out_batches(source, rows.offset, rows.samples,
                                               config.training.batch_size, device);
   objectives::AcceptanceEvaluator evaluator(
       config, objectives::read_dspine_settings(config), objective.draft(),
@@ -61,8 +87,11 @@ nlohmann::json acceptance_report(const core::Config& config,
   auto comm = dspine::dist::make_single_process_communicator();
   const auto verifier = objectives::make_verifier(source);
   const auto stats = evaluator.measure(batches, *comm, *verifier);
-  nlohmann::json report = {{"samples", samples},
-                           {"offset", offset},
+  nlohmann::json report = {{"samples", rows.samples},
+                           {"offset", rows.offset},
+                           {"rows", rows.describe()},
+                           {"held_out_source", rows.separate},
+                           {"trained_on", rows.trained_on},
                            {"continuation", stats.continuation},
                            {"block_size", config.model.block_size},
                            {"supervised_slots", stats.supervised_slots},
@@ -77,11 +106,9 @@ nlohmann::json acceptance_report(const core::Config& config,
 
 // The report for a reader: τ of both walks, accuracy, acceptance by block position.
 void print_acceptance(const nlohmann::json& r) {
-  std::printf("acceptance on %lld held-out samples from index %lld (continuation: %s): %lld "
-              "blocks of %lld proposals\n",
-              r["samples"].get<long long>(), r["offset"].get<long long>(),
-              r["continuation"].get<std::string>().c_str(), r["blocks"].get<long long>(),
-              r["block_size"].get<long long>() - 1);
+  std::printf("acceptance on %s\n  continuation: %s; %lld blocks of %lld proposals\n",
+              r["rows"].get<std::string>().c_str(), r["continuation"].get<std::string>().c_str(),
+              r["blocks"].get<long long>(), r["block_size"].get<long long>() - 1);
   std::printf("  mean tau (accepted + 1): backbone argmax %.4f, refinement walk %.4f, "
               "speculative sampling %.4f\n",
               r["tau"].get<double>(), r["tau_refine"].get<double>(),
@@ -127,7 +154,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(int64_t(1), int64_t(1) << 40));
   app.add_option("--offset", offset,
                  "--acceptance: global index of the first sample (default: data.eval_offset, "
-                 "or past the training data of a one-rank run)")
+                 "or 0 of a separate held-out source, or past the run's training data)")
       ->check(CLI::Range(int64_t(0), int64_t(1) << 50));
   app.add_option("--target", target_path,
                  "safetensors with model.embed_tokens.weight and lm_head.weight "
@@ -170,8 +197,15 @@ int main(int argc, char** argv) {
     if (acceptance) {
       if (!source) fail("dspine-eval: --acceptance reads the config's data source, not --target");
       if (samples < 0) samples = config.data.eval_samples;
-      if (offset < 0) offset = core::eval_offset(config, /*world_size=*/1);
-      const auto report = acceptance_report(config, *objective, *source, samples, offset, device);
+      const auto held_out = dspine::data::make_held_out_source(config, *source);
+      const auto rows =
+          acceptance_rows(config, weights_path, *source, held_out.get(), samples, offset);
+      if (rows.trained_on > 0) {
+        std::fprintf(stderr, "warning: the measured rows are not held out: %s\n",
+                     rows.describe().c_str());
+      }
+      const auto report = acceptance_report(config, *objective, held_out ? *held_out : *source,
+                                            rows, device);
       if (json) {
         std::printf("%s\n", report.dump().c_str());
       } else {

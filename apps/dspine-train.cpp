@@ -57,10 +57,17 @@ int main(int argc, char** argv) {
       dspine::log::info("nothing to train: the run is already at step {} of {} (checkpoint.dir {})",
                         result.final_step, config.training.total_steps, config.checkpoint.dir);
     } else if (mpi.rank() == 0) {
-      dspine::log::info("trained steps {}..{} in {:.1f} s: loss {:.4f} -> {:.4f}; checkpoint {}",
-                   result.first_step, result.final_step, result.seconds, result.losses.front(),
-                   result.losses.back(), result.last_checkpoint);
+      const std::string& metrics = config.logging.metrics_file;
+      dspine::log::info("trained steps {}..{} in {:.1f} s: loss {:.4f} -> {:.4f}; checkpoint {}; "
+                        "metrics {}",
+                        result.first_step, result.final_step, result.seconds,
+                        result.losses.front(), result.losses.back(), result.last_checkpoint,
+                        metrics.empty() ? std::string("not written (logging.metrics_file \"\")")
+                                        : metrics);
     }
+    // Stopped by a signal, after saving: the shell's 128 + signal, so that a scheduler or a
+    // script can tell the run is unfinished (docs/checkpoints.md).
+    if (result.stop_signal != 0) return 128 + result.stop_signal;
   } catch (const std::exception& e) {
     return mpi.fail_run(e);
   }

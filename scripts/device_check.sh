@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds and runs every GPU test and benchmark on the GPU machine in one go; logs under $OUT.
 # Uses the machine's torch 2.11 and packages (installs nothing); carry .whl for Liger-Kernel.
-# Usage: scripts/device_check.sh [all|gspo|target|attention|vocab|train|step|profile]
-# (gspo: only the GSPO policy test and the RL step; target: only the Qwen3 target test and the
+# Usage: scripts/device_check.sh [all|tests|gspo|target|attention|vocab|train|step|profile]
+# (tests: every GPU test binary of `all`, test_trainer included, and no benchmark; gspo: only the GSPO policy test and the RL step; target: only the Qwen3 target test and the
 # online-target step, scripts/bench_online_target.sh; attention: the block attention test, the
 # fused step test, `dspine-bench attention` and attention-check at the recipe's shapes; vocab: the
 # fused vocabulary objective's tests, the fused step test and `dspine-bench vocab`; train: only
@@ -34,10 +34,11 @@ command -v nvcc >/dev/null || export PATH="/usr/local/cuda/bin:$PATH"
 TORCH_PREFIX=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null)
 targets=(test_fused_norm_mlp test_gspo_gpu test_gspo_policy_gpu test_dspine_fused_step
   test_random_source_gpu test_qwen3_model_gpu test_block_attention_gpu test_kernel_profile_gpu
-  test_dspine_objective test_trainer test_vocab_objective_gpu test_fused_vocabulary
+  test_dspine_objective test_trainer test_trainer_start test_vocab_objective_gpu test_fused_vocabulary
   test_injection_residual_gpu test_qk_norm_rope_gpu test_master_adamw_gpu test_wgmma_probe_gpu
   dspine-bench attention-check)
 [[ $PHASE == train || $PHASE == profile ]] && targets=(dspine-bench)
+[[ $PHASE == tests ]] && targets=("${targets[@]:0:${#targets[@]}-2}")  # no benchmark binaries
 { cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$TORCH_PREFIX" &&
   ninja -C "$BUILD_DIR" -j "$(nproc)" "${targets[@]}"; } > "$OUT/build.log" 2>&1 ||
   { grep -E -A12 "error|FAILED" "$OUT/build.log" | head -80; exit 1; }
@@ -70,12 +71,12 @@ fi
 # The recipe-size RL step (docs/benchmarks.md, "GSPO RL step") from random inputs; no checkpoint.
 gspo_rl_step() {
   "$BUILD_DIR/bin/dspine-bench" step --config configs/qwen3-8b-gspo.yaml --set data.source=random \
-    --set objective.gspo.init_from= --steps 6 > "$OUT/bench_gspo_rl_step.log" 2>&1 || status=1
+    --set training.init_from= --steps 6 > "$OUT/bench_gspo_rl_step.log" 2>&1 || status=1
   tail -30 "$OUT/bench_gspo_rl_step.log"
 }
 tests=(test_fused_norm_mlp test_gspo_gpu test_gspo_policy_gpu test_dspine_fused_step
   test_random_source_gpu test_qwen3_model_gpu test_block_attention_gpu test_kernel_profile_gpu
-  test_dspine_objective test_trainer test_vocab_objective_gpu test_fused_vocabulary
+  test_dspine_objective test_trainer test_trainer_start test_vocab_objective_gpu test_fused_vocabulary
   test_injection_residual_gpu test_qk_norm_rope_gpu test_master_adamw_gpu test_wgmma_probe_gpu)
 [[ $PHASE == gspo ]] && tests=(test_gspo_policy_gpu)
 [[ $PHASE == target ]] && tests=(test_qwen3_model_gpu)
@@ -92,6 +93,10 @@ for test in "${tests[@]}"; do
   grep -E "^\[  FAILED  \]|Failure|Expected|Which is|fused vs reference|relative error|reference vs reference|max diff" "$OUT/$test.log" | head -40
 done
 echo "tests done at $(( $(date +%s) - start )) s"
+if [[ $PHASE == tests ]]; then
+  echo "done in $(( $(date +%s) - start )) s, status $status"
+  exit $status
+fi
 # The block attention of one layer through the autograd op and as kernels alone, then the
 # torch-free kernel check (fp64 reference, both instruction sets, timings).
 attention_bench() {

@@ -81,6 +81,7 @@ std::vector<Key> keys_of(Config& c) {
       {"model.block_size", &m.block_size},
       {"model.mask_token_id", &m.mask_token_id},
       {"model.target_layer_ids", &m.target_layer_ids},
+      {"model.num_target_layers", &m.num_target_layers},
       {"model.fused_kernels", &m.fused_kernels, {"auto", "true", "false"}, true},
       {"model.dspine.transfer_rank", &d.transfer_rank},
       {"model.dspine.message_size", &d.message_size},
@@ -93,6 +94,9 @@ std::vector<Key> keys_of(Config& c) {
       {"data.seq_len", &data.seq_len},
       {"data.eval_samples", &data.eval_samples},
       {"data.eval_offset", &data.eval_offset},
+      {"data.eval_samples_file", &data.eval_samples_file},
+      {"data.eval_shards_dir", &data.eval_shards_dir},
+      {"data.eval_specforge_dir", &data.eval_specforge_dir},
       {"data.synthetic.seed", &s.seed},
       {"data.synthetic.num_layers", &s.num_layers},
       {"data.synthetic.num_attention_heads", &s.num_attention_heads},
@@ -122,6 +126,7 @@ std::vector<Key> keys_of(Config& c) {
       {"training.cpu_threads", &t.cpu_threads},
       {"training.on_nonfinite", &t.on_nonfinite, {"skip", "stop"}},
       {"training.eval_every", &t.eval_every},
+      {"training.init_from", &t.init_from},
       {"objective.name", &c.objective.name},
       {"checkpoint.dir", &c.checkpoint.dir},
       {"checkpoint.save_every", &c.checkpoint.save_every},
@@ -665,6 +670,30 @@ void apply_override(YAML::Node& root, const std::string& text, Context& context,
   context.note_override(key == kLrAlias ? kLearningRate : key, text);
 }
 
+// A separate held-out source must be of the training source's kind: it is read through the same
+// target (data/batch_source.h, make_held_out_source).
+void validate_held_out_source(const Context& ctx, const DataConfig& data) {
+  struct HeldOutKey {
+    const char* key;
+    const char* source;  // the data.source it belongs to
+    const char* what;
+    const std::string* value;
+  };
+  for (const auto& [key, source, what, value] :
+       {HeldOutKey{"data.eval_samples_file", "target", "token-sample JSONL file",
+                   &data.eval_samples_file},
+        HeldOutKey{"data.eval_shards_dir", "shards", "shard directory", &data.eval_shards_dir},
+        HeldOutKey{"data.eval_specforge_dir", "specforge", "SpecForge sample directory",
+                   &data.eval_specforge_dir}}) {
+    ctx.allow(key, fmt::format("\"\" or, with data.source {}, a held-out {}", source, what));
+    if (!value->empty() && data.source != source) {
+      ctx.fail_value(key, show(*value),
+                     fmt::format("data.source is {}; this key is for data.source {}", data.source,
+                                 source));
+    }
+  }
+}
+
 // Range and cross-key checks on a fully read configuration.
 void validate(const Context& ctx, const Config& c) {
   auto at_least = [&](const std::string& key, int64_t value, int64_t low) {
@@ -720,10 +749,16 @@ void validate(const Context& ctx, const Config& c) {
     ctx.fail_value("model.target_layer_ids", "[]", "must list at least one target layer");
   }
   const bool synthetic = c.data.source == "synthetic";
+  at_least("model.num_target_layers", m.num_target_layers, 0);
   for (size_t i = 0; i < m.target_layer_ids.size(); ++i) {
     const int64_t id = m.target_layer_ids[i];
     const std::string key = fmt::format("model.target_layer_ids[{}]", i);
     if (id < 0) ctx.fail_range(key, show(id), "integer >= 0");
+    if (m.num_target_layers > 0 && id >= m.num_target_layers) {
+      ctx.fail_range(key, show(id),
+                     fmt::format("a layer of the target, in [0, model.num_target_layers = {})",
+                                 m.num_target_layers));
+    }
     if (synthetic && id >= c.data.synthetic.num_layers) {
       ctx.fail_range(key, show(id),
                      fmt::format("a layer of the synthetic target, in [0, "
@@ -797,6 +832,7 @@ void validate(const Context& ctx, const Config& c) {
     ctx.fail_range("data.eval_offset", show(data.eval_offset),
                    "integer >= 0, or -1 for the first sample past the training data");
   }
+  validate_held_out_source(ctx, data);
   const SyntheticTargetConfig& s = data.synthetic;
   at_least("data.synthetic.seed", s.seed, 0);
   at_least("data.synthetic.num_layers", s.num_layers, 1);
@@ -878,10 +914,17 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   return parse_config(text.str(), path, overrides);
 }
 
-int64_t eval_offset(const Config& config, int64_t world_size) {
-  if (config.data.eval_offset >= 0) return config.data.eval_offset;
+int64_t training_rows(const Config& config, int64_t world_size) {
   const TrainingConfig& t = config.training;
   return t.total_steps * t.accumulation_steps * t.batch_size * world_size;
+}
+
+int64_t eval_offset(const Config& config, int64_t world_size) {
+  const DataConfig& data = config.data;
+  if (data.eval_offset >= 0) return data.eval_offset;
+  const bool separate = !data.eval_samples_file.empty() || !data.eval_shards_dir.empty() ||
+                        !data.eval_specforge_dir.empty();
+  return separate ? 0 : training_rows(config, world_size);
 }
 
 std::string to_yaml(const Config& config) {

@@ -37,6 +37,9 @@ struct ModelConfig {
   int64_t block_size = 4;
   int64_t mask_token_id = -1;  // -1: the last vocabulary id
   std::vector<int64_t> target_layer_ids = {0, 1, 2};
+  // Decoder layers of the target (config.json's num_target_layers); 0 = the data source's own:
+  // the target's config.json, or data.synthetic.num_layers (data/target_depth.h).
+  int64_t num_target_layers = 0;
   std::string fused_kernels = "auto";  // auto | true | false
   DSpineConfig dspine;
 };
@@ -71,9 +74,14 @@ struct DataConfig {
   std::string specforge_dir;         // SpecForge's torch.save samples, one file each
   int64_t seq_len = 64;
   // Held-out samples of the acceptance evaluation (training.eval_every, dspine-eval --acceptance):
-  // eval_samples from global index eval_offset; -1 = the first sample past the run's training data.
+  // eval_samples from global index eval_offset of the held-out source; -1 = index 0 of a separate
+  // held-out file, else the first sample past the run's training data (docs/evaluation.md).
   int64_t eval_samples = 64;
   int64_t eval_offset = -1;
+  // A separate held-out source of the training source's kind ("" = the training source itself).
+  std::string eval_samples_file;   // token-sample JSONL (target)
+  std::string eval_shards_dir;     // shard directory (shards)
+  std::string eval_specforge_dir;  // SpecForge samples (specforge)
   SyntheticTargetConfig synthetic;
   TargetModelConfig target;
 };
@@ -101,6 +109,9 @@ struct TrainingConfig {
   std::string on_nonfinite = "skip";  // skip | stop
   // Optimizer steps between acceptance evaluations (and one at the end); 0 = off.
   int64_t eval_every = 0;
+  // A checkpoint or export directory (or a draft .safetensors) whose weights a fresh run starts
+  // from, with a fresh optimizer, schedule and data position; "" = initialise the draft.
+  std::string init_from;
 };
 
 // The objective is chosen by name from the trainer's registry (train/objective_registry.h), which
@@ -158,8 +169,11 @@ Config parse_config(const std::string& yaml_text, const std::string& source,
 // Reads `path` (error naming the file if missing/unreadable), or the embedded default when empty.
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
 
-// First held-out sample of the acceptance evaluation: data.eval_offset, or for -1 the sample right
-// past the training data of a run of `world_size` ranks.
+// Samples a run of `world_size` ranks reads in training.total_steps steps (global indices 0 up).
+int64_t training_rows(const Config& config, int64_t world_size);
+
+// First held-out sample of the acceptance evaluation: data.eval_offset, or for -1 index 0 of a
+// separate held-out source (data.eval_*), else the sample right past the training data.
 int64_t eval_offset(const Config& config, int64_t world_size);
 
 // Serializes every key (the resolved configuration) as YAML; parse_config(to_yaml(c)) == c.

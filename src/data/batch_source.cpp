@@ -36,6 +36,7 @@ class SyntheticSource : public BatchSource {
   }
   at::Tensor embed_tokens() const override { return target_.embed_tokens(); }
   at::Tensor lm_head() const override { return target_.lm_head(); }
+  std::string describe() const override { return "the synthetic target"; }
 
  private:
   SyntheticTarget target_;
@@ -57,6 +58,29 @@ std::unique_ptr<BatchSource> make_batch_source(const core::Config& config,
   if (config.data.source == "specforge") return std::make_unique<SpecforgeSource>(config);
   fail("data.source must be 'synthetic', 'shards', 'random', 'target' or 'specforge', got '{}'",
        config.data.source);
+}
+
+std::unique_ptr<BatchSource> make_held_out_source(const core::Config& config,
+                                                  BatchSource& training) {
+  const auto& data = config.data;
+  if (!data.eval_samples_file.empty()) {
+    return std::make_unique<TargetSource>(dynamic_cast<TargetSource&>(training),
+                                          data.eval_samples_file);
+  }
+  if (!data.eval_specforge_dir.empty()) {
+    return std::make_unique<SpecforgeSource>(dynamic_cast<SpecforgeSource&>(training),
+                                             data.eval_specforge_dir);
+  }
+  if (data.eval_shards_dir.empty()) return nullptr;
+  auto held_out = std::make_unique<ShardReader>(data.eval_shards_dir, layout_from_config(config));
+  // Shards of another target would be judged against the wrong tables.
+  if (!held_out->embed_tokens().equal(training.embed_tokens()) ||
+      !held_out->lm_head().equal(training.lm_head())) {
+    fail("data.eval_shards_dir {}: its target.safetensors differs from data.shards_dir {}'s: "
+         "held-out shards must come from the training run's target",
+         data.eval_shards_dir, data.shards_dir);
+  }
+  return held_out;
 }
 
 }  // namespace dspine::data

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
@@ -33,6 +34,11 @@ class BatchSource {
   // The target model running online behind the batches, if any (it verifies drafted blocks in the
   // acceptance evaluation); null for sources that read stored or synthetic data.
   virtual const Qwen3Model* online_target() const { return nullptr; }
+  // Distinct samples before the cursor wraps around (a finite file or directory); 0 for sources
+  // that compute every sample (synthetic, random, a target on random tokens).
+  virtual int64_t distinct_samples() const { return 0; }
+  // What the samples are read from, for messages ("data.samples tokens.jsonl").
+  virtual std::string describe() const = 0;
 };
 
 // Builds the source selected by config.data.source (errors name the shard directory/file).
@@ -40,5 +46,11 @@ class BatchSource {
 // ignore it.
 std::unique_ptr<BatchSource> make_batch_source(const core::Config& config,
                                                const c10::Device& device);
+
+// The separate held-out source of data.eval_samples_file / eval_shards_dir / eval_specforge_dir,
+// sharing `training`'s target and frozen tables; null when none is set (the evaluation then reads
+// the training source itself). docs/evaluation.md, "Held-out rows".
+std::unique_ptr<BatchSource> make_held_out_source(const core::Config& config,
+                                                  BatchSource& training);
 
 }  // namespace dspine::data

@@ -29,6 +29,7 @@ class RandomSource : public BatchSource {
   void seek(int64_t cursor) override;
   at::Tensor embed_tokens() const override;
   at::Tensor lm_head() const override;
+  std::string describe() const override { return "random values (data.source random)"; }
 
  private:
   at::Tensor weight(int64_t stream) const;

@@ -56,6 +56,23 @@ TargetSource::TargetSource(const core::Config& config, const c10::Device& device
   if (!config.data.samples.empty()) samples_.emplace(config.data.samples, vocab_);
 }
 
+TargetSource::TargetSource(const TargetSource& training, const std::string& samples_path)
+    : device_(training.device_),
+      model_(training.model_),
+      layer_ids_(training.layer_ids_),
+      seq_len_(training.seq_len_),
+      seed_(training.seed_),
+      prompt_length_(training.prompt_length_),
+      vocab_(training.vocab_),
+      mask_id_(training.mask_id_) {
+  samples_.emplace(samples_path, vocab_);
+}
+
+std::string TargetSource::describe() const {
+  return samples_ ? "token samples " + samples_->path()
+                  : fmt::format("random tokens (seed {})", seed_);
+}
+
 DraftBatch TargetSource::random_tokens(int64_t rows) const {
   DraftBatch batch{at::empty({rows, seq_len_}, at::kLong), at::ones({rows, seq_len_}, at::kLong),
                    {}, {}};

@@ -32,6 +32,9 @@ Qwen3Model load_target(const core::Config& config, at::ScalarType dtype, const c
 class TargetSource : public BatchSource {
  public:
   TargetSource(const core::Config& config, const c10::Device& device);
+  // The same target (shared weights, no second load) over another token-sample file: the
+  // held-out source of data.eval_samples_file.
+  TargetSource(const TargetSource& training, const std::string& samples_path);
 
   DraftBatch next(int64_t rows) override;
   int64_t cursor() const override { return cursor_; }
@@ -41,6 +44,8 @@ class TargetSource : public BatchSource {
 
   const Qwen3Model& model() const { return model_; }
   const Qwen3Model* online_target() const override { return &model_; }
+  int64_t distinct_samples() const override { return samples_ ? samples_->size() : 0; }
+  std::string describe() const override;
 
  private:
   DraftBatch random_tokens(int64_t rows) const;

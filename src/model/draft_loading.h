@@ -5,6 +5,8 @@
 
 #include <string>
 
+#include <ATen/core/Tensor.h>
+
 namespace dspine::model {
 
 class DSpineDraftImpl;
@@ -14,5 +16,9 @@ class DSpineDraftImpl;
 // describe the draft's configuration (check_hf_config). The transfer space is loaded, never
 // rebuilt; a draft whose transfer_ready is false is refused. Errors name the file.
 void load_draft(DSpineDraftImpl& draft, const std::string& path);
+
+// A fresh run's draft: its transfer space built from the frozen `lm_head` [V, H], or, when
+// `init_from` is set (training.init_from), everything loaded from there by load_draft.
+void start_draft(DSpineDraftImpl& draft, const at::Tensor& lm_head, const std::string& init_from);
 
 }  // namespace dspine::model

@@ -27,8 +27,9 @@ struct HfConfigContext {
   int64_t max_position_embeddings = 0;  // the longest sequence trained on; 0: unknown, left out
 };
 
-// The context of a training run: training.dtype, data.seq_len, and the target depth (the
-// synthetic target's layers; for other sources the least depth holding every target layer id).
+// The context of a training run: training.dtype, data.seq_len, and the target depth
+// (model.num_target_layers, which the trainer resolves from the data source; unresolved, the least
+// depth holding every target layer id).
 HfConfigContext hf_config_context(const core::Config& run, const nlohmann::json& training_settings);
 
 // The Qwen3Config-style config.json of the draft (docs/model.md#configjson): every key of the

@@ -17,6 +17,7 @@ class CeObjective final : public Objective {
   // lm_head: the target's frozen [V, H] head (kept out of the trainable module).
   CeObjective(model::SimpleDraft model, torch::Tensor lm_head);
   std::string name() const override { return "ce"; }
+  std::string on_fresh_start(const std::string& init_from) override;
   void begin_window(const std::vector<data::DraftBatch>& micro_batches,
                     StepContext& context) override;
   MicroStepResult micro_step(const data::DraftBatch& batch, int64_t index,

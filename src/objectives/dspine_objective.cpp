@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "model/draft_loading.h"
 #include "model/dspine_config.h"
 
 namespace dspine::objectives {
@@ -48,7 +49,10 @@ nlohmann::json DSpineObjective::hf_config() const {
   return model::dspine_hf_config(config_, dspine_settings_json(settings_));
 }
 
-void DSpineObjective::on_fresh_start() { draft_->initialize_transfer_space(model_.lm_head()); }
+std::string DSpineObjective::on_fresh_start(const std::string& init_from) {
+  model::start_draft(*draft_, model_.lm_head(), init_from);
+  return init_from;
+}
 
 DSpineOutput DSpineObjective::run(const data::DraftBatch& batch, StepContext& context,
                                   DSpineForwardOptions options, bool announce_phases) {

@@ -5,7 +5,7 @@
 //   auto objective = make_dspine_objective(config, read_dspine_settings(config),
 //                                          source.embed_tokens(), source.lm_head(), device, dtype);
 //   auto module = objective->module();        // trainable draft: optimizer, sharding, checkpoints
-//   fresh run:  objective->on_fresh_start();  // transfer space from the frozen lm_head (§6)
+//   fresh run:  objective->on_fresh_start("");  // transfer space from the frozen lm_head (§6)
 //   resume:     load the checkpoint's parameters AND buffers into module (transfer_codes [V, r]
 //               fp32, transfer_ready bool) — never cast buffers with Module::to(dtype).
 //   checkpoint: module->named_parameters() + named_buffers() are the reference state-dict keys;
@@ -53,7 +53,8 @@ class DSpineObjective final : public Objective {
   DSpineTrainingModel& training_model() { return model_; }
   nlohmann::json hf_config() const;
 
-  void on_fresh_start() override;
+  // Builds the transfer space from the frozen lm_head, or loads init_from (model/draft_loading.h).
+  std::string on_fresh_start(const std::string& init_from) override;
   void begin_window(const std::vector<data::DraftBatch>& micro_batches,
                     StepContext& context) override;
   MicroStepResult micro_step(const data::DraftBatch& batch, int64_t index,

@@ -168,7 +168,7 @@ GspoSettings read_gspo_settings(const core::Config& config) {
         "optimizer updates per rollout"},
        {"ce_weight", &s.ce_weight, {}, false, "weight of the supervised DSpine loss beside RL"},
        {"init_from", &s.init_from, {}, false,
-        "checkpoint dir or draft weights to start from (\"\" = fresh)"}});
+        "older name of training.init_from: checkpoint, export or weights to start from"}});
   auto range = [&](const char* key, bool ok, const std::string& value, const char* allowed) {
     core::check_setting(config, std::string("objective.gspo.") + key, ok, value, allowed);
   };
@@ -182,6 +182,11 @@ GspoSettings read_gspo_settings(const core::Config& config) {
   range("updates_per_rollout", s.updates_per_rollout >= 1, std::to_string(s.updates_per_rollout),
         "integer >= 1");
   range("ce_weight", s.ce_weight >= 0, fmt::format("{}", s.ce_weight), "number >= 0");
+  // objective.gspo.init_from is the older name of training.init_from.
+  range("init_from",
+        s.init_from.empty() || config.training.init_from.empty() ||
+            s.init_from == config.training.init_from,
+        s.init_from, "a starting point, the same as training.init_from's when both are set");
   r.sampling = sampling == "refinement" ? GspoSampling::kRefinement : GspoSampling::kBackbone;
   r.reward = reward == "expected_acceptance" ? GspoReward::kExpectedAcceptance
                                               : GspoReward::kGreedyMatch;
@@ -211,12 +216,10 @@ nlohmann::json GspoObjective::hf_config() const {
   return model::dspine_hf_config(config_, dspine_settings_json(dspine_));
 }
 
-void GspoObjective::on_fresh_start() {
-  if (settings_.init_from.empty()) {
-    draft_->initialize_transfer_space(model_.lm_head());
-    return;
-  }
-  model::load_draft(*draft_, settings_.init_from);
+std::string GspoObjective::on_fresh_start(const std::string& init_from) {
+  const std::string& path = settings_.init_from.empty() ? init_from : settings_.init_from;
+  model::start_draft(*draft_, model_.lm_head(), path);
+  return path;
 }
 
 DraftPass GspoObjective::pass(const data::DraftBatch& batch, StepContext& context,

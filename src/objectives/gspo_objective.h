@@ -56,8 +56,9 @@ class GspoObjective final : public Objective {
   nlohmann::json hf_config() const;
   int64_t updates_per_window() const override { return settings_.updates_per_rollout; }
 
-  // Loads init_from (weights and transfer codes) or builds the transfer space of a fresh draft.
-  void on_fresh_start() override;
+  // Loads training.init_from or its alias objective.gspo.init_from (weights and transfer codes),
+  // or builds the transfer space of a fresh draft.
+  std::string on_fresh_start(const std::string& init_from) override;
   void begin_window(const std::vector<data::DraftBatch>& micro_batches,
                     StepContext& context) override;
   // The window from rollouts made elsewhere (another split of the batch over ranks, another

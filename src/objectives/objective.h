@@ -41,8 +41,11 @@ class Objective {
   virtual std::string name() const = 0;
 
   // Called once when training starts from scratch (not on resume): one-time initialisation of
-  // model state derived from the frozen target weights (e.g. DSpine's transfer space).
-  virtual void on_fresh_start() {}
+  // model state derived from the frozen target weights (e.g. DSpine's transfer space), or, when
+  // `init_from` (training.init_from) names a checkpoint or export directory or a weights file,
+  // the draft's weights loaded from it instead. Returns what the weights were loaded from ("" when
+  // initialised).
+  virtual std::string on_fresh_start(const std::string& init_from) = 0;
 
   // Optimizer updates per window: RL objectives reuse one rollout for several (the trainer runs
   // every micro_step again, then steps the optimizer, once per update; end_window comes after

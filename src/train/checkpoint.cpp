@@ -359,6 +359,12 @@ TrainerState parse_trainer_state(const std::string& text, const std::string& pat
   return state;
 }
 
+std::optional<TrainerState> checkpoint_state(const std::string& path) {
+  const fs::path manifest = fs::path(path) / "trainer_state.json";
+  if (!fs::is_regular_file(manifest)) return std::nullopt;
+  return parse_trainer_state(read_text(manifest), manifest.string());
+}
+
 void verify_checkpoint(const std::string& directory) {
   const fs::path dir(directory);
   if (!fs::is_directory(dir)) fail("checkpoint directory {} does not exist", directory);

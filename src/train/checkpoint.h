@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,10 @@ struct TrainerState {
 
 // Parses the text of trainer_state.json; errors name `path` and the bad field.
 TrainerState parse_trainer_state(const std::string& text, const std::string& path);
+
+// The trainer state of `path` when it is a checkpoint directory (it has trainer_state.json);
+// nullopt for an export directory or a weights file.
+std::optional<TrainerState> checkpoint_state(const std::string& path);
 
 struct LoadedCheckpoint {
   std::string path;

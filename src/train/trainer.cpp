@@ -13,6 +13,8 @@
 
 #include "core/error.h"
 #include "data/batch_source.h"
+#include "data/held_out.h"
+#include "data/target_depth.h"
 #include "dist/launch.h"
 #include "dist/sharded_parameters.h"
 #include "model/module_state.h"
@@ -36,6 +38,13 @@ int64_t peak_memory_bytes(const torch::Device& device) {
 }
 
 std::atomic<int> stop_signal{0};  // the signal that asked for a stop, 0 = none
+
+// What a fresh run's weights were loaded from: "path (step N)" for a checkpoint; exports and
+// weight files carry no step.
+std::string starting_point(const std::string& path) {
+  const auto state = checkpoint_state(path);
+  return state ? fmt::format("{} (step {})", path, state->step) : path;
+}
 
 // Distinct, reproducible sampling stream per rank.
 uint64_t objective_seed(int64_t seed, int rank) {
@@ -67,6 +76,7 @@ struct Trainer::State {
   std::shared_ptr<dist::Communicator> comm;
   torch::Device device{torch::kCPU};
   std::unique_ptr<data::BatchSource> source;
+  std::unique_ptr<data::BatchSource> held_out;  // data.eval_*; null: the evaluation reads `source`
   BuiltModel built;
   std::unique_ptr<dist::ShardedParameters> sharded;
   std::unique_ptr<MasterAdamW> optimizer;
@@ -87,7 +97,9 @@ Trainer::Trainer(core::Config config, std::shared_ptr<dist::Communicator> comm)
   s.device = dist::training_device(training.device, dist::rank_layout().local_rank);
   if (training.cpu_threads > 0) at::set_num_threads(static_cast<int>(training.cpu_threads));
   torch::manual_seed(static_cast<uint64_t>(training.seed));  // model initialisation
+  s.config.model.num_target_layers = data::target_depth(s.config);  // recorded in config.json
   s.source = data::make_batch_source(s.config, s.device);
+  s.held_out = data::make_held_out_source(s.config, *s.source);
   const auto dtype = training.dtype == "bf16" ? torch::kBFloat16 : torch::kFloat;
   s.built = build_model(s.config, *s.source, s.device, dtype);
   for (const auto& p : s.built.module->parameters()) {
@@ -136,6 +148,7 @@ TrainResult Trainer::run(int64_t stop_after) {
   s.comm->barrier();  // nobody reads the directory while the leader cleans it
   // "auto" skips (and sets aside) invalid checkpoints; a named one sets aside those newer than it.
   const std::string resume_from = checkpoints.resume_point(cfg.checkpoint.resume);
+  std::string started_from;  // a fresh run's training.init_from (or its objective's alias)
   if (!resume_from.empty()) {
     const bool sharded = s.sharded->mode() != dist::ShardingMode::kNone;
     auto loaded = load_checkpoint(resume_from, rank, world, sharded);
@@ -155,6 +168,10 @@ TrainResult Trainer::run(int64_t stop_after) {
     s.step = loaded.step;
     s.cursor = loaded.data_cursor;
     if (leader) log::info("resumed from {} at step {}", resume_from, s.step);
+    if (leader && !cfg.training.init_from.empty()) {
+      log::info("training.init_from {} is not read: a resume continues its own checkpoint",
+                cfg.training.init_from);
+    }
     if (leader && loaded.saved_world_size != world) {
       log::warn("resharded {} from {} to {} ranks: each rank keeps training.batch_size rows, "
                 "and ranks the saved run lacked start their own sampling streams",
@@ -162,7 +179,7 @@ TrainResult Trainer::run(int64_t stop_after) {
     }
   } else {
     s.sharded->gather_all();
-    s.built.objective->on_fresh_start();
+    started_from = s.built.objective->on_fresh_start(cfg.training.init_from);
     s.sharded->load_masters_from_model();  // initialisation done on the model counts
     s.sharded->release_all();
   }
@@ -176,8 +193,10 @@ TrainResult Trainer::run(int64_t stop_after) {
               cfg.model.architecture, s.parameters / 1e6, s.trainable_parameters / 1e6,
               cfg.objective.name, world, world > 1 ? "s" : "", s.device.str(), s.comm->backend(),
               cfg.distributed.sharding, data,
-              resume_from.empty() ? std::string("fresh start")
-                                  : fmt::format("resuming at step {}", s.step));
+              !resume_from.empty()   ? fmt::format("resuming at step {}", s.step)
+              : started_from.empty() ? std::string("fresh start")
+                                     : "fresh start from the weights of " +
+                                           starting_point(started_from));
   }
   const int64_t rows = cfg.training.batch_size;
   const int64_t accumulation = cfg.training.accumulation_steps;
@@ -237,10 +256,24 @@ TrainResult Trainer::run(int64_t stop_after) {
          "share", cfg.data.eval_samples, world);
   }
   const int64_t eval_start = core::eval_offset(cfg, world);
+  data::BatchSource& eval_source = s.held_out ? *s.held_out : *s.source;
+  if (eval_every > 0) {
+    const auto held_out = data::held_out_rows(*s.source, s.held_out.get(),
+                                              core::training_rows(cfg, world), eval_start,
+                                              cfg.data.eval_samples);
+    // The default rows must be held out; rows the user picked are measured, with a warning.
+    if (cfg.data.eval_offset < 0) data::require_unread(held_out, cfg);
+    if (leader && held_out.trained_on > 0) {
+      log::warn("data.eval_offset = {}: the acceptance evaluation measures {}",
+                cfg.data.eval_offset, held_out.describe());
+    } else if (leader) {
+      log::info("acceptance evaluation every {} steps on {}", eval_every, held_out.describe());
+    }
+  }
   // The eval/... metrics of the model as it is now (logged with the step's record).
-  const auto verifier = objectives::make_verifier(*s.source);
+  const auto verifier = objectives::make_verifier(eval_source);
   auto evaluate = [&]() {
-    auto batches = objectives::held_out_batches(*s.source, eval_start + rank * eval_share,
+    auto batches = objectives::held_out_batches(eval_source, eval_start + rank * eval_share,
                                                 eval_share, rows, s.device);
     const auto stats = s.built.acceptance->measure(batches, *s.comm, *verifier);
     std::map<std::string, double> record = {
@@ -269,6 +302,13 @@ TrainResult Trainer::run(int64_t stop_after) {
   double tokens_since_log = 0;
   double tokens_per_second = 0;  // over the last logging interval
   int64_t saved_at = -1;
+  // A checkpoint of the state before the current step: the one save_every or the resume already
+  // made, else a new one. s.cursor must already be back at the step's first window.
+  auto save_state_before_step = [&]() {
+    if (saved_at == s.step) return result.last_checkpoint;
+    if (s.step == result.first_step && !resume_from.empty()) return resume_from;
+    return save(s.step);
+  };
   // An update whose loss or gradient is not finite (every rank agrees, nothing was applied):
   // warn, then skip it or save the state before it and stop (training.on_nonfinite).
   auto reject_update = [&](double loss, double grad_norm, double local_loss, int64_t bad_micro) {
@@ -286,10 +326,7 @@ TrainResult Trainer::run(int64_t stop_after) {
     s.optimizer->zero_grad();
     progress.finish();
     s.cursor -= accumulation * world * rows;  // resuming reads this window again
-    // The state before this step may already be saved: by save_every, or as the resumed one.
-    std::string path = saved_at == s.step ? result.last_checkpoint : "";
-    if (path.empty() && s.step == result.first_step && !resume_from.empty()) path = resume_from;
-    if (path.empty()) path = save(s.step);
+    const std::string path = save_state_before_step();
     fail("step {}: the loss or gradient is not finite (loss {}, gradient norm {}); stopped by "
          "training.on_nonfinite: stop, the state before this step is saved in {}",
          s.step + 1, loss, grad_norm, path);
@@ -299,11 +336,28 @@ TrainResult Trainer::run(int64_t stop_after) {
     if (s.phase_hook) s.phase_hook("data");
     const auto data_start = std::chrono::steady_clock::now();
     std::vector<data::DraftBatch> window;
-    for (int64_t micro = 0; micro < accumulation; ++micro) {
-      s.source->seek(s.cursor + rank * rows);
-      window.push_back(s.source->next(rows).to(s.device));
-      if (s.batch_hook) s.batch_hook(s.step, micro, window.back());
-      s.cursor += world * rows;
+    const int64_t window_cursor = s.cursor;
+    std::string read_error;  // why this rank could not read its share of the window
+    try {
+      for (int64_t micro = 0; micro < accumulation; ++micro) {
+        s.source->seek(s.cursor + rank * rows);
+        window.push_back(s.source->next(rows).to(s.device));
+        if (s.batch_hook) s.batch_hook(s.step, micro, window.back());
+        s.cursor += world * rows;
+      }
+    } catch (const Error& e) {
+      read_error = e.what();
+    }
+    // Data checked at start-up can still fail here (a file changed since): every rank learns of
+    // it, saves the state before this window and stops, so nothing trained so far is lost.
+    auto read_failed = torch::tensor({read_error.empty() ? 0.0 : 1.0}, torch::kDouble);
+    if (world > 1) s.comm->all_reduce(read_failed);
+    if (read_failed.item<double>() > 0) {
+      progress.finish();
+      s.cursor = window_cursor;
+      const std::string path = save_state_before_step();
+      fail("step {}: {}; the state before this step is saved in {}", s.step + 1,
+           read_error.empty() ? "another rank could not read its data" : read_error, path);
     }
     auto phase = [&](const char* name) {
       if (s.phase_hook) s.phase_hook(name);
@@ -418,16 +472,17 @@ TrainResult Trainer::run(int64_t stop_after) {
       saved_at = s.step;
     }
     if (stop_requested) {
-      result.interrupted = true;
+      // A rank that was not signalled itself stops for another's preemption: SIGTERM.
+      result.stop_signal = stop_signal.load() != 0 ? stop_signal.load() : SIGTERM;
       break;
     }
   }
   progress.finish();
   if (saved_at != s.step && s.step > result.first_step) result.last_checkpoint = save(s.step);
-  if (result.interrupted && leader) {
-    log::warn("stopped by a signal after step {}: saved {}; run again with checkpoint.resume: auto "
-              "to continue",
-              s.step, result.last_checkpoint);
+  if (result.stop_signal != 0 && leader) {
+    log::warn("stopped by signal {} after step {}: saved {}; run again with checkpoint.resume: "
+              "auto to continue",
+              result.stop_signal, s.step, result.last_checkpoint);
   }
   s.sharded->gather_all();  // callers (tests, exports) read whole weights after a run
   result.final_step = s.step;

@@ -31,7 +31,8 @@ struct TrainResult {
   std::string last_checkpoint; // "" when nothing was saved
   double seconds = 0;
   std::vector<std::map<std::string, double>> terms;  // the objective's metrics of every step
-  bool interrupted = false;  // a stop request (SIGINT/SIGTERM) ended the run early, after a save
+  // The signal (SIGINT/SIGTERM) whose stop request ended the run early, after a save; 0 = none.
+  int stop_signal = 0;
   int64_t nonfinite_skipped = 0;  // steps not applied: non-finite loss or gradient (on_nonfinite)
 };
 

@@ -52,7 +52,7 @@ grep -q "^proposals_per_window: 192$" "$log" || problem "$log: proposals_per_win
 grep -q "profile" "$log" && problem "$log: profiled without --profile"
 
 log="$WORK/gspo.log"
-"$BENCH" step --config "$SRC/configs/gspo-rl-tiny.yaml" --steps 2 --set objective.gspo.init_from= \
+"$BENCH" step --config "$SRC/configs/gspo-rl-tiny.yaml" --steps 2 --set training.init_from= \
   > "$log" 2>&1 || problem "GSPO run failed"
 grep -qE "^(rollout|update) " "$log" || problem "$log: no rollout/update phases"
 grep -qE "^(forward|objective|backward) " "$log" && problem "$log: GSPO reports DSpine phases"

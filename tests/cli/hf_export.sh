@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # dspine-data export end to end: a tiny DSpine run's checkpoint exports to a directory that
 # transformers reads (scripts/check_hf_export.py), dspine-eval gives the same acceptance report
-# from the export as from the checkpoint (bitwise: the printed JSON), GSPO starts from it, and
-# a second export to the same directory is refused with one line naming it.
+# from the export as from the checkpoint (bitwise: the printed JSON), GSPO starts from it (and says
+# so), a supervised run starts from a checkpoint's weights (training.init_from), a draft of a
+# 36-layer target records num_target_layers 36, and a second export to the same directory is
+# refused with one line naming it.
 # Usage: hf_export.sh <bin dir> <source dir> <work dir> <python with transformers>
 set -euo pipefail
 BIN=$1 SRC=$2 WORK=$3 PY=$4
@@ -23,10 +25,40 @@ done
 cmp "$WORK/acceptance-sft.json" "$WORK/acceptance-draft.json"
 echo "ok   dspine-eval: the export's acceptance report equals the checkpoint's"
 
-"$BIN/dspine-train" --config "$SRC/configs/gspo-rl-tiny.yaml" "${quiet[@]}" \
+"$BIN/dspine-train" --config "$SRC/configs/gspo-rl-tiny.yaml" "${quiet[@]}" --set logging.level=info \
   --set training.total_steps=1 --set checkpoint.dir="$WORK/rl" \
-  --set objective.gspo.init_from="$WORK/draft"
+  --set training.init_from="$WORK/draft" 2>"$WORK/rl.log"
+grep -qF "fresh start from the weights of $WORK/draft" "$WORK/rl.log" ||
+  { echo "FAIL: the banner does not name the export"; cat "$WORK/rl.log"; exit 1; }
 echo "ok   GSPO trained a step from the export"
+
+"$BIN/dspine-train" --config "$tiny" "${quiet[@]}" --set logging.level=info \
+  --set training.total_steps=1 --set checkpoint.dir="$WORK/finetune" \
+  --set training.init_from="$WORK/sft/step-000003" 2>"$WORK/finetune.log"
+grep -qF "fresh start from the weights of $WORK/sft/step-000003 (step 3)" "$WORK/finetune.log" ||
+  { echo "FAIL: the banner does not name the checkpoint and its step"; cat "$WORK/finetune.log"; exit 1; }
+echo "ok   training.init_from: a supervised run started from step 3's weights"
+
+# A Qwen3-8B-deep target (36 layers, tiny widths, seeded weights) and the recipe's target layers.
+mkdir -p "$WORK/deep_target"
+cat >"$WORK/deep_target/config.json" <<'JSON'
+{"model_type": "qwen3", "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 36,
+ "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 256,
+ "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"}}
+JSON
+"$BIN/dspine-train" --config "$tiny" "${quiet[@]}" --set training.total_steps=1 \
+  --set training.eval_every=0 --set data.seq_len=16 --set data.source=target \
+  --set data.target.path="$WORK/deep_target" --set data.target.random=true \
+  --set "model.target_layer_ids=[1, 9, 17, 25, 33]" --set checkpoint.dir="$WORK/deep"
+"$BIN/dspine-data" export "$WORK/deep/step-000001" "$WORK/deep_draft"
+"$PY" "$SRC/scripts/check_hf_export.py" "$WORK/deep_draft"
+"$PY" - "$WORK/deep_draft" <<'PY'
+import sys
+from transformers import AutoConfig, Qwen3Config
+for config in (AutoConfig.from_pretrained(sys.argv[1]), Qwen3Config.from_pretrained(sys.argv[1])):
+    assert config.num_target_layers == 36, f"num_target_layers {config.num_target_layers}, expected 36"
+print("ok   the export of a 36-layer target's draft says num_target_layers 36 (AutoConfig, Qwen3Config)")
+PY
 
 if out=$("$BIN/dspine-data" export "$WORK/sft/step-000003" "$WORK/draft" 2>&1); then
   echo "FAIL: a second export into $WORK/draft succeeded"; exit 1

@@ -60,7 +60,7 @@ inline std::unique_ptr<objectives::DSpineObjective> training_objective(
   auto embed = torch::randn({32, 16});
   auto objective = objectives::make_dspine_objective(config, settings, embed, head, torch::kCPU,
                                                      torch::kFloat32);
-  objective->on_fresh_start();
+  objective->on_fresh_start("");
   torch::NoGradGuard no_grad;
   for (auto& w : objective->draft()->injection->write_layers) w->weight.normal_(0.0, 0.05);
   return objective;

@@ -257,6 +257,13 @@ TEST(Config, CrossKeyChecks) {
             std::string::npos);
   EXPECT_NE(parse_error("model:\n  target_layer_ids: []\n").find("at least one target layer"),
             std::string::npos);
+  EXPECT_NE(parse_error("model:\n  num_target_layers: 2\n")
+                .find("model.target_layer_ids[2] = 2 is out of range; allowed: a layer of the "
+                      "target, in [0, model.num_target_layers = 2)"),
+            std::string::npos);
+  EXPECT_NE(parse_error("model:\n  num_target_layers: -1\n")
+                .find("model.num_target_layers = -1 is out of range"),
+            std::string::npos);
   EXPECT_NE(parse_error("model:\n  mask_token_id: 256\n").find("model.mask_token_id = 256"),
             std::string::npos);
   EXPECT_NE(parse_error("data:\n  source: shards\n").find("data.shards_dir"), std::string::npos);

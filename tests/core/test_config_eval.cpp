@@ -1,5 +1,6 @@
-// The acceptance evaluation's keys (training.eval_every, data.eval_samples, data.eval_offset):
-// defaults, range errors naming key and value, "did you mean", and the resolved first sample.
+// The acceptance evaluation's keys (training.eval_every, data.eval_samples, data.eval_offset,
+// data.eval_samples_file / eval_shards_dir / eval_specforge_dir): defaults, range errors naming
+// key and value, "did you mean", and the resolved first sample.
 #include <string>
 #include <vector>
 
@@ -40,6 +41,32 @@ TEST(ConfigEval, OffsetDefaultsToTheFirstSampleNotTrainedOn) {
   EXPECT_EQ(eval_offset(c, 4), 240);
   c.data.eval_offset = 7;
   EXPECT_EQ(eval_offset(c, 4), 7);
+}
+
+TEST(ConfigEval, ASeparateHeldOutSetIsReadFromItsFirstSample) {
+  Config c = parse_config("data: {source: target, target: {path: t}, samples: train.jsonl, "
+                          "eval_samples_file: held_out.jsonl}\n"
+                          "training: {batch_size: 3, total_steps: 10}\n",
+                          "test.yaml");
+  EXPECT_EQ(c.data.eval_samples_file, "held_out.jsonl");
+  EXPECT_EQ(eval_offset(c, 2), 0);
+  EXPECT_EQ(training_rows(c, 2), 60);
+  c.data.eval_offset = 7;
+  EXPECT_EQ(eval_offset(c, 2), 7);
+  EXPECT_EQ(parse_config("data: {source: shards, shards_dir: a, eval_shards_dir: b}\n",
+                         "test.yaml").data.eval_shards_dir,
+            "b");
+}
+
+TEST(ConfigEval, AHeldOutSetOfAnotherSourceIsAnError) {
+  expect_contains(parse_error({"data.eval_samples_file=held_out.jsonl"}),
+                  "data.eval_samples_file = \"held_out.jsonl\": data.source is synthetic; this "
+                  "key is for data.source target");
+  expect_contains(parse_error({"data.eval_shards_dir=held_out"}),
+                  "data.eval_shards_dir = \"held_out\": data.source is synthetic; this key is for "
+                  "data.source shards");
+  expect_contains(parse_error({"data.eval_specforge_dir=held_out"}),
+                  "this key is for data.source specforge");
 }
 
 TEST(ConfigEval, RangeErrorsNameKeyAndValue) {

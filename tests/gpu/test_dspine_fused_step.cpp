@@ -83,7 +83,7 @@ WindowResult run_window(const std::string& fused, bool kernel_heads, torch::Dtyp
   settings.objective_chunk_blocks = 4;
   auto objective = objectives::make_dspine_objective(step_config(fused, kernel_heads), settings,
                                                      embed, head, device, dtype);
-  objective->on_fresh_start();
+  objective->on_fresh_start("");
   auto comm = dist::make_single_process_communicator();
   objectives::StepContext context;
   context.step = step;
@@ -158,7 +158,7 @@ WindowResult recipe_window(const std::string& fused, double input_scale = 1.0,
   auto objective = objectives::make_dspine_objective(
       config, objectives::read_dspine_settings(config), source.embed_tokens(), source.lm_head(),
       device, torch::kBFloat16);
-  objective->on_fresh_start();
+  objective->on_fresh_start("");
   objective->training_model().pin_candidates(candidates);
   auto comm = dist::make_single_process_communicator();
   objectives::StepContext context;

@@ -161,7 +161,7 @@ std::unique_ptr<objectives::GspoObjective> tiny_policy(objectives::GspoSampling 
   auto embed = torch::randn({32, 16});
   auto objective = objectives::make_gspo_objective(config, testing::tiny_settings(), settings, embed,
                                                    head, torch::kCPU, torch::kFloat32);
-  objective->on_fresh_start();
+  objective->on_fresh_start("");
   return objective;
 }
 

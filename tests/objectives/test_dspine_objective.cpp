@@ -620,7 +620,7 @@ TEST(DSpineObjective, Bf16DraftKeepsFp32CodesAndTrainsWithFiniteGradients) {
       auto embed = torch::randn({32, 16});
       auto objective = make_dspine_objective(config, tiny_settings(3), embed, head, device,
                                              torch::kBFloat16);
-      objective->on_fresh_start();
+      objective->on_fresh_start("");
       auto draft = objective->draft();
       EXPECT_EQ(draft->fc->weight.scalar_type(), torch::kBFloat16);
       EXPECT_EQ(draft->transfer_codes.scalar_type(), torch::kFloat32);

@@ -208,7 +208,7 @@ struct TinyPolicy {
     auto embed = torch::randn({32, 16});
     objective = make_gspo_objective(config, tiny_settings(2), settings, embed, head, torch::kCPU,
                                     torch::kFloat32);
-    objective->on_fresh_start();
+    objective->on_fresh_start("");
     batch = random_batch(mask_rows({{0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1},
                                     {0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0}}),
                          23);
@@ -254,7 +254,7 @@ TEST(GspoObjective, FirstUpdateIsOnPolicyAndLaterUpdatesClip) {
     policy.objective = make_gspo_objective(policy.config, tiny_settings(2), policy.settings,
                                            torch::randn({32, 16}),
                                            torch::randn({32, 16}), torch::kCPU, torch::kFloat32);
-    policy.objective->on_fresh_start();
+    policy.objective->on_fresh_start("");
     auto comm = dist::make_single_process_communicator();
     StepContext context;
     context.comm = comm.get();

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Ctrl-C / preemption: SIGTERM or SIGINT to a training run saves a checkpoint at the next step
-# boundary and exits 0 with a message; `resume: auto` then continues from that step to the end.
+# boundary and exits with a message and the status 128 + signal (143 for SIGTERM, 130 for SIGINT),
+# so that a script can tell the run is unfinished; `resume: auto` then continues from that step to
+# the end and exits 0.
 # Usage: signal_saves.sh <bin dir> <source dir> <work dir>
 set -uo pipefail
 BIN=$1 SRC=$2 WORK=$3
@@ -19,12 +21,13 @@ for signal in TERM INT; do
   done
   kill -s "$signal" "$pid"
   wait "$pid"; rc=$?
-  [[ $rc -eq 0 ]] || fail "SIG$signal: exit $rc, expected 0"
-  grep -q "stopped by a signal after step" "$WORK/$signal.log" || fail "SIG$signal: no message"
+  expected=$((128 + $(kill -l "$signal")))
+  [[ $rc -eq $expected ]] || fail "SIG$signal: exit $rc, expected $expected"
+  grep -q "stopped by signal $((expected - 128)) after step" "$WORK/$signal.log" || fail "SIG$signal: no message"
   step=$(ls "$dir/checkpoints" | sed -n 's/^step-0*\([0-9][0-9]*\)$/\1/p' | tail -1)
   [[ -n "$step" && $step -lt 12 ]] || fail "SIG$signal: no checkpoint before the end (got '$step')"
   "$BIN/dspine-train" "${args[@]}" --set checkpoint.resume=auto >"$WORK/$signal-resume.log" 2>&1 ||
     fail "SIG$signal: the resumed run failed"
   grep -q "trained steps $step..12" "$WORK/$signal-resume.log" || fail "SIG$signal: did not resume at $step"
-  echo "SIG$signal: saved at step $step, resumed to 12"
+  echo "SIG$signal: saved at step $step (exit $rc), resumed to 12"
 done

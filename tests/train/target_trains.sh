@@ -46,7 +46,7 @@ online=("${sized[@]}" --set data.source=target --set data.target.path="$MODEL"
 [[ -f $WORK/checkpoints/step-000080/model.safetensors ]] || { echo "FAIL: no step-80 checkpoint"; exit 1; }
 # GSPO from the supervised checkpoint: the objective switched by YAML (--set here).
 "$BIN/dspine-train" --config "$SRC/configs/gspo-rl-tiny.yaml" "${online[@]}" \
-  --set objective.gspo.init_from="$WORK/checkpoints/step-000080" --set training.total_steps=4 \
+  --set training.init_from="$WORK/checkpoints/step-000080" --set training.total_steps=4 \
   --set checkpoint.dir="$WORK/rl" --set logging.metrics_file="$WORK/rl.jsonl" \
   --set checkpoint.resume=none
 "$BIN/dspine-data" export "$WORK/checkpoints/step-000080" "$WORK/export"

@@ -288,7 +288,7 @@ TEST(Trainer, FreshStartInitialisationReachesTheMasters) {
       source->lm_head(), torch::kCPU, torch::kFloat);
   const std::string readout = "injection.readouts.0.weight";
   const auto random_init = initialised->module()->named_parameters()[readout].clone();
-  initialised->on_fresh_start();
+  initialised->on_fresh_start("");
   const auto expected = initialised->module()->named_parameters()[readout];
   const auto trained = trainer.module().named_parameters()[readout];
   ASSERT_FALSE(torch::allclose(random_init, expected, 1e-3, 1e-3));
@@ -326,12 +326,13 @@ TEST(Trainer, GspoStartsFromTheSupervisedCheckpoint) {
   rl.run(0);  // start-up only: loads init_from, takes no step
   const auto saved = dspine::core::load_safetensors((fs::path(checkpoint) / "model.safetensors").string());
   size_t compared = 0;
+  // The module lives on the training device (the GPU where there is one), the file's on the CPU.
   for (const auto& item : rl.module().named_parameters()) {
-    EXPECT_TRUE(torch::equal(item.value(), saved.at(item.key()))) << item.key();
+    EXPECT_TRUE(torch::equal(item.value().cpu(), saved.at(item.key()))) << item.key();
     ++compared;
   }
   for (const auto& item : rl.module().named_buffers()) {
-    EXPECT_TRUE(torch::equal(item.value(), saved.at(item.key()))) << item.key();
+    EXPECT_TRUE(torch::equal(item.value().cpu(), saved.at(item.key()))) << item.key();
   }
   EXPECT_GT(compared, 0u);
 
