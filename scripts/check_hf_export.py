@@ -2,12 +2,15 @@
 """Checks a directory written by `dspine-data export` the way Hugging Face tooling reads it.
 
 config.json must load as a transformers PretrainedConfig and as a Qwen3Config (AutoConfig picks
-Qwen3Config from model_type), with the DSpine keys intact; model.safetensors must hold exactly
-the draft's reference tensors with the shapes config.json implies, finite values and the 0-d
-bool transfer_ready set. Prints a summary; exits 1 naming the first problem. Used by ctest
-(hf_export) and handy before handing a draft to SpecForge or a serving engine.
+Qwen3Config from model_type), with the DSpine keys intact and plain RoPE written where
+transformers 5 writes it (rope_parameters) and read from there with the base of the top-level
+rope_theta that older readers take; model.safetensors must hold exactly the draft's reference
+tensors with the shapes config.json implies, finite values and the 0-d bool transfer_ready set.
+Prints a summary; exits 1 naming the first problem. Used by ctest (hf_export) and handy before
+handing a draft to SpecForge or a serving engine.
 """
 import argparse
+import json
 import sys
 
 import torch
@@ -70,6 +73,13 @@ def check(directory):
         return f"layer_types {config.layer_types}"
     if config.is_causal is not True or config.num_target_layers <= max(flash["target_layer_ids"]):
         return "is_causal must be true and num_target_layers above every target layer id"
+    with open(f"{directory}/config.json") as f:
+        saved = json.load(f)
+    theta = saved.get("rope_theta")
+    plain = {"rope_theta": theta, "rope_type": "default"}
+    if theta is None or saved.get("rope_parameters") != plain or config.rope_parameters != plain:
+        return (f"rope_parameters {saved.get('rope_parameters')} (read as {config.rope_parameters}) "
+                f"is not plain RoPE of the export's rope_theta {theta}")
 
     shapes = expected_shapes(config)
     with safe_open(f"{directory}/model.safetensors", "pt") as weights:
@@ -88,7 +98,8 @@ def check(directory):
             elif not torch.isfinite(tensor.float()).all():
                 return f"{name} holds non-finite values"
     print(f"{directory}: Qwen3Config ({config.num_hidden_layers} layers, hidden {config.hidden_size}, "
-          f"vocab {config.vocab_size}, block {config.block_size}), {len(shapes)} tensors: ok")
+          f"vocab {config.vocab_size}, block {config.block_size}, rope_theta {theta}), "
+          f"{len(shapes)} tensors: ok")
     return None
 
 

@@ -6,6 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 TORCH_VERSION=2.11.0
+TRANSFORMERS_VERSION=5.24.0
 CACHE_ROOT="${DSPINE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/dspine}"
 VENV="$CACHE_ROOT/venv-torch-$TORCH_VERSION"
 BUILD_DIR="${DSPINE_BUILD_DIR:-build}"
@@ -78,9 +79,12 @@ ensure_nccl() {
 ensure_python_packages() {
   local py=$1
   [[ $py == "$VENV/bin/python" ]] || return 0
-  "$py" -c "import transformers, matplotlib" 2>/dev/null && return
-  log "installing transformers and matplotlib into $VENV"
-  "$VENV/bin/pip" install -q "transformers==4.57.1" "matplotlib==3.11.2"
+  # A venv made before the pin moved keeps its old transformers: the version must match, not
+  # just import (the tests compare against transformers 5's RoPE and config layout).
+  "$py" -c "import sys, transformers, matplotlib; sys.exit(transformers.__version__ != '$TRANSFORMERS_VERSION')" \
+    2>/dev/null && return
+  log "installing transformers==$TRANSFORMERS_VERSION and matplotlib into $VENV"
+  "$VENV/bin/pip" install -q "transformers==$TRANSFORMERS_VERSION" "matplotlib==3.11.2"
 }
 
 install_system_packages

@@ -1,11 +1,14 @@
 #include "data/hf_checkpoint.h"
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <optional>
 #include <set>
 
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -77,10 +80,6 @@ void reject_unsupported(const Json& json, const std::string& path) {
   if (bool_key(json, "attention_bias", path, false)) {
     fail("{}: attention_bias true is not supported (Qwen3 has no projection biases)", path);
   }
-  if (present(json, "rope_scaling")) {
-    fail("{}: rope_scaling {} is not supported (only plain RoPE: null)", path,
-         json.at("rope_scaling").dump());
-  }
   if (bool_key(json, "use_sliding_window", path, false)) {
     fail("{}: use_sliding_window true is not supported (full causal attention only)", path);
   }
@@ -95,6 +94,188 @@ void reject_unsupported(const Json& json, const std::string& path) {
       }
     }
   }
+}
+
+// RoPE. transformers 5 writes rope_parameters {rope_theta, rope_type, ...}; transformers 4 wrote a
+// top-level rope_theta and rope_scaling (null for plain RoPE, with "type" for "rope_type" in
+// older files). transformers 5 still reads both: rope_scaling as rope_parameters, the top-level
+// rope_theta (and partial_rotary_factor) as defaults of rope_parameters' own. Where two places
+// give a value they must agree here, since transformers would quietly take one of them.
+
+// Qwen3Config's max_position_embeddings, which YaRN falls back on when config.json has none.
+constexpr int64_t kQwen3MaxPositions = 32768;
+constexpr double kDefaultRopeTheta = 10000.0;
+constexpr const char* kRopeTypes = "\"default\", \"yarn\"";
+
+// What one RoPE dictionary resolves to.
+struct RopeRead {
+  double theta = kDefaultRopeTheta;
+  Qwen3Rope rope;
+};
+
+bool same_rope(const RopeRead& a, const RopeRead& b) {
+  const Qwen3Rope &x = a.rope, &y = b.rope;
+  return a.theta == b.theta && x.type == y.type && x.factor == y.factor &&
+         x.attention_factor == y.attention_factor && x.beta_fast == y.beta_fast &&
+         x.beta_slow == y.beta_slow && x.truncate == y.truncate &&
+         x.original_max_position_embeddings == y.original_max_position_embeddings;
+}
+
+// A RoPE dictionary of config.json (rope_parameters or rope_scaling); errors name its keys as
+// "<name>.<key>".
+struct RopeDict {
+  const Json& json;
+  const char* name;
+  const std::string& path;
+
+  std::string key(const char* k) const { return fmt::format("{}.{}", name, k); }
+
+  int64_t integer(const char* k) const {
+    const Json& value = json.at(k);
+    if (!value.is_number_integer() || value.get<int64_t>() <= 0) {
+      fail("{}: '{}' must be a positive integer (got {})", path, key(k), value.dump());
+    }
+    return value.get<int64_t>();
+  }
+
+  double number(const char* k, double fallback) const {
+    if (!present(json, k)) return fallback;
+    const Json& value = json.at(k);
+    if (!value.is_number() || !(value.get<double>() > 0.0)) {
+      fail("{}: '{}' must be a positive number (got {})", path, key(k), value.dump());
+    }
+    return value.get<double>();
+  }
+
+  // rope_type, or the legacy "type"; "default" when neither is there.
+  std::string type() const {
+    std::string type = "default";
+    const char* source = nullptr;
+    for (const char* k : {"rope_type", "type"}) {
+      if (!json.contains(k)) continue;
+      if (!json.at(k).is_string()) {
+        fail("{}: '{}' must be a string, one of {} (got {})", path, key(k), kRopeTypes,
+             json.at(k).dump());
+      }
+      if (source != nullptr && json.at(k) != type) {
+        fail("{}: '{}' \"{}\" and '{}' {} disagree", path, key(source), type, key(k),
+             json.at(k).dump());
+      }
+      type = json.at(k).get<std::string>();
+      source = k;
+    }
+    if (type != "default" && type != "yarn") {
+      fail("{}: '{}' \"{}\" is not supported (supported: {})", path,
+           key(source != nullptr ? source : "rope_type"), type, kRopeTypes);
+    }
+    return type;
+  }
+};
+
+// transformers rotates only the first partial_rotary_factor of each head under some RoPE types
+// and ignores the key under others; Qwen3 rotates whole heads.
+void check_partial_rotary_factor(const Json& json, const std::string& path,
+                                 const std::string& name) {
+  const char* key = "partial_rotary_factor";
+  if (present(json, key) && json.at(key) != 1) {
+    fail("{}: '{}' {} is not supported (Qwen3 rotates whole heads: 1)", path, name,
+         json.at(key).dump());
+  }
+}
+
+// One RoPE dictionary with the top-level keys of `config` that transformers 5 folds into it.
+RopeRead read_rope_dict(const Json& config, const RopeDict& dict) {
+  const std::string& path = dict.path;
+  const Json& json = dict.json;
+  if (!json.is_object()) {
+    fail("{}: '{}' must be an object or null (got {})", path, dict.name, json.dump());
+  }
+  check_partial_rotary_factor(json, path, dict.key("partial_rotary_factor"));
+  RopeRead read;
+  read.rope.type = dict.type() == "yarn" ? Qwen3Rope::Type::kYarn : Qwen3Rope::Type::kDefault;
+  const bool yarn = read.rope.type == Qwen3Rope::Type::kYarn;
+  // transformers only warns about keys its RoPE type does not read; a misspelt key, or a
+  // dictionary nested by layer type, would then be dropped without a word.
+  static const std::set<std::string> plain_keys = {"rope_type", "type", "rope_theta",
+                                                   "partial_rotary_factor"};
+  static const std::set<std::string> yarn_keys = {
+      "rope_type", "type", "rope_theta", "partial_rotary_factor", "factor",
+      "original_max_position_embeddings", "attention_factor", "beta_fast", "beta_slow", "mscale",
+      "mscale_all_dim", "truncate"};
+  for (const auto& item : json.items()) {
+    if ((yarn ? yarn_keys : plain_keys).count(item.key()) == 0) {
+      fail("{}: '{}.{}' is not a key of rope_type \"{}\" (known: {})", path, dict.name,
+           item.key(), yarn ? "yarn" : "default", fmt::join(yarn ? yarn_keys : plain_keys, ", "));
+    }
+  }
+
+  const double top_theta = number_key(config, "rope_theta", path, 0.0);
+  read.theta = dict.number("rope_theta", top_theta > 0.0 ? top_theta : kDefaultRopeTheta);
+  if (top_theta > 0.0 && read.theta != top_theta) {
+    fail("{}: 'rope_theta' {} and '{}' {} disagree", path, config.at("rope_theta").dump(),
+         dict.key("rope_theta"), json.at("rope_theta").dump());
+  }
+  if (!yarn) return read;
+
+  // As transformers' _compute_yarn_parameters and standardize_rope_params resolve them.
+  Qwen3Rope& r = read.rope;
+  if (!json.contains("factor")) {
+    fail("{}: '{}' is missing; YaRN needs it (null: max_position_embeddings / "
+         "original_max_position_embeddings)", path, dict.key("factor"));
+  }
+  // A top-level original_max_position_embeddings (as Phi-3 writes it) overrides the dictionary's.
+  r.original_max_position_embeddings =
+      present(config, "original_max_position_embeddings")
+          ? int_key(config, "original_max_position_embeddings", path)
+      : present(json, "original_max_position_embeddings")
+          ? dict.integer("original_max_position_embeddings")
+          : int_key(config, "max_position_embeddings", path, kQwen3MaxPositions);
+  r.factor = dict.number(
+      "factor", double(int_key(config, "max_position_embeddings", path, kQwen3MaxPositions)) /
+                    double(r.original_max_position_embeddings));
+  const auto mscale = [&](double m) {
+    return r.factor <= 1 ? 1.0 : 0.1 * m * std::log(r.factor) + 1.0;
+  };
+  const double m = dict.number("mscale", 0.0), m_all = dict.number("mscale_all_dim", 0.0);
+  r.attention_factor = dict.number(
+      "attention_factor", m > 0.0 && m_all > 0.0 ? mscale(m) / mscale(m_all) : mscale(1.0));
+  r.beta_fast = dict.number("beta_fast", 32.0);
+  r.beta_slow = dict.number("beta_slow", 1.0);
+  // transformers reads truncate with .get("truncate", True): absent is true, null is false.
+  if (json.contains("truncate")) {
+    const Json& truncate = json.at("truncate");
+    if (!truncate.is_null() && !truncate.is_boolean()) {
+      fail("{}: '{}' must be true, false or null (got {})", path, dict.key("truncate"),
+           truncate.dump());
+    }
+    r.truncate = truncate.is_boolean() && truncate.get<bool>();
+  }
+  return read;
+}
+
+// dims.rope_theta and dims.rope from either layout.
+void read_rope(const Json& config, const std::string& path, Qwen3Dims& dims) {
+  check_partial_rotary_factor(config, path, "partial_rotary_factor");
+  std::optional<RopeRead> parameters, scaling;
+  if (present(config, "rope_parameters")) {
+    parameters = read_rope_dict(config, {config.at("rope_parameters"), "rope_parameters", path});
+  }
+  if (present(config, "rope_scaling")) {
+    scaling = read_rope_dict(config, {config.at("rope_scaling"), "rope_scaling", path});
+  }
+  if (parameters && scaling && !same_rope(*parameters, *scaling)) {
+    fail("{}: 'rope_scaling' {} and 'rope_parameters' {} disagree (transformers 5 reads "
+         "rope_scaling as rope_parameters: keep one)", path, config.at("rope_scaling").dump(),
+         config.at("rope_parameters").dump());
+  }
+  RopeRead read{number_key(config, "rope_theta", path, kDefaultRopeTheta), Qwen3Rope{}};
+  if (parameters) {
+    read = *parameters;
+  } else if (scaling) {
+    read = *scaling;
+  }
+  dims.rope_theta = read.theta;
+  dims.rope = read.rope;
 }
 
 void add_file(const std::string& path, Qwen3Weights& weights) {
@@ -165,7 +346,7 @@ Qwen3Dims read_qwen3_config(const std::string& config_json_path) {
   dims.head_dim = int_key(json, "head_dim", path, dims.hidden_size / dims.num_attention_heads);
   dims.vocab_size = int_key(json, "vocab_size", path);
   dims.rms_norm_eps = number_key(json, "rms_norm_eps", path, 1e-6);
-  dims.rope_theta = number_key(json, "rope_theta", path, 10000.0);
+  read_rope(json, path, dims);
   dims.tie_word_embeddings = bool_key(json, "tie_word_embeddings", path, false);
   check_qwen3_dims(dims, path);
   return dims;

@@ -1,5 +1,6 @@
 #include "data/qwen3_model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
 #include <unordered_map>
@@ -41,6 +42,40 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   return weight * normed.to(x.scalar_type());
 }
 
+// The inverse frequencies [head_dim / 2], fp32 on the CPU, with the operations transformers 5
+// uses, in its order and precision (fp32 tensors; Python's floats are doubles here), so that they
+// agree bit for bit: Qwen3RotaryEmbedding.compute_default_rope_parameters for plain RoPE and
+// _compute_yarn_parameters for YaRN, which blends interpolated (divided by factor) and original
+// frequencies over a linear ramp between the correction dimensions of beta_fast and beta_slow.
+at::Tensor rope_inv_freq(const Qwen3Dims& dims) {
+  const int64_t dim = dims.head_dim;
+  const double base = dims.rope_theta;
+  const auto exponents = at::arange(0, dim, 2, at::kLong).to(at::kFloat).div_(double(dim));
+  const auto pos_freqs = at::pow(base, exponents);
+  if (dims.rope.type == Qwen3Rope::Type::kDefault) return at::reciprocal(pos_freqs);
+
+  const Qwen3Rope& yarn = dims.rope;
+  constexpr double kPi = 3.141592653589793;  // Python's math.pi
+  const auto correction_dim = [&](double rotations) {
+    return (double(dim) * std::log(double(yarn.original_max_position_embeddings) /
+                                   (rotations * 2 * kPi))) /
+           (2 * std::log(base));
+  };
+  double low = correction_dim(yarn.beta_fast), high = correction_dim(yarn.beta_slow);
+  if (yarn.truncate) {
+    low = std::floor(low);
+    high = std::ceil(high);
+  }
+  low = std::max(low, 0.0);
+  high = std::min(high, double(dim - 1));
+  if (low == high) high += 0.001;  // transformers' guard against a zero-width ramp
+  const auto ramp = at::arange(dim / 2, at::kFloat).sub(low).div(high - low).clamp(0, 1);
+  const auto extrapolation_factor = at::rsub(ramp, 1);
+  const auto extrapolation = at::reciprocal(pos_freqs);
+  const auto interpolation = at::reciprocal(pos_freqs * yarn.factor);
+  return interpolation * at::rsub(extrapolation_factor, 1) + extrapolation * extrapolation_factor;
+}
+
 // RoPE tables and the attention mask of the positions past .. past + count - 1.
 struct Positions {
   at::Tensor cos, sin;              // [count, head_dim] in the model's dtype
@@ -48,17 +83,16 @@ struct Positions {
   bool causal = false;
 };
 
-Positions make_positions(int64_t past, int64_t count, const Qwen3Dims& dims,
-                         const at::TensorOptions& options) {
-  // As transformers computes them: inverse frequencies in fp32 on the CPU, angles as fp32
-  // products, cos/sin in fp32, then cast to the model's dtype.
-  const auto exponents =
-      at::arange(0, dims.head_dim, 2, at::kLong).to(at::kFloat).div_(double(dims.head_dim));
-  const auto inv_freq = at::reciprocal(at::pow(dims.rope_theta, exponents)).to(options.device());
+Positions make_positions(int64_t past, int64_t count, const at::Tensor& inv_freq,
+                         const Qwen3Rope& rope, const at::TensorOptions& options) {
+  // As transformers computes them: angles as fp32 products, cos/sin in fp32 scaled by YaRN's
+  // attention factor, then cast to the model's dtype.
+  const double scaling = rope.type == Qwen3Rope::Type::kYarn ? rope.attention_factor : 1.0;
   const auto position = at::arange(past, past + count, options.dtype(at::kFloat));
   const auto angles = position.unsqueeze(1) * inv_freq.unsqueeze(0);  // [count, head_dim / 2]
   const auto both = at::cat({angles, angles}, -1);
-  Positions out{both.cos().to(options.dtype()), both.sin().to(options.dtype()), std::nullopt};
+  Positions out{(both.cos() * scaling).to(options.dtype()),
+                (both.sin() * scaling).to(options.dtype()), std::nullopt};
   if (count > 1 && past == 0) {
     out.causal = true;
   } else if (count > 1) {  // query i sees keys 0 .. past + i
@@ -116,6 +150,15 @@ void check_qwen3_dims(const Qwen3Dims& d, const std::string& where) {
   if (!(d.rms_norm_eps > 0.0) || !(d.rope_theta > 0.0)) {
     fail("{}: rms_norm_eps and rope_theta must be > 0 (got {} and {})", where, d.rms_norm_eps,
          d.rope_theta);
+  }
+  const Qwen3Rope& r = d.rope;
+  if (r.type == Qwen3Rope::Type::kYarn &&
+      (!(r.factor > 0.0) || !(r.attention_factor > 0.0) || !(r.beta_fast > 0.0) ||
+       !(r.beta_slow > 0.0) || r.original_max_position_embeddings < 1)) {
+    fail("{}: YaRN's factor, attention_factor, beta_fast, beta_slow and "
+         "original_max_position_embeddings must be > 0 (got {}, {}, {}, {} and {})", where,
+         r.factor, r.attention_factor, r.beta_fast, r.beta_slow,
+         r.original_max_position_embeddings);
   }
 }
 
@@ -179,6 +222,7 @@ Qwen3Model Qwen3Model::from_weights(const Qwen3Dims& dims, Qwen3Weights weights,
     if (!slot.tensor->defined()) fail("{}: missing tensor '{}'", source, name);
   }
   if (dims.tie_word_embeddings) model.lm_head_ = model.embed_tokens_;
+  model.inv_freq_ = rope_inv_freq(dims).to(device);
   return model;
 }
 
@@ -213,6 +257,7 @@ Qwen3Model Qwen3Model::random(const Qwen3Dims& dims, uint64_t seed, at::ScalarTy
     *slot.tensor = value.to(dtype);
   }
   if (dims.tie_word_embeddings) model.lm_head_ = model.embed_tokens_;
+  model.inv_freq_ = rope_inv_freq(dims).to(device);
   return model;
 }
 
@@ -291,7 +336,8 @@ Qwen3Model::Outputs Qwen3Model::run(const at::Tensor& input_ids, KvCache* cache,
     }
   }
   at::NoGradGuard no_grad;
-  const Positions positions = make_positions(past, count, dims_, embed_tokens_.options());
+  const Positions positions =
+      make_positions(past, count, inv_freq_, dims_.rope, embed_tokens_.options());
   auto x = at::embedding(embed_tokens_, input_ids.to(embed_tokens_.device()));
   std::vector<at::Tensor> captured(layer_ids.size());
   for (size_t l = 0; l < layers_.size(); ++l) {

@@ -15,6 +15,20 @@
 
 namespace dspine::data {
 
+// The rotary position embedding of a Qwen3 model as transformers 5 computes it
+// (modeling_rope_utils.py): plain RoPE of base rope_theta, or YaRN. read_qwen3_config fills the
+// YaRN fields with transformers' defaults resolved; plain RoPE reads none of them.
+struct Qwen3Rope {
+  enum class Type { kDefault, kYarn };
+  Type type = Type::kDefault;
+  double factor = 1.0;            // YaRN: how much longer the context is than in pre-training
+  double attention_factor = 1.0;  // YaRN: cos and sin are multiplied by it
+  double beta_fast = 32.0;        // YaRN: the correction range, in rotations over the
+  double beta_slow = 1.0;         //   pre-training context
+  bool truncate = true;           // YaRN: the correction range rounded out to whole dimensions
+  int64_t original_max_position_embeddings = 0;  // YaRN: the pre-training context length
+};
+
 // The dimensions of a Qwen3 model, from a HF config.json (model_type qwen3) or built in code.
 struct Qwen3Dims {
   int64_t hidden_size = 0;
@@ -27,15 +41,18 @@ struct Qwen3Dims {
   double rms_norm_eps = 1e-6;
   double rope_theta = 10000.0;  // transformers Qwen3Config defaults
   bool tie_word_embeddings = false;
+  Qwen3Rope rope;  // plain RoPE unless config.json asks for YaRN
 };
 
-// Reads and checks a HF config.json. Unsupported settings (model_type other than qwen3,
-// attention_bias, rope_scaling, use_sliding_window) and missing or mistyped keys throw
-// dspine::Error naming the file and the key.
+// Reads and checks a HF config.json, in the layout of transformers 5 (rope_parameters) or of
+// transformers 4 (top-level rope_theta, rope_scaling). Unsupported settings (model_type other
+// than qwen3, attention_bias, a RoPE type other than default and yarn, partial_rotary_factor,
+// use_sliding_window), RoPE values that the two layouts give differently, and missing or
+// mistyped keys throw dspine::Error naming the file and the key.
 Qwen3Dims read_qwen3_config(const std::string& config_json_path);
 
-// Throws dspine::Error (naming `where`) unless every size is positive, the heads divide evenly
-// and head_dim is even.
+// Throws dspine::Error (naming `where`) unless every size is positive, the heads divide evenly,
+// head_dim is even and the RoPE constants are positive.
 void check_qwen3_dims(const Qwen3Dims& dims, const std::string& where);
 
 // A weight under its HF name ("model.layers.0.self_attn.q_proj.weight", ...) and the file it
@@ -109,6 +126,7 @@ class Qwen3Model {
               const std::vector<int64_t>& layer_ids) const;
 
   Qwen3Dims dims_;
+  at::Tensor inv_freq_;  // [head_dim / 2] fp32 on the model's device, from dims_' RoPE
   at::Tensor embed_tokens_, lm_head_, final_norm_;
   std::vector<Layer> layers_;
 };

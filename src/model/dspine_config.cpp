@@ -59,10 +59,11 @@ HfConfigContext hf_config_context(const core::Config& run, const nlohmann::json&
   HfConfigContext context;
   context.dtype = run.training.dtype;
   context.training_settings = training_settings;
+  // The trainer resolves the depth from the data source (data/target_depth.h); a configuration
+  // used without it records the least depth holding every target layer id.
   const auto& ids = run.model.target_layer_ids;
-  const bool synthetic = run.data.source == "synthetic" || run.data.source == "random";
-  context.num_target_layers = synthetic || ids.empty()
-                                  ? run.data.synthetic.num_layers
+  context.num_target_layers = run.model.num_target_layers > 0 || ids.empty()
+                                  ? run.model.num_target_layers
                                   : *std::max_element(ids.begin(), ids.end()) + 1;
   context.max_position_embeddings = run.data.seq_len;
   return context;
@@ -111,7 +112,11 @@ nlohmann::json dspine_hf_config(const core::ModelConfig& c, const HfConfigContex
       {"num_key_value_heads", c.num_key_value_heads},
       {"num_target_layers", context.num_target_layers},
       {"rms_norm_eps", c.rms_norm_eps},
-      {"rope_scaling", nullptr},
+      // transformers 5 reads the RoPE base from rope_parameters, older readers from the
+      // top-level rope_theta (transformers 5 accepts it beside an equal rope_parameters). No
+      // rope_scaling: transformers 5's PretrainedConfig warns that it is deprecated, and older
+      // readers default it to null.
+      {"rope_parameters", {{"rope_theta", c.rope_theta}, {"rope_type", "default"}}},
       {"rope_theta", c.rope_theta},
       {"sliding_window", nullptr},
       {"tie_word_embeddings", false},

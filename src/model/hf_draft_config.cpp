@@ -63,6 +63,41 @@ double number_or(const json& hf, const std::string& pointer, double fallback,
   return value.get<double>();
 }
 
+// The RoPE base from either layout: transformers 5 writes rope_parameters.rope_theta, older
+// versions a top-level rope_theta (and rope_scaling, which transformers 5 reads as
+// rope_parameters). Where several are given they must agree. The draft's RoPE is plain
+// (model/rope.cpp), so a dictionary of any other rope_type is refused.
+double rope_theta_of(const json& hf, double fallback, const std::string& path) {
+  for (const std::string rope : {"/rope_parameters", "/rope_scaling"}) {
+    const json& value = value_at(hf, rope);
+    if (value.is_null()) continue;
+    if (!value.is_object()) {
+      fail("{}: {} must be an object or null (got {})", path, key_name(rope), value.dump());
+    }
+    for (const std::string type : {"/rope_type", "/type"}) {
+      const json& name = value_at(hf, rope + type);
+      if (!name.is_null() && name != "default") {
+        fail("{}: {} is {}; the draft's RoPE is plain (\"default\")", path,
+             key_name(rope + type), name.dump());
+      }
+    }
+  }
+  double theta = fallback;
+  std::string source;
+  for (const std::string pointer : {"/rope_theta", "/rope_parameters/rope_theta",
+                                    "/rope_scaling/rope_theta"}) {
+    if (value_at(hf, pointer).is_null()) continue;
+    const double value = number_or(hf, pointer, fallback, path);
+    if (!source.empty() && value != theta) {
+      fail("{}: {} is {} but {} is {}; they must agree", path, key_name(source),
+           value_at(hf, source).dump(), key_name(pointer), value_at(hf, pointer).dump());
+    }
+    theta = value;
+    source = pointer;
+  }
+  return theta;
+}
+
 // What the draft does not implement: it must be the causal, bias-free, full-attention
 // DSpineDraftModel of a Qwen3Config.
 void check_supported(const json& hf, const std::string& path) {
@@ -128,7 +163,7 @@ core::ModelConfig model_config_from_hf(const json& hf, const std::string& path) 
   c.head_dim = integer(hf, "/head_dim", path);
   c.vocab_size = integer(hf, "/vocab_size", path);
   c.rms_norm_eps = number_or(hf, "/rms_norm_eps", c.rms_norm_eps, path);
-  c.rope_theta = number_or(hf, "/rope_theta", c.rope_theta, path);
+  c.rope_theta = rope_theta_of(hf, c.rope_theta, path);
   c.initializer_range = number_or(hf, "/initializer_range", c.initializer_range, path);
   c.block_size = value_at(hf, "/block_size").is_null()
                      ? integer(hf, "/dflash_config/block_size", path)

@@ -17,9 +17,11 @@ nlohmann::json parse_json_object(const std::string& text, const std::string& pat
 
 // The model section `hf` describes (architecture dspine). block_size may instead sit in
 // dflash_config; absent model keys of dspine_config take their defaults; layer_types must list
-// every layer. Rejects what the draft does not implement (another architecture, is_causal false,
-// attention biases, sliding layers), integers past 2^31 - 1 and sizes that fail
-// validate_dspine_model_config; errors name `path` and the key.
+// every layer; rope_theta may sit at the top level, in rope_parameters or in rope_scaling, and
+// must agree where it sits in several. Rejects what the draft does not implement (another
+// architecture, is_causal false, attention biases, sliding layers, a RoPE type other than
+// "default"), integers past 2^31 - 1 and sizes that fail validate_dspine_model_config; errors
+// name `path` and the key.
 core::ModelConfig model_config_from_hf(const nlohmann::json& hf, const std::string& path);
 
 // Throws naming `path` and, for every key whose value differs, the key, the saved value and the

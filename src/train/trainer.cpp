@@ -97,8 +97,8 @@ Trainer::Trainer(core::Config config, std::shared_ptr<dist::Communicator> comm)
   s.device = dist::training_device(training.device, dist::rank_layout().local_rank);
   if (training.cpu_threads > 0) at::set_num_threads(static_cast<int>(training.cpu_threads));
   torch::manual_seed(static_cast<uint64_t>(training.seed));  // model initialisation
+  s.source = data::make_batch_source(s.config, s.device);  // checks the data in full first
   s.config.model.num_target_layers = data::target_depth(s.config);  // recorded in config.json
-  s.source = data::make_batch_source(s.config, s.device);
   s.held_out = data::make_held_out_source(s.config, *s.source);
   const auto dtype = training.dtype == "bf16" ? torch::kBFloat16 : torch::kFloat;
   s.built = build_model(s.config, *s.source, s.device, dtype);

@@ -1,18 +1,25 @@
 // Qwen3Model against Hugging Face transformers: the tiny models and expected outputs written by
-// tests/data/make_tiny_qwen3.py (the ctest fixture make_tiny_qwen3) into DSPINE_TINY_QWEN3_DIR.
+// tests/data/make_tiny_qwen3.py (the ctest fixture make_tiny_qwen3) into DSPINE_TINY_QWEN3_DIR,
+// among them RoPE of base 1e6 and YaRN in transformers 5's config layout; and config.json's RoPE
+// settings in both layouts, with what is refused.
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <functional>
 #include <fstream>
 #include <string>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include "common/expect_error.h"
+#include "common/fresh_dir.h"
 #include "core/error.h"
 #include "core/files.h"
 #include "core/safetensors.h"
+#include "data/hf_checkpoint.h"
 #include "data/qwen3_model.h"
 
 namespace dspine::data {
@@ -45,7 +52,7 @@ double max_diff(const torch::Tensor& a, const torch::Tensor& reference) {
   return (a.to(torch::kFloat) - ref).abs().max().item<double>() / scale;
 }
 
-class HuggingFaceParity : public testing::TestWithParam<std::string> {};
+class HuggingFaceParity : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(HuggingFaceParity, HiddenStatesLastStateAndLogitsMatchTransformersInFp32) {
   const std::string dir = tiny_dir(GetParam());
@@ -68,8 +75,8 @@ TEST_P(HuggingFaceParity, HeadIsTheEmbeddingStorageExactlyWhenTied) {
 }
 
 INSTANTIATE_TEST_SUITE_P(TinyModels, HuggingFaceParity,
-                         testing::Values("tied-single", "untied-single", "tied-sharded",
-                                         "untied-sharded"),
+                         ::testing::Values("tied-single", "untied-single", "tied-sharded",
+                                           "untied-sharded", "rope-theta", "yarn", "yarn-ramp"),
                          [](const auto& info) {
                            std::string name = info.param;
                            name.erase(std::remove(name.begin(), name.end(), '-'), name.end());
@@ -134,12 +141,235 @@ TEST(Qwen3Model, RejectsLayerIdsAndTokenIdsOutOfRange) {
   EXPECT_THROW(model.forward(torch::zeros({3}, torch::kLong), {0}), Error);
 }
 
+nlohmann::json read_json(const std::string& path) {
+  return nlohmann::json::parse(std::ifstream(path));
+}
+
+// The RoPE models' config.json is transformers 5's own: the settings only in rope_parameters, so
+// their parity above shows that layout is read.
+TEST(Qwen3Rope, TransformersFiveConfigsAreReadFromRopeParameters) {
+  for (const char* name : {"rope-theta", "yarn", "yarn-ramp"}) {
+    const auto config = read_json(tiny_dir(name) + "/config.json");
+    EXPECT_FALSE(config.contains("rope_theta")) << name;
+    EXPECT_FALSE(config.contains("rope_scaling")) << name;
+    EXPECT_TRUE(config.at("rope_parameters").contains("rope_theta")) << name;
+  }
+  const Qwen3Dims plain = read_qwen3_config(tiny_dir("rope-theta") + "/config.json");
+  EXPECT_EQ(plain.rope_theta, 1e6);
+  EXPECT_EQ(plain.rope.type, Qwen3Rope::Type::kDefault);
+
+  const Qwen3Dims yarn = read_qwen3_config(tiny_dir("yarn") + "/config.json");
+  EXPECT_EQ(yarn.rope_theta, 1e6);
+  EXPECT_EQ(yarn.rope.type, Qwen3Rope::Type::kYarn);
+  EXPECT_EQ(yarn.rope.factor, 4.0);
+  EXPECT_EQ(yarn.rope.original_max_position_embeddings, 16);
+  EXPECT_EQ(yarn.rope.attention_factor, 0.1 * std::log(4.0) + 1.0);
+  EXPECT_EQ(yarn.rope.beta_fast, 32.0);
+  EXPECT_EQ(yarn.rope.beta_slow, 1.0);
+  EXPECT_TRUE(yarn.rope.truncate);
+
+  const Qwen3Dims ramp = read_qwen3_config(tiny_dir("yarn-ramp") + "/config.json");
+  EXPECT_EQ(ramp.rope_theta, 1e4);
+  EXPECT_EQ(ramp.rope.factor, 4.0);  // null: max_position_embeddings 64 / 16
+  EXPECT_EQ(ramp.rope.attention_factor,
+            (0.1 * 2.0 * std::log(4.0) + 1.0) / (0.1 * 1.0 * std::log(4.0) + 1.0));
+  EXPECT_EQ(ramp.rope.beta_fast, 4.0);
+  EXPECT_EQ(ramp.rope.beta_slow, 0.25);
+  EXPECT_FALSE(ramp.rope.truncate);
+}
+
+// The parity tests can fail: the same weights under plain RoPE of base 1e4 (what rope-theta's
+// config read as before rope_parameters was understood), or under YaRN's base without its
+// scaling, give hidden states far from transformers'.
+TEST(Qwen3Rope, TheSettingsChangeTheHiddenStates) {
+  for (const char* name : {"rope-theta", "yarn", "yarn-ramp"}) {
+    const std::string dir = tiny_dir(name);
+    const auto expected = core::load_safetensors(dir + "/expected.safetensors");
+    Qwen3Dims plain = read_qwen3_config(dir + "/config.json");
+    if (plain.rope.type == Qwen3Rope::Type::kDefault) plain.rope_theta = 1e4;
+    plain.rope = Qwen3Rope{};
+    const auto model =
+        Qwen3Model::from_weights(plain, read_hf_weights(dir), torch::kFloat, kCpu, dir);
+    const auto out = model.forward(expected.at("input_ids"), layer_ids_of(expected));
+    EXPECT_GT(max_diff(out.hidden_states, expected.at("hidden_states")), 1e-3) << name;
+  }
+}
+
+// config.json's RoPE settings, without weights: a minimal Qwen3 config with `edit` applied,
+// written to a scratch directory and read back.
+class RopeConfig : public ::testing::Test {
+ protected:
+  static nlohmann::json minimal() {
+    return {{"model_type", "qwen3"}, {"hidden_size", 32},        {"intermediate_size", 48},
+            {"num_hidden_layers", 2}, {"num_attention_heads", 4}, {"num_key_value_heads", 2},
+            {"head_dim", 8},          {"vocab_size", 96},         {"max_position_embeddings", 64}};
+  }
+
+  Qwen3Dims read(const nlohmann::json& config) {
+    std::ofstream(path_) << config.dump(2);
+    return read_qwen3_config(path_);
+  }
+
+  Qwen3Dims read(const std::function<void(nlohmann::json&)>& edit) {
+    nlohmann::json config = minimal();
+    edit(config);
+    return read(config);
+  }
+
+  // Reading the config with `edit` applied throws naming config.json and every one of `parts`.
+  void expect_refused(const std::function<void(nlohmann::json&)>& edit,
+                      std::vector<std::string> parts) {
+    parts.insert(parts.begin(), path_);
+    dspine::testing::expect_error_mentioning([&] { read(edit); }, parts);
+  }
+
+  static void expect_same(const Qwen3Dims& a, const Qwen3Dims& b) {
+    EXPECT_EQ(a.rope_theta, b.rope_theta);
+    EXPECT_EQ(a.rope.type, b.rope.type);
+    EXPECT_EQ(a.rope.factor, b.rope.factor);
+    EXPECT_EQ(a.rope.attention_factor, b.rope.attention_factor);
+    EXPECT_EQ(a.rope.beta_fast, b.rope.beta_fast);
+    EXPECT_EQ(a.rope.beta_slow, b.rope.beta_slow);
+    EXPECT_EQ(a.rope.truncate, b.rope.truncate);
+    EXPECT_EQ(a.rope.original_max_position_embeddings, b.rope.original_max_position_embeddings);
+  }
+
+  std::string path_ = (dspine::testing::fresh_dir("rope_config") / "config.json").string();
+};
+
+TEST_F(RopeConfig, ThetaFromEitherLayout) {
+  EXPECT_EQ(read(minimal()).rope_theta, 1e4);  // Qwen3Config's default
+  EXPECT_EQ(read([](auto& j) { j["rope_theta"] = 1e6; }).rope_theta, 1e6);
+  EXPECT_EQ(read([](auto& j) { j["rope_parameters"] = {{"rope_theta", 1e6}}; }).rope_theta, 1e6);
+  // A top-level rope_theta fills in for a dictionary without one, as in transformers 5.
+  const Qwen3Dims both = read([](auto& j) {
+    j["rope_theta"] = 5e5;
+    j["rope_scaling"] = nullptr;
+    j["rope_parameters"] = {{"rope_type", "default"}};
+  });
+  EXPECT_EQ(both.rope_theta, 5e5);
+  EXPECT_EQ(both.rope.type, Qwen3Rope::Type::kDefault);
+  EXPECT_EQ(read([](auto& j) {
+              j["rope_theta"] = 1e6;
+              j["rope_parameters"] = {{"rope_theta", 1e6}, {"rope_type", "default"}};
+            }).rope_theta,
+            1e6);
+}
+
+// The transformers 4 layout (top-level rope_theta, rope_scaling with the legacy "type") reads as
+// its transformers 5 equivalent.
+TEST_F(RopeConfig, TransformersFourLayoutReadsAsItsTransformersFiveEquivalent) {
+  auto legacy = minimal();
+  legacy["rope_theta"] = 1e6;
+  legacy["rope_scaling"] = {{"type", "yarn"}, {"factor", 4.0},
+                            {"original_max_position_embeddings", 16}, {"beta_fast", 8}};
+  auto current = minimal();
+  current["rope_parameters"] = {{"rope_type", "yarn"}, {"rope_theta", 1e6}, {"factor", 4.0},
+                                {"original_max_position_embeddings", 16}, {"beta_fast", 8}};
+  const Qwen3Dims a = read(legacy), b = read(current);
+  EXPECT_EQ(b.rope.type, Qwen3Rope::Type::kYarn);
+  EXPECT_EQ(b.rope.beta_fast, 8.0);
+  expect_same(a, b);
+
+  legacy["rope_scaling"] = nullptr;  // plain RoPE in transformers 4
+  current["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1e6}};
+  expect_same(read(legacy), read(current));
+  // Both layouts at once, agreeing, as a file edited across versions may hold them.
+  legacy["rope_parameters"] = current["rope_parameters"];
+  expect_same(read(legacy), read(current));
+}
+
+// YaRN's defaults and fallbacks, as transformers 5 resolves them.
+TEST_F(RopeConfig, YarnFallbacksAsTransformers) {
+  const auto yarn = [](nlohmann::json extra) {
+    return [extra](nlohmann::json& j) {
+      j["rope_parameters"] = {{"rope_type", "yarn"}, {"factor", 2.0}};
+      j["rope_parameters"].update(extra);
+    };
+  };
+  const Qwen3Dims plain = read(yarn(nlohmann::json::object()));
+  EXPECT_EQ(plain.rope.original_max_position_embeddings, 64);  // max_position_embeddings
+  EXPECT_EQ(plain.rope.attention_factor, 0.1 * std::log(2.0) + 1.0);
+  EXPECT_TRUE(plain.rope.truncate);
+  EXPECT_EQ(read([&](auto& j) {
+              yarn(nlohmann::json::object())(j);
+              j.erase("max_position_embeddings");
+            }).rope.original_max_position_embeddings,
+            32768);  // Qwen3Config's max_position_embeddings
+  EXPECT_EQ(read(yarn({{"factor", nullptr}, {"original_max_position_embeddings", 8}})).rope.factor,
+            8.0);
+  // A top-level original_max_position_embeddings wins over the dictionary's.
+  EXPECT_EQ(read([&](auto& j) {
+              yarn({{"original_max_position_embeddings", 8}})(j);
+              j["original_max_position_embeddings"] = 32;
+            }).rope.original_max_position_embeddings,
+            32);
+  EXPECT_EQ(read(yarn({{"attention_factor", 1.5}, {"mscale", 3.0}})).rope.attention_factor, 1.5);
+  // mscale counts only together with mscale_all_dim.
+  EXPECT_EQ(read(yarn({{"mscale", 3.0}})).rope.attention_factor, 0.1 * std::log(2.0) + 1.0);
+  EXPECT_EQ(read(yarn({{"factor", 0.5}})).rope.attention_factor, 1.0);
+  EXPECT_FALSE(read(yarn({{"truncate", nullptr}})).rope.truncate);  // transformers: None is false
+  EXPECT_EQ(read(yarn({{"beta_fast", nullptr}})).rope.beta_fast, 32.0);
+}
+
+TEST_F(RopeConfig, RefusesUnsupportedRopeNamingFileAndKey) {
+  for (const char* type : {"linear", "dynamic", "longrope", "llama3", "proportional"}) {
+    expect_refused([&](auto& j) { j["rope_parameters"] = {{"rope_type", type}, {"factor", 2.0}}; },
+                   {"'rope_parameters.rope_type'", fmt::format("\"{}\"", type),
+                    "supported: \"default\", \"yarn\""});
+    expect_refused([&](auto& j) { j["rope_scaling"] = {{"type", type}, {"factor", 2.0}}; },
+                   {"'rope_scaling.type'", fmt::format("\"{}\"", type), "\"default\", \"yarn\""});
+  }
+  expect_refused([](auto& j) { j["rope_parameters"] = {{"rope_type", nullptr}}; },
+                 {"'rope_parameters.rope_type' must be a string"});
+  expect_refused(
+      [](auto& j) { j["rope_parameters"] = {{"rope_type", "yarn"}, {"type", "default"}}; },
+      {"'rope_parameters.rope_type' \"yarn\"", "'rope_parameters.type' \"default\""});
+  expect_refused([](auto& j) { j["rope_parameters"] = "default"; },
+                 {"'rope_parameters' must be an object"});
+  expect_refused([](auto& j) { j["partial_rotary_factor"] = 0.5; },
+                 {"'partial_rotary_factor' 0.5"});
+  expect_refused([](auto& j) { j["rope_parameters"] = {{"partial_rotary_factor", 0.25}}; },
+                 {"'rope_parameters.partial_rotary_factor' 0.25"});
+  expect_refused(
+      [](auto& j) { j["rope_parameters"] = {{"full_attention", {{"rope_theta", 1e6}}}}; },
+      {"'rope_parameters.full_attention' is not a key of rope_type \"default\""});
+  expect_refused([](auto& j) { j["rope_parameters"] = {{"rope_type", "yarn"}, {"factr", 4.0}}; },
+                 {"'rope_parameters.factr'", "\"yarn\""});
+  expect_refused([](auto& j) { j["rope_parameters"] = {{"rope_type", "yarn"}}; },
+                 {"'rope_parameters.factor' is missing"});
+  expect_refused([](auto& j) {
+    j["rope_parameters"] = {{"rope_type", "yarn"}, {"factor", 4.0}, {"beta_fast", -1}};
+  }, {"'rope_parameters.beta_fast' must be a positive number"});
+  expect_refused([](auto& j) {
+    j["rope_parameters"] = {{"rope_type", "yarn"}, {"factor", 4.0},
+                            {"original_max_position_embeddings", 16.5}};
+  }, {"'rope_parameters.original_max_position_embeddings' must be a positive integer"});
+}
+
+TEST_F(RopeConfig, RefusesLayoutsThatDisagreeNamingBothValues) {
+  expect_refused([](auto& j) {
+    j["rope_theta"] = 1e4;
+    j["rope_parameters"] = {{"rope_theta", 1e6}, {"rope_type", "default"}};
+  }, {"'rope_theta' 10000.0", "'rope_parameters.rope_theta' 1000000.0", "disagree"});
+  expect_refused([](auto& j) {
+    j["rope_scaling"] = {{"type", "yarn"}, {"factor", 4.0}};
+    j["rope_parameters"] = {{"rope_type", "yarn"}, {"factor", 2.0}};
+  }, {"'rope_scaling' {\"factor\":4.0,\"type\":\"yarn\"}",
+      "'rope_parameters' {\"factor\":2.0,\"rope_type\":\"yarn\"}", "disagree"});
+  expect_refused([](auto& j) {
+    j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
+    j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1e4}};
+  }, {"'rope_scaling'", "'rope_parameters'", "disagree"});
+}
+
 // Load errors: a copy of a tiny model with one thing broken must fail with a message naming it.
-class BrokenCheckpoint : public testing::Test {
+class BrokenCheckpoint : public ::testing::Test {
  protected:
   void SetUp() override {
     dir_ = fs::temp_directory_path() /
-           ("dspine_qwen3_" + std::string(testing::UnitTest::GetInstance()->current_test_info()->name()));
+           ("dspine_qwen3_" +
+            std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
     core::remove_tree(dir_.string());
     fs::create_directories(dir_);
     for (const char* name : {"tied-single", "untied-sharded"}) {
@@ -211,8 +441,8 @@ TEST_F(BrokenCheckpoint, UnsupportedOrBadConfigIsNamed) {
   const std::vector<std::pair<std::function<void(nlohmann::json&)>, std::string>> cases = {
       {[](auto& j) { j["model_type"] = "llama"; }, "model_type"},
       {[](auto& j) { j["attention_bias"] = true; }, "attention_bias"},
-      {[](auto& j) { j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}}; },
-       "rope_scaling"},
+      {[](auto& j) { j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 4.0}}; },
+       "rope_scaling.rope_type"},
       {[](auto& j) { j["use_sliding_window"] = true; }, "use_sliding_window"},
       {[](auto& j) { j.erase("hidden_size"); }, "missing key 'hidden_size'"},
       {[](auto& j) { j["num_key_value_heads"] = 3; }, "num_key_value_heads"},

@@ -1,7 +1,8 @@
 // The draft's Hugging Face layout (docs/model.md#export-and-import): the state layout computed
 // from the configuration equals the module's, config.json reads back into the same model
-// configuration, a config.json of another draft is refused naming each differing key with both
-// values, and load_draft takes the transfer space from the file without rebuilding it.
+// configuration (RoPE in transformers 5's layout or the older one), a config.json of another
+// draft is refused naming each differing key with both values, and load_draft takes the
+// transfer space from the file without rebuilding it.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -125,6 +126,52 @@ TEST(HfDraftConfig, RefusesWhatTheDraftDoesNotImplementNamingTheKey) {
   auto missing = tiny_hf_config();
   missing.erase("vocab_size");
   expect_error([&] { model_config_from_hf(missing, "c.json"); }, "c.json: has no key vocab_size");
+}
+
+// The export writes RoPE as transformers 5 does (rope_parameters) and as older readers expect
+// (a top-level rope_theta), without the deprecated rope_scaling; either layout alone reads back,
+// and so does an older export's null rope_scaling.
+TEST(HfDraftConfig, WritesRopeParametersAndReadsEitherLayout) {
+  auto c = tiny_config();
+  c.rope_theta = 5e5;
+  const json hf = dspine_hf_config(c, HfConfigContext{"fp32", json::object(), 8, 12});
+  EXPECT_EQ(hf.at("rope_parameters"), json({{"rope_theta", 5e5}, {"rope_type", "default"}}));
+  EXPECT_EQ(hf.at("rope_theta"), 5e5);
+  EXPECT_FALSE(hf.contains("rope_scaling"));
+
+  auto transformers5 = hf;  // as transformers 5 saves it
+  transformers5.erase("rope_theta");
+  auto transformers4 = hf;
+  transformers4.erase("rope_parameters");
+  transformers4["rope_scaling"] = nullptr;
+  for (const json& layout : {transformers5, transformers4}) {
+    EXPECT_EQ(model_config_from_hf(layout, "config.json").rope_theta, 5e5);
+    EXPECT_NO_THROW(check_hf_config(layout, c, "config.json"));
+    // A run with another base is told apart whichever layout holds it.
+    expect_error_mentioning(
+        [&] { check_hf_config(layout, tiny_config(), "d/config.json"); },
+        {"d/config.json", "rope_parameters.rope_theta is 500000.0, the run's model has 10000.0"});
+  }
+}
+
+TEST(HfDraftConfig, RefusesDisagreeingOrScaledRope) {
+  auto hf = tiny_hf_config();
+  hf["rope_parameters"]["rope_theta"] = 1e6;
+  expect_error_mentioning([&] { model_config_from_hf(hf, "c.json"); },
+                          {"c.json", "rope_theta is 10000.0 but rope_parameters.rope_theta is "
+                                     "1000000.0; they must agree"});
+  hf = tiny_hf_config();
+  hf["rope_parameters"]["rope_type"] = "yarn";
+  expect_error_mentioning([&] { model_config_from_hf(hf, "c.json"); },
+                          {"c.json", "rope_parameters.rope_type is \"yarn\"", "plain"});
+  hf = tiny_hf_config();
+  hf["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};
+  expect_error_mentioning([&] { model_config_from_hf(hf, "c.json"); },
+                          {"c.json", "rope_scaling.type is \"linear\""});
+  hf = tiny_hf_config();
+  hf["rope_parameters"] = 1e4;
+  expect_error([&] { model_config_from_hf(hf, "c.json"); },
+               "rope_parameters must be an object or null");
 }
 
 TEST(HfDraftConfig, AnotherDraftIsNamedKeyByKeyWithBothValues) {

@@ -103,7 +103,7 @@ TEST(HfExport, HoldsTheCheckpointsTensorsBitwiseAndEveryReferenceConfigKey) {
         "hidden_act", "hidden_size", "initializer_range", "intermediate_size", "is_causal",
         "layer_types", "max_position_embeddings", "max_window_layers", "model_type",
         "num_attention_heads", "num_hidden_layers", "num_key_value_heads", "num_target_layers",
-        "rms_norm_eps", "rope_scaling", "rope_theta", "sliding_window", "tie_word_embeddings",
+        "rms_norm_eps", "rope_parameters", "rope_theta", "sliding_window", "tie_word_embeddings",
         "use_cache", "use_sliding_window", "vocab_size"}) {
     EXPECT_TRUE(config.contains(key)) << key;
   }
