@@ -1,12 +1,15 @@
 // dspine-data: writes a target's samples as safetensors shards (`generate`: the embedded
 // synthetic target, or a real Qwen3 target over token samples, shared by the ranks of an mpirun),
 // summarizes a shard directory (`inspect`), including how peaked the target's next-token
-// distributions are — the property that makes the data learnable by a draft — and exports a
-// trained draft in the Hugging Face layout SpecForge reads (`export`).
+// distributions are — the property that makes the data learnable by a draft — checks token
+// samples, shard directories and SpecForge samples in full as training does at start-up, timed
+// (`check`), and exports a trained draft in the Hugging Face layout SpecForge reads (`export`).
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -20,6 +23,8 @@
 #include "core/log.h"
 #include "data/batch_source.h"
 #include "data/shards.h"
+#include "data/specforge_source.h"
+#include "data/token_samples.h"
 #include "dist/launch.h"
 #include "dist/mpi_context.h"
 #include "train/hf_export.h"
@@ -101,6 +106,51 @@ void inspect(const std::string& dir, int64_t samples) {
              100.0 * supervised.to(torch::kDouble).mean().item<double>());
 }
 
+struct CheckArgs {
+  std::vector<std::string> paths;
+  std::string config_path;
+  std::vector<std::string> overrides;
+  int64_t vocab_size = 0;  // 0: the configuration's model.vocab_size
+};
+
+// Checks each path the way training does before its first step, timed: a file is token samples,
+// a directory with index.json shards (against their own index), any other directory SpecForge
+// samples (against the configuration's model.hidden_size and target_layer_ids). The rate counts
+// the bytes of the files checked once each.
+void check(const CheckArgs& args) {
+  namespace fs = std::filesystem;
+  const core::Config config = core::load_config(args.config_path, args.overrides);
+  data::ShardLayout layout = data::layout_from_config(config);
+  if (args.vocab_size > 0) layout.vocab_size = args.vocab_size;
+  for (const std::string& path : args.paths) {
+    const auto start = std::chrono::steady_clock::now();
+    int64_t samples = 0, bytes = 0;
+    std::string kind;
+    if (fs::is_regular_file(path)) {
+      kind = "token samples";
+      samples = data::TokenSamples(path, layout.vocab_size).size();
+      bytes = static_cast<int64_t>(fs::file_size(path));
+    } else if (fs::is_regular_file(fs::path(path) / "index.json")) {
+      kind = "shards";
+      const data::ShardReader reader(path, data::read_shard_index(path).layout);
+      samples = reader.distinct_samples();
+      for (const auto& item : fs::directory_iterator(path)) {
+        if (item.is_regular_file()) bytes += static_cast<int64_t>(item.file_size());
+      }
+    } else {
+      kind = "SpecForge samples";
+      const std::vector<std::string> files = data::list_specforge_samples(path);
+      data::check_specforge_samples(files, layout);
+      samples = static_cast<int64_t>(files.size());
+      for (const std::string& file : files) bytes += static_cast<int64_t>(fs::file_size(file));
+    }
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    fmt::print(stderr, "{}: {}, {} samples valid, {:.1f} MB in {:.2f} s ({:.0f} MB/s)\n", path,
+               kind, samples, bytes / 1e6, seconds, bytes / 1e6 / std::max(seconds, 1e-9));
+  }
+}
+
 void export_draft(const std::string& source, const std::string& out) {
   const auto summary = dspine::train::export_draft(source, out);
   fmt::print("exported {} ({} tensors, {}) to {}: config.json, model.safetensors\n", source,
@@ -121,11 +171,14 @@ const CLI::Validator kAtLeastOne(
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"dspine-data: target-model training data as safetensors shards; draft export"};
+  CLI::App app{"dspine-data: target-model training data as safetensors shards, data checks; "
+               "draft export"};
   app.require_subcommand(1);
 
   GenerateArgs gen;
-  auto* generate_cmd = app.add_subcommand("generate", "sample the synthetic target into shards");
+  auto* generate_cmd = app.add_subcommand(
+      "generate", "run a target (the synthetic one, or a real Qwen3 with --target) over samples "
+                  "and write its hidden states as shards");
   generate_cmd->add_option("--config", gen.config_path,
                            "run configuration YAML (default: the embedded configuration)");
   generate_cmd->add_option("--set", gen.overrides, "override a key: section.key=value (repeatable)");
@@ -155,6 +208,23 @@ int main(int argc, char** argv) {
       ->check(kAtLeastOne)
       ->capture_default_str();
 
+  CheckArgs check_args;
+  auto* check_cmd = app.add_subcommand(
+      "check", "check token-sample files, shard directories or SpecForge sample directories in "
+               "full, as training does before step 1; prints samples and MB/s to stderr");
+  check_cmd->add_option("paths", check_args.paths,
+                        "token-sample JSONL file, shard directory (index.json) or SpecForge "
+                        "sample directory")
+      ->required();
+  check_cmd->add_option("--config", check_args.config_path,
+                        "run configuration YAML for model.vocab_size, model.hidden_size and "
+                        "model.target_layer_ids (default: the embedded configuration)");
+  check_cmd->add_option("--set", check_args.overrides,
+                        "override a key: section.key=value (repeatable)");
+  check_cmd->add_option("--vocab-size", check_args.vocab_size,
+                        "token ids must lie in [0, N) (default: model.vocab_size)")
+      ->check(kAtLeastOne);
+
   std::string export_source, export_out;
   auto* export_cmd = app.add_subcommand(
       "export", "write a trained DSpine draft in the Hugging Face layout (config.json, "
@@ -172,6 +242,7 @@ int main(int argc, char** argv) {
   try {
     if (*generate_cmd) generate(gen, mpi);
     if (*inspect_cmd) inspect(inspect_dir, inspect_samples);
+    if (*check_cmd) check(check_args);
     if (*export_cmd) export_draft(export_source, export_out);
   } catch (const std::exception& e) {
     return mpi.fail_run(e);

@@ -23,7 +23,8 @@ runs=(
 measure() {  # prints "τ greedy | τ refinement | τ sampled" of a checkpoint
   "$BIN/dspine-eval" --acceptance --json -c configs/gspo-rl-tiny.yaml -w "$1" --samples 128 \
     --offset 1000000 2>/dev/null |
-    python3 -c 'import json,sys; r=json.load(sys.stdin); print(f"{r[\"tau\"]:.3f} | {r[\"tau_refine\"]:.3f} | {r[\"tau_sampled\"]:.3f}")'
+    python3 -c 'import json, sys; r = json.load(sys.stdin)
+print(" | ".join("%.3f" % r[k] for k in ("tau", "tau_refine", "tau_sampled")))'
 }
 echo "| run (from the step-150 checkpoint) | τ greedy backbone | τ greedy refinement | τ speculative sampling |"
 echo "|---|---:|---:|---:|"

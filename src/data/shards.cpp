@@ -146,6 +146,38 @@ at::Tensor read_target_weight(const core::SafetensorsFile& file, const char* nam
   return t.to(at::kFloat).contiguous();
 }
 
+// Shard `shard` of `index` as loaded from its file: tensor names, shapes, dtypes, sample offset
+// and token range (errors name the file and the tensor or key).
+void check_shard_tensors(const core::SafetensorsFile& file, const ShardIndex& index, size_t shard) {
+  const ShardEntry& entry = index.shards.at(shard);
+  const std::set<std::string> expected_names = {"input_ids", "loss_mask", "hidden_states",
+                                                "target_last_hidden_states"};
+  std::set<std::string> names;
+  for (const auto& [name, tensor] : file.tensors) names.insert(name);
+  if (names != expected_names) {
+    fail("{}: holds tensors [{}], expected [{}]", file.path, fmt::join(names, ", "),
+         fmt::join(expected_names, ", "));
+  }
+  const ShardLayout& layout = index.layout;
+  const int64_t n = entry.samples, seq = layout.seq_len, hidden = layout.hidden_size;
+  const int64_t k = static_cast<int64_t>(layout.target_layer_ids.size());
+  const at::ScalarType dtype = storage_dtype(index.dtype, kIndexFile);
+  check_tensor(file, "input_ids", at::kLong, {n, seq});
+  check_tensor(file, "loss_mask", at::kLong, {n, seq});
+  check_tensor(file, "hidden_states", dtype, {n, seq, k * hidden});
+  check_tensor(file, "target_last_hidden_states", dtype, {n, seq, hidden});
+  const auto offset = file.metadata.find("sample_offset");
+  if (offset == file.metadata.end() || offset->second != std::to_string(entry.first_sample)) {
+    fail("{}: metadata sample_offset is '{}', but {} places this shard at sample {}", file.path,
+         offset == file.metadata.end() ? "(missing)" : offset->second, kIndexFile,
+         entry.first_sample);
+  }
+  const at::Tensor& ids = file.at("input_ids");
+  if (ids.min().item<int64_t>() < 0 || ids.max().item<int64_t>() >= layout.vocab_size) {
+    fail("{}: input_ids outside the vocabulary [0, {})", file.path, layout.vocab_size);
+  }
+}
+
 }  // namespace
 
 ShardLayout layout_from_config(const core::Config& config) {
@@ -335,18 +367,26 @@ ShardReader::ShardReader(const std::string& dir, const ShardLayout& expected)
 }
 
 void verify_shard_files(const std::string& dir, const ShardIndex& index) {
-  if (!index.target_digest) {
+  if (index.target_digest) {
+    verify_file(fs::path(dir) / kTargetFile, *index.target_digest);
+  } else {
     log::warn("{}: a version 1 index without checksums; the shard files are not verified "
               "(regenerate them with `dspine-data generate` to get checksums)",
               (fs::path(dir) / kIndexFile).string());
-    for (const ShardEntry& entry : index.shards) {
-      const fs::path path = fs::path(dir) / entry.file;
-      if (!fs::is_regular_file(path)) fail("{}: file listed in {} is missing", path.string(), kIndexFile);
-    }
-    return;
   }
-  verify_file(fs::path(dir) / kTargetFile, *index.target_digest);
-  for (const ShardEntry& entry : index.shards) verify_file(fs::path(dir) / entry.file, *entry.digest);
+  // Shard by shard: one shard is in memory at a time, and its load right after the hash mostly
+  // reads the page cache. Hashing and parsing one in-memory read instead would hold each shard
+  // twice (the safetensors parser copies out of its input).
+  for (size_t shard = 0; shard < index.shards.size(); ++shard) {
+    const ShardEntry& entry = index.shards[shard];
+    const fs::path path = fs::path(dir) / entry.file;
+    if (entry.digest) {
+      verify_file(path, *entry.digest);
+    } else if (!fs::is_regular_file(path)) {
+      fail("{}: file listed in {} is missing", path.string(), kIndexFile);
+    }
+    check_shard_tensors(core::load_safetensors(path.string()), index, shard);
+  }
 }
 
 void ShardReader::seek(int64_t cursor) {
@@ -356,33 +396,7 @@ void ShardReader::seek(int64_t cursor) {
 
 core::SafetensorsFile check_shard(core::SafetensorsFile file, const ShardIndex& index,
                                   size_t shard) {
-  const ShardEntry& entry = index.shards.at(shard);
-  const std::set<std::string> expected_names = {"input_ids", "loss_mask", "hidden_states",
-                                                "target_last_hidden_states"};
-  std::set<std::string> names;
-  for (const auto& [name, tensor] : file.tensors) names.insert(name);
-  if (names != expected_names) {
-    fail("{}: holds tensors [{}], expected [{}]", file.path, fmt::join(names, ", "),
-         fmt::join(expected_names, ", "));
-  }
-  const ShardLayout& layout = index.layout;
-  const int64_t n = entry.samples, seq = layout.seq_len, hidden = layout.hidden_size;
-  const int64_t k = static_cast<int64_t>(layout.target_layer_ids.size());
-  const at::ScalarType dtype = storage_dtype(index.dtype, kIndexFile);
-  check_tensor(file, "input_ids", at::kLong, {n, seq});
-  check_tensor(file, "loss_mask", at::kLong, {n, seq});
-  check_tensor(file, "hidden_states", dtype, {n, seq, k * hidden});
-  check_tensor(file, "target_last_hidden_states", dtype, {n, seq, hidden});
-  const auto offset = file.metadata.find("sample_offset");
-  if (offset == file.metadata.end() || offset->second != std::to_string(entry.first_sample)) {
-    fail("{}: metadata sample_offset is '{}', but {} places this shard at sample {}", file.path,
-         offset == file.metadata.end() ? "(missing)" : offset->second, kIndexFile,
-         entry.first_sample);
-  }
-  const at::Tensor& ids = file.at("input_ids");
-  if (ids.min().item<int64_t>() < 0 || ids.max().item<int64_t>() >= layout.vocab_size) {
-    fail("{}: input_ids outside the vocabulary [0, {})", file.path, layout.vocab_size);
-  }
+  check_shard_tensors(file, index, shard);
   for (auto& [name, tensor] : file.tensors) {
     if (at::isFloatingType(tensor.scalar_type())) tensor = tensor.to(at::kFloat);
   }

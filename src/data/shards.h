@@ -53,7 +53,9 @@ ShardIndex read_shard_index(const std::string& dir);
 ShardIndex parse_shard_index(const std::string& text, const std::string& path);
 
 // Checks every file the index lists against its recorded size and SHA-256 (errors name the file:
-// missing, truncated or corrupt). A version 1 index records none: a warning says so.
+// missing, truncated or corrupt; a version 1 index records none: a warning says so) and every
+// shard's tensors as check_shard does, loading one shard at a time (errors name the file and the
+// tensor).
 void verify_shard_files(const std::string& dir, const ShardIndex& index);
 
 // Checks shard `shard` of `index`, loaded from its file (tensor names, shapes, dtypes, sample
@@ -88,9 +90,9 @@ void finish_shards(const core::Config& config, const std::string& partial,
 std::string partial_dir(const std::string& out_dir);
 
 // Serves a shard directory in sample order, wrapping around at the end (epochs). The index and
-// target.safetensors are checked against `expected` and every file against its checksum up
-// front, so a damaged directory stops the run before training; each shard is checked (names,
-// shapes, dtypes, sample count, token range) when first loaded, and only the current one is kept.
+// target.safetensors are checked against `expected`, every file against its checksum and every
+// shard's tensors (names, shapes, dtypes, sample count, token range) up front, so a damaged
+// directory stops the run before training. Only the current shard is kept in memory.
 class ShardReader : public BatchSource {
  public:
   ShardReader(const std::string& dir, const ShardLayout& expected);
@@ -100,6 +102,8 @@ class ShardReader : public BatchSource {
   void seek(int64_t cursor) override;
   at::Tensor embed_tokens() const override { return embed_tokens_; }
   at::Tensor lm_head() const override { return lm_head_; }
+  int64_t distinct_samples() const override { return index_.num_samples; }
+  std::string describe() const override { return "shards in " + dir_; }
 
   const ShardIndex& index() const { return index_; }
 

@@ -69,25 +69,13 @@ at::Tensor head_weight(const core::SafetensorsFile& file, const char* key,
   return t.to(at::kFloat).contiguous();
 }
 
-}  // namespace
+// A sample file's tensors, checked against `layout`, without a leading batch dimension of 1.
+struct SampleTensors {
+  at::Tensor input_ids, loss_mask;  // int64
+  at::Tensor aux_hidden_state, hidden_state;  // as stored
+};
 
-std::vector<std::string> list_specforge_samples(const std::string& dir) {
-  if (!fs::is_directory(dir)) fail("{}: no such SpecForge sample directory", dir);
-  std::vector<fs::path> files;
-  for (const auto& item : fs::recursive_directory_iterator(dir)) {
-    const std::string ext = item.path().extension().string();
-    if (item.is_regular_file() && (ext == ".ckpt" || ext == ".pt")) files.push_back(item.path());
-  }
-  if (files.empty()) fail("{}: holds no SpecForge samples (*.ckpt or *.pt files)", dir);
-  std::sort(files.begin(), files.end(), [](const fs::path& a, const fs::path& b) {
-    const int64_t na = sample_number(a), nb = sample_number(b);
-    if ((na < 0) != (nb < 0)) return nb < 0;  // numbered samples first
-    return na != nb ? na < nb : a < b;
-  });
-  return {files.begin(), files.end()};
-}
-
-DraftBatch read_specforge_sample(const std::string& path, const ShardLayout& layout) {
+SampleTensors load_sample(const std::string& path, const ShardLayout& layout) {
   c10::IValue value;
   try {
     value = torch::pickle_load(read_bytes(path));
@@ -128,9 +116,37 @@ DraftBatch read_specforge_sample(const std::string& path, const ShardLayout& lay
   if (mask_long.min().item<int64_t>() < 0 || mask_long.max().item<int64_t>() > 1) {
     fail("{}: 'loss_mask' must hold 0 and 1 only", path);
   }
+  return {ids_long, mask_long, aux, last};
+}
+
+}  // namespace
+
+std::vector<std::string> list_specforge_samples(const std::string& dir) {
+  if (!fs::is_directory(dir)) fail("{}: no such SpecForge sample directory", dir);
+  std::vector<fs::path> files;
+  for (const auto& item : fs::recursive_directory_iterator(dir)) {
+    const std::string ext = item.path().extension().string();
+    if (item.is_regular_file() && (ext == ".ckpt" || ext == ".pt")) files.push_back(item.path());
+  }
+  if (files.empty()) fail("{}: holds no SpecForge samples (*.ckpt or *.pt files)", dir);
+  std::sort(files.begin(), files.end(), [](const fs::path& a, const fs::path& b) {
+    const int64_t na = sample_number(a), nb = sample_number(b);
+    if ((na < 0) != (nb < 0)) return nb < 0;  // numbered samples first
+    return na != nb ? na < nb : a < b;
+  });
+  return {files.begin(), files.end()};
+}
+
+DraftBatch read_specforge_sample(const std::string& path, const ShardLayout& layout) {
+  const SampleTensors t = load_sample(path, layout);
   const int64_t s = layout.seq_len;
-  return DraftBatch{fit(ids_long, s).unsqueeze(0), fit(mask_long, s).unsqueeze(0),
-                    fit(aux.to(at::kFloat), s).unsqueeze(0), fit(last.to(at::kFloat), s).unsqueeze(0)};
+  return DraftBatch{fit(t.input_ids, s).unsqueeze(0), fit(t.loss_mask, s).unsqueeze(0),
+                    fit(t.aux_hidden_state.to(at::kFloat), s).unsqueeze(0),
+                    fit(t.hidden_state.to(at::kFloat), s).unsqueeze(0)};
+}
+
+void check_specforge_samples(const std::vector<std::string>& files, const ShardLayout& layout) {
+  for (const std::string& file : files) load_sample(file, layout);
 }
 
 std::pair<at::Tensor, at::Tensor> read_hf_head_weights(const std::string& dir,
@@ -150,8 +166,20 @@ std::pair<at::Tensor, at::Tensor> read_hf_head_weights(const std::string& dir,
 }
 
 SpecforgeSource::SpecforgeSource(const core::Config& config)
-    : layout_(layout_from_config(config)), files_(list_specforge_samples(config.data.specforge_dir)) {
+    : dir_(config.data.specforge_dir),
+      layout_(layout_from_config(config)),
+      files_(list_specforge_samples(dir_)) {
   std::tie(embed_tokens_, lm_head_) = read_hf_head_weights(config.data.target.path, layout_);
+  check_specforge_samples(files_, layout_);
+}
+
+SpecforgeSource::SpecforgeSource(const SpecforgeSource& training, const std::string& dir)
+    : dir_(dir),
+      layout_(training.layout_),
+      files_(list_specforge_samples(dir_)),
+      embed_tokens_(training.embed_tokens_),
+      lm_head_(training.lm_head_) {
+  check_specforge_samples(files_, layout_);
 }
 
 DraftBatch SpecforgeSource::next(int64_t rows) {

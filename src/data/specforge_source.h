@@ -27,22 +27,34 @@ std::vector<std::string> list_specforge_samples(const std::string& dir);
 // or a token outside the vocabulary is an error naming the file and the key.
 DraftBatch read_specforge_sample(const std::string& path, const ShardLayout& layout);
 
+// Checks every file in `files` as read_specforge_sample does (keys, shapes, dtypes, token range,
+// loss mask), one file in memory at a time; errors name the file and the key.
+void check_specforge_samples(const std::vector<std::string>& files, const ShardLayout& layout);
+
 // A Hugging Face model directory's model.embed_tokens.weight and lm_head.weight (the embedding
 // again when tied), [V, H] fp32, read from model.safetensors or the files its index names.
 std::pair<at::Tensor, at::Tensor> read_hf_head_weights(const std::string& dir,
                                                        const ShardLayout& layout);
 
+// Both constructors check every sample file (check_specforge_samples), so a bad one stops the
+// run before training; next() reads the files again as their samples are asked for.
 class SpecforgeSource : public BatchSource {
  public:
   explicit SpecforgeSource(const core::Config& config);
+  // The same target's tables over another sample directory: the held-out source of
+  // data.eval_specforge_dir.
+  SpecforgeSource(const SpecforgeSource& training, const std::string& dir);
 
   DraftBatch next(int64_t rows) override;
   int64_t cursor() const override { return cursor_; }
   void seek(int64_t cursor) override;
   at::Tensor embed_tokens() const override { return embed_tokens_; }
   at::Tensor lm_head() const override { return lm_head_; }
+  int64_t distinct_samples() const override { return static_cast<int64_t>(files_.size()); }
+  std::string describe() const override { return "SpecForge samples in " + dir_; }
 
  private:
+  std::string dir_;
   ShardLayout layout_;
   std::vector<std::string> files_;
   at::Tensor embed_tokens_, lm_head_;

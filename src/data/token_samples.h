@@ -1,6 +1,8 @@
 // Token samples: a JSONL file with one {"input_ids": [...], "loss_mask": [...]} object per line
-// (the output of scripts/prepare_data.py; docs/data.md). Read by sample index: the byte offset of
-// every non-blank line is indexed once, a sample is parsed when asked for.
+// (the output of scripts/prepare_data.py; docs/data.md). Read by sample index: the file is read
+// once at construction, in large blocks, to index the byte offset of every non-blank line and to
+// check every line (on at::get_num_threads() threads), so a bad line stops the run before
+// training; a sample is parsed again, with the same rules, when asked for.
 #pragma once
 
 #include <cstdint>
@@ -20,7 +22,8 @@ struct TokenSample {
 
 class TokenSamples {
  public:
-  // Indexes `path` (errors name it: unreadable, no samples). `vocab_size` bounds the token ids.
+  // Indexes and checks `path` with the rules of read() (errors name it: unreadable, no samples,
+  // or file:line and what is wrong). `vocab_size` bounds the token ids.
   TokenSamples(std::string path, int64_t vocab_size);
 
   int64_t size() const { return static_cast<int64_t>(offsets_.size()); }

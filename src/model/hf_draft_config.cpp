@@ -75,10 +75,11 @@ double rope_theta_of(const json& hf, double fallback, const std::string& path) {
       fail("{}: {} must be an object or null (got {})", path, key_name(rope), value.dump());
     }
     for (const std::string type : {"/rope_type", "/type"}) {
-      const json& name = value_at(hf, rope + type);
+      const std::string pointer = rope + type;  // named: g++ 13 takes a temporary for dangling
+      const json& name = value_at(hf, pointer);
       if (!name.is_null() && name != "default") {
-        fail("{}: {} is {}; the draft's RoPE is plain (\"default\")", path,
-             key_name(rope + type), name.dump());
+        fail("{}: {} is {}; the draft's RoPE is plain (\"default\")", path, key_name(pointer),
+             name.dump());
       }
     }
   }

@@ -10,6 +10,8 @@ Hidden size 4, 2 target layers, vocabulary 16:
     OUT_DIR/expected.safetensors                    every sample's tensors, fp32, as written
     OUT_DIR/missing_key/data_0.ckpt                 no aux_hidden_state
     OUT_DIR/wrong_shape/data_0.ckpt                 hidden_state of width 5
+    OUT_DIR/bad_token/data_{0,1}.ckpt               data_0 good, data_1 with token 16 (outside
+                                                    the vocabulary)
 """
 import os
 import sys
@@ -59,6 +61,11 @@ def main(out):
     bad["hidden_state"] = torch.zeros(5, HIDDEN + 1)
     os.makedirs(os.path.join(out, "wrong_shape"), exist_ok=True)
     torch.save(bad, os.path.join(out, "wrong_shape", "data_0.ckpt"))
+    os.makedirs(os.path.join(out, "bad_token"), exist_ok=True)
+    torch.save(sample(5, generator), os.path.join(out, "bad_token", "data_0.ckpt"))
+    bad = sample(5, generator)
+    bad["input_ids"][3] = VOCAB
+    torch.save(bad, os.path.join(out, "bad_token", "data_1.ckpt"))
 
 
 if __name__ == "__main__":

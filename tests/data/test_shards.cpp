@@ -1,6 +1,8 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <tuple>
+#include <vector>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
@@ -219,6 +221,60 @@ TEST_F(Shards, ShardWithWrongWidthIsNamed) {
   core::save_safetensors(path, shard.tensors, shard.metadata);
   expect_error_mentioning([&] { check_shard(core::load_safetensors(path), read_shard_index(dir), 0); },
                           {"shard-00000.safetensors", "hidden_states", "[2, 10, 48]", "[2, 10, 32]"});
+}
+
+// Replaces tensor `name` of `dir`/`file` by `value` and records the file's new size and SHA-256
+// in index.json, so that only the check of the tensors can tell.
+void replace_tensor(const std::string& dir, const std::string& file, const std::string& name,
+                    const at::Tensor& value) {
+  const std::string path = (fs::path(dir) / file).string();
+  auto shard = core::load_safetensors(path);
+  for (auto& [tensor_name, tensor] : shard.tensors) {
+    if (tensor_name == name) tensor = value;
+  }
+  core::save_safetensors(path, shard.tensors, shard.metadata);
+  const fs::path index_path = fs::path(dir) / "index.json";
+  auto json = nlohmann::json::parse(std::ifstream(index_path));
+  const core::FileDigest digest = core::digest_file(path);
+  for (auto& entry : json["shards"]) {
+    if (entry["file"] == file) entry.update({{"bytes", digest.bytes}, {"sha256", digest.sha256}});
+  }
+  std::ofstream(index_path) << json.dump();
+}
+
+TEST_F(Shards, BadTensorInAnyShardStopsTheReaderBeforeTheFirstBatch) {
+  // The last shard (1 sample): a reader checking shards only when loaded would not see it
+  // before next() reached sample 4.
+  const std::vector<std::tuple<std::string, at::Tensor, std::vector<std::string>>> cases = {
+      {"input_ids", torch::zeros({1, 10}, torch::kInt), {"'input_ids'", "dtype Int", "Long"}},
+      {"hidden_states", torch::zeros({1, 10, 48}),
+       {"'hidden_states'", "[1, 10, 48]", "[1, 10, 32]"}},
+      {"loss_mask", torch::zeros({1, 9}, torch::kLong), {"'loss_mask'", "[1, 9]", "[1, 10]"}},
+      {"input_ids", torch::full({1, 10}, 48, torch::kLong), {"input_ids", "vocabulary [0, 48)"}},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const auto& [name, value, words] = cases[i];
+    SCOPED_TRACE(name);
+    const std::string dir = (root_ / fmt::format("case-{}", i)).string();
+    write_into(dir, ShardWriteOptions{5, 2, "fp32"});
+    replace_tensor(dir, "shard-00002.safetensors", name, value);
+    std::vector<std::string> expected = words;
+    expected.push_back("shard-00002.safetensors");
+    expect_error_mentioning([&] { ShardReader(dir, layout_from_config(small_config())); },
+                            expected);
+  }
+}
+
+TEST_F(Shards, BadTensorStopsTheReaderOfAVersion1IndexToo) {
+  const std::string dir = write();
+  replace_tensor(dir, "shard-00001.safetensors", "input_ids",
+                 torch::full({2, 10}, -1, torch::kLong));
+  const fs::path index_path = fs::path(dir) / "index.json";
+  auto json = nlohmann::json::parse(std::ifstream(index_path));
+  json["version"] = 1;
+  std::ofstream(index_path) << json.dump();
+  expect_error_mentioning([&] { ShardReader(dir, layout_from_config(small_config())); },
+                          {"shard-00001.safetensors", "input_ids", "vocabulary"});
 }
 
 TEST_F(Shards, MismatchedConfigIsRejected) {

@@ -107,5 +107,23 @@ TEST_F(Specforge, BadSamplesAreNamedWithFileAndKey) {
                           {"model.safetensors", "model.embed_tokens.weight", "model.hidden_size = 8"});
 }
 
+TEST_F(Specforge, BadSampleFileStopsTheSourceAtConstruction) {
+  // data_1 is bad, data_0 good: a source reading samples only when asked would not see it
+  // before its second sample.
+  auto c = config();
+  c.data.specforge_dir = root_ + "/bad_token";
+  expect_error_mentioning([&] { SpecforgeSource{c}; },
+                          {"bad_token/data_1.ckpt", "'input_ids'", "vocabulary"});
+  c.data.specforge_dir = root_ + "/missing_key";
+  expect_error_mentioning([&] { SpecforgeSource{c}; },
+                          {"missing_key/data_0.ckpt", "aux_hidden_state"});
+
+  // The held-out source over another directory checks its files too.
+  const SpecforgeSource training(config());
+  expect_error_mentioning([&] { SpecforgeSource(training, root_ + "/wrong_shape"); },
+                          {"wrong_shape/data_0.ckpt", "hidden_state", "[5, 5]"});
+  EXPECT_EQ(SpecforgeSource(training, root_ + "/samples").distinct_samples(), 3);
+}
+
 }  // namespace
 }  // namespace dspine::data
