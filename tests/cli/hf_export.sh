@@ -35,14 +35,14 @@ echo "ok   dspine-eval: the export's acceptance report equals the checkpoint's"
 
 "$BIN/dspine-train" --config "$SRC/configs/gspo-rl-tiny.yaml" "${quiet[@]}" --set logging.level=info \
   --set training.total_steps=1 --set checkpoint.dir="$WORK/rl" \
-  --set training.init_from="$WORK/draft" 2>"$WORK/rl.log"
+  --set training.init_from="$WORK/draft" >"$WORK/rl.log" 2>&1
 grep -qF "fresh start from the weights of $WORK/draft" "$WORK/rl.log" ||
   { echo "FAIL: the banner does not name the export"; cat "$WORK/rl.log"; exit 1; }
 echo "ok   GSPO trained a step from the export"
 
 "$BIN/dspine-train" --config "$tiny" "${quiet[@]}" --set logging.level=info \
   --set training.total_steps=1 --set checkpoint.dir="$WORK/finetune" \
-  --set training.init_from="$WORK/sft/step-000003" 2>"$WORK/finetune.log"
+  --set training.init_from="$WORK/sft/step-000003" >"$WORK/finetune.log" 2>&1
 grep -qF "fresh start from the weights of $WORK/sft/step-000003 (step 3)" "$WORK/finetune.log" ||
   { echo "FAIL: the banner does not name the checkpoint and its step"; cat "$WORK/finetune.log"; exit 1; }
 echo "ok   training.init_from: a supervised run started from step 3's weights"

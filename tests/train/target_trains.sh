@@ -13,24 +13,28 @@ BIN=$1 SRC=$2 WORK=$3 MODEL=$4 PY=$5 MPIRUN=$6
 rm -rf "$WORK" && mkdir -p "$WORK"
 # Samples the target itself writes (transformers, sampled from its own distribution after a
 # random 4-token prompt): text a draft can learn to predict. Lengths 24..47, so that some are cut
-# to data.seq_len and some padded.
-"$PY" - "$MODEL" >"$WORK/tokens.jsonl" <<'PY'
+# to data.seq_len and some padded. 64 samples to train on, 16 more held out for the acceptance
+# evaluation (the run reads every training sample several times: no training row is held out).
+"$PY" - "$MODEL" "$WORK/tokens.jsonl" "$WORK/held_out.jsonl" <<'PY'
 import json, sys
 import torch
 from transformers import AutoModelForCausalLM
 torch.manual_seed(0)
 model = AutoModelForCausalLM.from_pretrained(sys.argv[1]).eval()
-for _ in range(64):
-    n = int(torch.randint(24, 48, ()))
-    prompt = torch.randint(0, 95, (1, 4))
-    ids = model.generate(prompt, do_sample=True, max_new_tokens=n - 4, min_new_tokens=n - 4,
-                         pad_token_id=0)[0].tolist()
-    print(json.dumps({"input_ids": ids, "loss_mask": [0] * 4 + [1] * (len(ids) - 4)}))
+with open(sys.argv[2], "w") as train, open(sys.argv[3], "w") as held_out:
+    for i in range(80):
+        n = int(torch.randint(24, 48, ()))
+        prompt = torch.randint(0, 95, (1, 4))
+        ids = model.generate(prompt, do_sample=True, max_new_tokens=n - 4, min_new_tokens=n - 4,
+                             pad_token_id=0)[0].tolist()
+        line = json.dumps({"input_ids": ids, "loss_mask": [0] * 4 + [1] * (len(ids) - 4)})
+        print(line, file=train if i < 64 else held_out)
 PY
 sized=(--set model.hidden_size=32 --set model.vocab_size=96 --set "model.target_layer_ids=[0,2,3]"
        --set model.dspine.transfer_rank=16 --set data.seq_len=32)
 "$BIN/dspine-train" --config "$SRC/configs/tiny.yaml" "${sized[@]}" \
   --set data.source=target --set data.target.path="$MODEL" --set data.samples="$WORK/tokens.jsonl" \
+  --set data.eval_samples_file="$WORK/held_out.jsonl" --set data.eval_samples=16 \
   --set training.total_steps=60 --set logging.every=5 --set checkpoint.save_every=0 \
   --set checkpoint.dir="$WORK/checkpoints" --set logging.metrics_file="$WORK/metrics.jsonl" \
   --set checkpoint.resume=none --set logging.progress=false
@@ -38,7 +42,8 @@ sized=(--set model.hidden_size=32 --set model.vocab_size=96 --set "model.target_
 
 # Resume on 2 ranks: 20 more steps from the step-60 checkpoint.
 online=("${sized[@]}" --set data.source=target --set data.target.path="$MODEL"
-        --set data.samples="$WORK/tokens.jsonl" --set logging.progress=false)
+        --set data.samples="$WORK/tokens.jsonl" --set data.eval_samples_file="$WORK/held_out.jsonl"
+        --set data.eval_samples=16 --set logging.progress=false)
 "$MPIRUN" -np 2 --oversubscribe --allow-run-as-root "$BIN/dspine-train" \
   --config "$SRC/configs/tiny.yaml" "${online[@]}" --set training.total_steps=80 \
   --set checkpoint.dir="$WORK/checkpoints" --set logging.metrics_file="$WORK/metrics.jsonl" \
@@ -51,12 +56,13 @@ online=("${sized[@]}" --set data.source=target --set data.target.path="$MODEL"
   --set checkpoint.resume=none
 "$BIN/dspine-data" export "$WORK/checkpoints/step-000080" "$WORK/export"
 "$BIN/dspine-eval" --acceptance --json -c "$SRC/configs/tiny.yaml" "${online[@]}" \
-  -w "$WORK/export" --samples 8 --offset 0 > "$WORK/acceptance.json"
+  -w "$WORK/export" --samples 8 > "$WORK/acceptance.json"
 "$PY" - "$WORK/acceptance.json" <<'PY'
 import json, sys
 report = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
 assert report["continuation"] == "online target", report["continuation"]
 assert 1.0 <= report["tau"] <= 4.0 and report["blocks"] > 0, report
+assert report["held_out_source"] and report["offset"] == 0, report  # data.eval_samples_file
 print(f"ok: tau {report['tau']:.3f} over {report['blocks']} blocks, verified by the online target")
 PY
 "$PY" "$SRC/scripts/plot_metrics.py" --run supervised="$WORK/metrics.jsonl" --run rl="$WORK/rl.jsonl" \
