@@ -33,18 +33,19 @@ assert sft == draft, f"the reports differ: {sft} vs {draft}"
 PY
 echo "ok   dspine-eval: the export's acceptance report equals the checkpoint's"
 
-"$BIN/dspine-train" --config "$SRC/configs/gspo-rl-tiny.yaml" "${quiet[@]}" --set logging.level=info \
-  --set training.total_steps=1 --set checkpoint.dir="$WORK/rl" \
-  --set training.init_from="$WORK/draft" >"$WORK/rl.log" 2>&1
-grep -qF "fresh start from the weights of $WORK/draft" "$WORK/rl.log" ||
-  { echo "FAIL: the banner does not name the export"; cat "$WORK/rl.log"; exit 1; }
+# One step of <config> from the weights of <init_from> into $WORK/<name>; its start-up line must
+# name them as <expected>.
+one_step_from() {
+  local name=$1 config=$2 init_from=$3 expected=$4
+  "$BIN/dspine-train" --config "$config" "${quiet[@]}" --set logging.level=info \
+    --set training.total_steps=1 --set checkpoint.dir="$WORK/$name" \
+    --set training.init_from="$init_from" >"$WORK/$name.log" 2>&1
+  grep -qF "fresh start from the weights of $expected" "$WORK/$name.log" ||
+    { echo "FAIL: the start-up line does not name $expected"; cat "$WORK/$name.log"; exit 1; }
+}
+one_step_from rl "$SRC/configs/gspo-rl-tiny.yaml" "$WORK/draft" "$WORK/draft"
 echo "ok   GSPO trained a step from the export"
-
-"$BIN/dspine-train" --config "$tiny" "${quiet[@]}" --set logging.level=info \
-  --set training.total_steps=1 --set checkpoint.dir="$WORK/finetune" \
-  --set training.init_from="$WORK/sft/step-000003" >"$WORK/finetune.log" 2>&1
-grep -qF "fresh start from the weights of $WORK/sft/step-000003 (step 3)" "$WORK/finetune.log" ||
-  { echo "FAIL: the banner does not name the checkpoint and its step"; cat "$WORK/finetune.log"; exit 1; }
+one_step_from finetune "$tiny" "$WORK/sft/step-000003" "$WORK/sft/step-000003 (step 3)"
 echo "ok   training.init_from: a supervised run started from step 3's weights"
 
 # A Qwen3-8B-deep target (36 layers, tiny widths, seeded weights) and the recipe's target layers.
