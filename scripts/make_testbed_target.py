@@ -3,6 +3,8 @@
 
     $PY scripts/make_testbed_target.py --size tiny --out data/testbed-tiny     # ~90 s, 2 CPU cores
     python3 scripts/make_testbed_target.py --size gpu --out data/testbed-gpu   # ~80 s on one H200
+    $PY scripts/make_testbed_target.py --corpus-only \
+        --target-from assets/testbed-tiny/target --out data/testbed-tiny       # ~3 s, no training
 
 Needs torch and safetensors only; transformers only for --verify. What it does
 (docs/testbed.md):
@@ -38,6 +40,13 @@ thread count). --max-seconds stops training early (then not deterministic); --st
 the size's step count (the schedule follows it). --eval-every N prints the held-out bits/byte
 during training too. --verify loads the written target with transformers' Qwen3ForCausalLM and
 checks that it gives this script's logits.
+
+--corpus-only trains nothing: it writes train.jsonl, held_out.jsonl and testbed.json (corpus,
+samples, the target files' SHA-256, and under "target_made" the testbed.json found beside the
+target) for the target already in --out/target, or for the one of --target-from (e.g. the
+shipped tiny target, assets/testbed-tiny/target), which it copies there. The sample length
+defaults to the target's context. It needs only the standard library; --eval-tokens N (which
+imports torch) also measures the target's held-out bits/byte.
 """
 import argparse
 import hashlib
@@ -46,13 +55,10 @@ import math
 import os
 import platform
 import random
+import shutil
 import sys
 import sysconfig
 import time
-
-import torch
-import torch.nn as nn
-import torch.nn.functional as F
 
 BOS, EOS, PAD, MASK = 256, 257, 258, 259
 VOCAB = 260
@@ -110,6 +116,205 @@ def file_tokens(data):
     return [BOS] + list(data) + [EOS]
 
 
+ID_TEXT = [str(i) for i in range(VOCAB)]
+
+
+def write_samples(path, files, sample_len, seed):
+    """Each file's tokens in chunks of sample_len, lines shuffled with `seed`; returns the count."""
+    lines = []
+    id_text = ID_TEXT.__getitem__
+    for _, data in files:
+        tokens = file_tokens(data)
+        for start in range(0, len(tokens), sample_len):
+            chunk = tokens[start:start + sample_len]
+            if len(chunk) < 2:
+                continue
+            # loss_mask: 1 everywhere but on a leading BOS (BOS only starts a file).
+            first = "0" if chunk[0] == BOS else "1"
+            mask = first + ", 1" * (len(chunk) - 1)
+            lines.append('{"input_ids": [%s], "loss_mask": [%s]}\n' % (
+                ", ".join(map(id_text, chunk)), mask))
+    random.Random(seed).shuffle(lines)
+    tmp = path + ".partial"
+    with open(tmp, "w") as f:
+        f.writelines(lines)
+    os.replace(tmp, path)
+    return len(lines)
+
+
+# ------------------------------------------------------------------- command line, --corpus-only
+
+def write_json(path, obj):
+    tmp = path + ".partial"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=2)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+TARGET_FILES = ("config.json", "model.safetensors")
+
+
+def size_of_target(target_dir):
+    """The model settings of a target this script wrote (config.json), as in SIZES."""
+    path = os.path.join(target_dir, "config.json")
+    if not all(os.path.isfile(os.path.join(target_dir, name)) for name in TARGET_FILES):
+        sys.exit(f"{target_dir}: no config.json and model.safetensors (a target this script wrote)")
+    with open(path) as f:
+        config = json.load(f)
+    ids = (config.get("vocab_size"), config.get("bos_token_id"), config.get("eos_token_id"))
+    if config.get("model_type") != "qwen3" or ids != (VOCAB, BOS, EOS):
+        sys.exit(f"{path}: not a byte-level testbed target (model_type qwen3, vocab_size {VOCAB}, "
+                 f"bos {BOS}, eos {EOS}); got {config.get('model_type')}, {ids}")
+    c = {k: config[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
+                                "num_attention_heads", "num_key_value_heads", "head_dim")}
+    return c | {"seq_len": config["max_position_embeddings"], "batch": 16}
+
+
+def sha256_of(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--size", choices=sorted(SIZES), default="tiny")
+    parser.add_argument("--out", required=True, help="output directory")
+    parser.add_argument("--steps", type=int, help="optimizer steps (default: the size's)")
+    parser.add_argument("--max-seconds", type=float, default=0.0,
+                        help="stop training after this many seconds (0 = no limit)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=0, help="CPU threads (0 = torch default)")
+    parser.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda")
+    parser.add_argument("--sample-len", type=int, default=0,
+                        help="tokens per line of train.jsonl / held_out.jsonl (default: the "
+                             "target's context, 128 tiny, 512 gpu)")
+    parser.add_argument("--eval-tokens", type=int,
+                        help="held-out tokens for bits/byte (0 = all; default: the size's; "
+                             "with --corpus-only: none unless given)")
+    parser.add_argument("--stdlib", default=sysconfig.get_paths()["stdlib"],
+                        help="directory of the corpus (default: this Python's standard library)")
+    parser.add_argument("--with-tests", action="store_true",
+                        help="keep the test directories (test, tests, idle_test) in the corpus")
+    parser.add_argument("--verify", action="store_true",
+                        help="afterwards load target/ with transformers' Qwen3ForCausalLM (needs "
+                             "transformers) and compare its logits with this script's forward")
+    parser.add_argument("--log-every", type=int, default=20)
+    parser.add_argument("--eval-every", type=int, default=0,
+                        help="also print held-out bits/byte every N steps (0 = only at the end)")
+    parser.add_argument("--corpus-only", action="store_true",
+                        help="train nothing: write the token samples and testbed.json for the "
+                             "target in OUT/target, or the one of --target-from copied there "
+                             "(held-out bits/byte only when --eval-tokens is given)")
+    parser.add_argument("--target-from", metavar="DIR",
+                        help="with --corpus-only: a target this script made, e.g. the shipped "
+                             "assets/testbed-tiny/target")
+    args = parser.parse_args()
+    if args.target_from and not args.corpus_only:
+        parser.error("--target-from goes with --corpus-only")
+    if args.corpus_only and args.verify:
+        parser.error("--verify checks a target this run trains, not with --corpus-only")
+    if (args.steps is not None and args.steps < 1) or (args.sample_len and args.sample_len < 2):
+        parser.error("--steps must be >= 1 and --sample-len >= 2")
+    return args
+
+
+def write_corpus(args, sample_len):
+    """Reads the corpus and writes train.jsonl and held_out.jsonl into args.out; returns the
+    train files, the held-out files and what testbed.json says of them."""
+    files = corpus_files(args.stdlib, args.with_tests)
+    if not files:
+        sys.exit(f"no UTF-8 .py files under {args.stdlib}")
+    train_files = [f for f in files if not held_out(f[0])]
+    held_files = [f for f in files if held_out(f[0])]
+    train_bytes = sum(len(d) for _, d in train_files)
+    held_bytes = sum(len(d) for _, d in held_files)
+    print(f"corpus: {args.stdlib}: {len(files)} files, {train_bytes + held_bytes} bytes; "
+          f"train {len(train_files)} files {train_bytes} bytes, held out {len(held_files)} files "
+          f"{held_bytes} bytes", flush=True)
+    os.makedirs(os.path.join(args.out, "target"), exist_ok=True)
+    train_lines = write_samples(os.path.join(args.out, "train.jsonl"), train_files,
+                                sample_len, args.seed)
+    held_lines = write_samples(os.path.join(args.out, "held_out.jsonl"), held_files,
+                               sample_len, args.seed + 1)
+    print(f"samples: {train_lines} train, {held_lines} held out, {sample_len} tokens each "
+          f"at most", flush=True)
+    about = {
+        "python": platform.python_version(),
+        "stdlib": args.stdlib,
+        "corpus": {"files": len(files), "bytes": train_bytes + held_bytes,
+                   "train_files": len(train_files), "train_bytes": train_bytes,
+                   "held_out_files": len(held_files), "held_out_bytes": held_bytes,
+                   "held_out_rule": f"sha256(relative path) % {HELD_OUT_EVERY} == 0",
+                   "excluded_dirs": sorted(SKIP_DIRS if args.with_tests
+                                           else SKIP_DIRS | TEST_DIRS)},
+        "vocab": {"size": VOCAB, "bytes": "0-255", "bos": BOS, "eos": EOS, "pad": PAD,
+                  "mask": MASK},
+        "samples": {"sample_len": sample_len, "train_lines": train_lines,
+                    "held_out_lines": held_lines},
+    }
+    return train_files, held_files, about
+
+
+def corpus_only(args, device=None, autocast=None):
+    """--corpus-only: samples and testbed.json for the target of OUT/target or of --target-from
+    (copied into OUT/target); no training. device and autocast only with --eval-tokens."""
+    t_start = time.time()
+    target_dir = args.target_from or os.path.join(args.out, "target")
+    c = size_of_target(target_dir)
+    _, held_files, about = write_corpus(args, args.sample_len or c["seq_len"])
+    out_target = os.path.join(args.out, "target")
+    # How the target was made: the testbed.json beside it (for a target already in OUT, the
+    # one this run replaces, or what that one recorded).
+    made = None
+    made_path = os.path.join(os.path.dirname(os.path.normpath(target_dir)), "testbed.json")
+    if os.path.isfile(made_path):
+        with open(made_path) as f:
+            made = json.load(f)
+        made = made.get("target_made") if made.get("corpus_only") else made
+    for name in TARGET_FILES:
+        src, dst = os.path.join(target_dir, name), os.path.join(out_target, name)
+        if not (os.path.exists(dst) and os.path.samefile(src, dst)):
+            shutil.copyfile(src, dst + ".partial")
+            os.replace(dst + ".partial", dst)
+    report = {
+        "corpus_only": True,
+        "seed": args.seed,
+        "target_from": target_dir,
+        "target_sha256": {name: sha256_of(os.path.join(out_target, name))
+                          for name in TARGET_FILES},
+        "target_made": made,
+        **about,
+    }
+    if args.eval_tokens is not None:
+        from safetensors.torch import load_file
+        model = Qwen3ForCausalLM(c)
+        model.load_state_dict(load_file(os.path.join(out_target, "model.safetensors")))
+        bpb, eval_tokens = bits_per_byte(model.to(device), stream(held_files), c["seq_len"],
+                                         c["batch"], args.eval_tokens, device, autocast)
+        report |= {"torch": torch.__version__, "held_out_bits_per_byte": bpb,
+                   "held_out_eval_tokens": eval_tokens}
+        print(f"held-out bits/byte {bpb:.4f} over {eval_tokens} tokens", flush=True)
+    report["seconds"] = {"total": round(time.time() - t_start, 2)}
+    write_json(os.path.join(args.out, "testbed.json"), report)
+    print(f"wrote {args.out}: samples and testbed.json for the target of {target_dir}, "
+          f"{report['seconds']['total']:.1f} s", flush=True)
+
+
+# ----------------------------------------------------------------------------- torch from here
+# Importing torch takes about 3 s on 2 cores: --corpus-only without --eval-tokens needs nothing
+# below and is done before.
+if __name__ == "__main__":
+    ARGS = parse_args()
+    if ARGS.corpus_only and ARGS.eval_tokens is None:
+        corpus_only(ARGS)
+        sys.exit(0)
+
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+
 def stream(files):
     """The files' tokens concatenated (BOS bytes EOS BOS ...) as an int64 tensor."""
     ids = []
@@ -118,26 +323,6 @@ def stream(files):
         ids.append(torch.frombuffer(bytearray(data), dtype=torch.uint8).to(torch.int64))
         ids.append(torch.tensor([EOS], dtype=torch.int64))
     return torch.cat(ids)
-
-
-def write_samples(path, files, sample_len, seed):
-    """Each file's tokens in chunks of sample_len, lines shuffled with `seed`; returns the count."""
-    lines = []
-    for _, data in files:
-        tokens = file_tokens(data)
-        for start in range(0, len(tokens), sample_len):
-            chunk = tokens[start:start + sample_len]
-            if len(chunk) < 2:
-                continue
-            mask = [0 if (i == 0 and t == BOS) else 1 for i, t in enumerate(chunk)]
-            lines.append('{"input_ids": [%s], "loss_mask": [%s]}\n' % (
-                ", ".join(map(str, chunk)), ", ".join(map(str, mask))))
-    random.Random(seed).shuffle(lines)
-    tmp = path + ".partial"
-    with open(tmp, "w") as f:
-        f.writelines(lines)
-    os.replace(tmp, path)
-    return len(lines)
 
 
 # ----------------------------------------------------------------------------- the model
@@ -322,42 +507,7 @@ def bits_per_byte(model, tokens, seq_len, batch, max_tokens, device, autocast):
     return total / count / math.log(2), count
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--size", choices=sorted(SIZES), default="tiny")
-    parser.add_argument("--out", required=True, help="output directory")
-    parser.add_argument("--steps", type=int, help="optimizer steps (default: the size's)")
-    parser.add_argument("--max-seconds", type=float, default=0.0,
-                        help="stop training after this many seconds (0 = no limit)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=0, help="CPU threads (0 = torch default)")
-    parser.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda")
-    parser.add_argument("--sample-len", type=int, default=0,
-                        help="tokens per line of train.jsonl / held_out.jsonl (default: the "
-                             "target's context, 128 tiny, 512 gpu)")
-    parser.add_argument("--eval-tokens", type=int,
-                        help="held-out tokens for bits/byte (0 = all; default: the size's)")
-    parser.add_argument("--stdlib", default=sysconfig.get_paths()["stdlib"],
-                        help="directory of the corpus (default: this Python's standard library)")
-    parser.add_argument("--with-tests", action="store_true",
-                        help="keep the test directories (test, tests, idle_test) in the corpus")
-    parser.add_argument("--verify", action="store_true",
-                        help="afterwards load target/ with transformers' Qwen3ForCausalLM (needs "
-                             "transformers) and compare its logits with this script's forward")
-    parser.add_argument("--log-every", type=int, default=20)
-    parser.add_argument("--eval-every", type=int, default=0,
-                        help="also print held-out bits/byte every N steps (0 = only at the end)")
-    args = parser.parse_args()
-
-    c = dict(SIZES[args.size])
-    if args.steps is not None:
-        c["steps"] = args.steps
-    if args.eval_tokens is not None:
-        c["eval_tokens"] = args.eval_tokens
-    if not args.sample_len:
-        args.sample_len = c["seq_len"]
-    if c["steps"] < 1 or args.sample_len < 2:
-        parser.error("--steps must be >= 1 and --sample-len >= 2")
+def main(args):
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available()
@@ -370,26 +520,19 @@ def main():
     def autocast():
         return torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda)
 
+    if args.corpus_only:
+        corpus_only(args, device, autocast)
+        return
+    c = dict(SIZES[args.size])
+    if args.steps is not None:
+        c["steps"] = args.steps
+    if args.eval_tokens is not None:
+        c["eval_tokens"] = args.eval_tokens
+
     t_start = time.time()
-    files = corpus_files(args.stdlib, args.with_tests)
-    if not files:
-        sys.exit(f"no UTF-8 .py files under {args.stdlib}")
-    train_files = [f for f in files if not held_out(f[0])]
-    held_files = [f for f in files if held_out(f[0])]
-    train_bytes = sum(len(d) for _, d in train_files)
-    held_bytes = sum(len(d) for _, d in held_files)
-    print(f"corpus: {args.stdlib}: {len(files)} files, {train_bytes + held_bytes} bytes; "
-          f"train {len(train_files)} files {train_bytes} bytes, held out {len(held_files)} files "
-          f"{held_bytes} bytes", flush=True)
-    os.makedirs(os.path.join(args.out, "target"), exist_ok=True)
-    train_lines = write_samples(os.path.join(args.out, "train.jsonl"), train_files,
-                                args.sample_len, args.seed)
-    held_lines = write_samples(os.path.join(args.out, "held_out.jsonl"), held_files,
-                               args.sample_len, args.seed + 1)
-    print(f"samples: {train_lines} train, {held_lines} held out, {args.sample_len} tokens each "
-          f"at most", flush=True)
-    train_stream = stream(train_files)
+    train_files, held_files, about = write_corpus(args, args.sample_len or c["seq_len"])
     held_stream = stream(held_files)
+    train_stream = stream(train_files)
     t_data = time.time() - t_start
 
     torch.manual_seed(args.seed)
@@ -461,25 +604,14 @@ def main():
              for k, v in model.state_dict().items()}
     save_file(state, os.path.join(args.out, "target", "model.safetensors"),
               metadata={"format": "pt"})
-    with open(os.path.join(args.out, "target", "config.json"), "w") as f:
-        json.dump(hf_config(c), f, indent=2)
-        f.write("\n")
+    write_json(os.path.join(args.out, "target", "config.json"), hf_config(c))
     report = {
         "size": args.size,
         "seed": args.seed,
         "device": str(device),
         "threads": torch.get_num_threads(),
-        "python": platform.python_version(),
         "torch": torch.__version__,
-        "stdlib": args.stdlib,
-        "corpus": {"files": len(files), "bytes": train_bytes + held_bytes,
-                   "train_files": len(train_files), "train_bytes": train_bytes,
-                   "held_out_files": len(held_files), "held_out_bytes": held_bytes,
-                   "held_out_rule": f"sha256(relative path) % {HELD_OUT_EVERY} == 0",
-                   "excluded_dirs": sorted(SKIP_DIRS if args.with_tests
-                                           else SKIP_DIRS | TEST_DIRS)},
-        "vocab": {"size": VOCAB, "bytes": "0-255", "bos": BOS, "eos": EOS, "pad": PAD,
-                  "mask": MASK},
+        **about,
         "model": {k: c[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
                                     "num_attention_heads", "num_key_value_heads", "head_dim")}
                  | {"parameters": params, "rope_theta": ROPE_THETA, "tied": False},
@@ -490,14 +622,10 @@ def main():
                      loss.item()},
         "held_out_bits_per_byte": bpb,
         "held_out_eval_tokens": eval_tokens,
-        "samples": {"sample_len": args.sample_len, "train_lines": train_lines,
-                    "held_out_lines": held_lines},
         "seconds": {"data": round(t_data, 2), "train": round(train_seconds, 2),
                     "eval": round(eval_seconds, 2), "total": round(time.time() - t_start, 2)},
     }
-    with open(os.path.join(args.out, "testbed.json"), "w") as f:
-        json.dump(report, f, indent=2)
-        f.write("\n")
+    write_json(os.path.join(args.out, "testbed.json"), report)
     print(f"held-out bits/byte {bpb:.4f} over {eval_tokens} tokens; training {train_seconds:.1f} s "
           f"({done} steps), total {report['seconds']['total']:.1f} s; wrote {args.out}",
           flush=True)
@@ -523,4 +651,4 @@ def verify_with_transformers(model, target_dir, ids):
 
 
 if __name__ == "__main__":
-    main()
+    main(ARGS)
