@@ -9,7 +9,9 @@
 #include <torch/torch.h>
 
 #include <CLI/CLI.hpp>
+#include <chrono>
 #include <cstdio>
+#include <memory>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -78,15 +80,25 @@ nlohmann::json acceptance_report(const core::Config& config,
                                  objectives::DSpineObjective& objective,
                                  dspine::data::BatchSource& source,
                                  const dspine::data::HeldOutRows& rows,
-                                 const torch::Device& device) {
+                                 const torch::Device& device, bool per_block_verifier) {
   auto batches = objectives::held_out_batches(source, rows.offset, rows.samples,
                                               config.training.batch_size, device);
   objectives::AcceptanceEvaluator evaluator(
       config, objectives::read_dspine_settings(config), objective.draft(),
       objective.training_model().embed_tokens(), objective.training_model().lm_head());
   auto comm = dspine::dist::make_single_process_communicator();
-  const auto verifier = objectives::make_verifier(source);
-  const auto stats = evaluator.measure(batches, *comm, *verifier);
+  std::unique_ptr<objectives::BlockVerifier> verifier;
+  if (per_block_verifier) {
+    const auto* target = source.online_target();
+    if (target == nullptr) fail("dspine-eval: --per-block-verifier needs data.source: target");
+    verifier = std::make_unique<objectives::PerBlockTargetVerifier>(*target);
+  } else {
+    verifier = objectives::make_verifier(source);
+  }
+  const auto started = std::chrono::steady_clock::now();
+  const auto stats = evaluator.measure(batches, *comm, *verifier);  // ends reading its counts
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   nlohmann::json report = {{"samples", rows.samples},
                            {"offset", rows.offset},
                            {"rows", rows.describe()},
@@ -101,14 +113,16 @@ nlohmann::json acceptance_report(const core::Config& config,
                            {"accept_by_position_refine", stats.refinement_by_position}};
   for (const auto& [name, value] : objectives::acceptance_metrics(stats)) report[name] = value;
   report["blocks"] = stats.blocks;
+  report["seconds"] = seconds;
   return report;
 }
 
 // The report for a reader: τ of both walks, accuracy, acceptance by block position.
 void print_acceptance(const nlohmann::json& r) {
-  std::printf("acceptance on %s\n  continuation: %s; %lld blocks of %lld proposals\n",
+  std::printf("acceptance on %s\n  continuation: %s; %lld blocks of %lld proposals in %.2f s\n",
               r["rows"].get<std::string>().c_str(), r["continuation"].get<std::string>().c_str(),
-              r["blocks"].get<long long>(), r["block_size"].get<long long>() - 1);
+              r["blocks"].get<long long>(), r["block_size"].get<long long>() - 1,
+              r["seconds"].get<double>());
   std::printf("  mean tau (accepted + 1): backbone argmax %.4f, refinement walk %.4f, "
               "speculative sampling %.4f\n",
               r["tau"].get<double>(), r["tau_refine"].get<double>(),
@@ -150,6 +164,10 @@ int main(int argc, char** argv) {
                "refinement walk), acceptance by block position and teacher-forced accuracy from "
                "every anchor of held-out samples of the data source");
   app.add_flag("--json", json, "--acceptance: print the report as one JSON line");
+  bool per_block_verifier = false;
+  app.add_flag("--per-block-verifier", per_block_verifier,
+               "--acceptance with an online target: verify every block with its own full target "
+               "forward (the reference of the cached verifier; slower)");
   app.add_option("--samples", samples, "--acceptance: samples to measure (default: data.eval_samples)")
       ->check(CLI::Range(int64_t(1), int64_t(1) << 40));
   app.add_option("--offset", offset,
@@ -205,7 +223,7 @@ int main(int argc, char** argv) {
                      rows.describe().c_str());
       }
       const auto report = acceptance_report(config, *objective, held_out ? *held_out : *source,
-                                            rows, device);
+                                            rows, device, per_block_verifier);
       if (json) {
         std::printf("%s\n", report.dump().c_str());
       } else {

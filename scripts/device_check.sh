@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds and runs every GPU test and benchmark on the GPU machine in one go; logs under $OUT.
 # Uses the machine's torch 2.11 and packages (installs nothing); carry .whl for Liger-Kernel.
-# Usage: scripts/device_check.sh [all|tests|gspo|target|attention|vocab|train|step|profile]
+# Usage: scripts/device_check.sh [all|tests|gspo|target|attention|vocab|train|step|profile|testbed]
 # (tests: every GPU test binary of `all`, test_trainer included, and no benchmark; gspo: only the GSPO policy test and the RL step; target: only the Qwen3 target test and the
 # online-target step, scripts/bench_online_target.sh; attention: the block attention test, the
 # fused step test, `dspine-bench attention` and attention-check at the recipe's shapes; vocab: the
@@ -38,6 +38,7 @@ targets=(test_fused_norm_mlp test_gspo_gpu test_gspo_policy_gpu test_dspine_fuse
   test_injection_residual_gpu test_qk_norm_rope_gpu test_master_adamw_gpu test_wgmma_probe_gpu
   dspine-bench attention-check)
 [[ $PHASE == train || $PHASE == profile ]] && targets=(dspine-bench)
+[[ $PHASE == testbed ]] && targets=(test_qwen3_model_gpu dspine-train dspine-eval)
 [[ $PHASE == tests ]] && targets=("${targets[@]:0:${#targets[@]}-2}")  # no benchmark binaries
 { cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$TORCH_PREFIX" &&
   ninja -C "$BUILD_DIR" -j "$(nproc)" "${targets[@]}"; } > "$OUT/build.log" 2>&1 ||
@@ -79,7 +80,7 @@ tests=(test_fused_norm_mlp test_gspo_gpu test_gspo_policy_gpu test_dspine_fused_
   test_dspine_objective test_trainer test_trainer_start test_vocab_objective_gpu test_fused_vocabulary
   test_injection_residual_gpu test_qk_norm_rope_gpu test_master_adamw_gpu test_wgmma_probe_gpu)
 [[ $PHASE == gspo ]] && tests=(test_gspo_policy_gpu)
-[[ $PHASE == target ]] && tests=(test_qwen3_model_gpu)
+[[ $PHASE == target || $PHASE == testbed ]] && tests=(test_qwen3_model_gpu)
 [[ $PHASE == attention ]] && tests=(test_wgmma_probe_gpu test_block_attention_gpu
   test_qk_norm_rope_gpu test_dspine_fused_step)
 [[ $PHASE == vocab ]] && tests=(test_vocab_objective_gpu test_dspine_fused_step test_fused_vocabulary)
@@ -93,6 +94,29 @@ for test in "${tests[@]}"; do
   grep -E "^\[  FAILED  \]|Failure|Expected|Which is|fused vs reference|relative error|reference vs reference|max diff" "$OUT/$test.log" | head -40
 done
 echo "tests done at $(( $(date +%s) - start )) s"
+# The gpu testbed (docs/testbed.md): its target made, the supervised start, the acceptance
+# evaluation's time with the cached verifier and with one target forward per block (the same τ),
+# then scripts/gspo_testbed_ablation.sh's variants $TESTBED_VARIANTS over seeds $TESTBED_SEEDS;
+# results.jsonl comes back in $OUT.
+if [[ $PHASE == testbed ]]; then
+  work=runs/testbed-ablation
+  ablation() {
+    DSPINE_BUILD_DIR=$BUILD_DIR scripts/gspo_testbed_ablation.sh -s "${TESTBED_SEEDS:-1 2 3}" \
+      "$work" "$@" 2>&1 | tee -a "$OUT/ablation.log" || status=1
+    cp "$work/results.jsonl" "$OUT/" 2>/dev/null
+  }
+  ablation  # the target and the supervised start
+  echo "testbed ready at $(( $(date +%s) - start )) s"; cat data/testbed-gpu/testbed.json
+  [[ ${TESTBED_EVAL_TIMING:-1} == 1 ]] && for verifier in "" --per-block-verifier; do
+    "$BUILD_DIR/bin/dspine-eval" --acceptance --json -c configs/testbed-gpu-dspine.yaml \
+      -w "$work/start/checkpoints/step-000600" $verifier 2>>"$OUT/eval_timing.log" |
+      tee -a "$OUT/eval_timing.txt" || status=1
+  done
+  read -r -a variants <<<"${TESTBED_VARIANTS:-}"
+  ((${#variants[@]})) && ablation "${variants[@]}"
+  echo "done in $(( $(date +%s) - start )) s, status $status"
+  exit $status
+fi
 if [[ $PHASE == tests ]]; then
   echo "done in $(( $(date +%s) - start )) s, status $status"
   exit $status

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
+#include <utility>
 #include <optional>
 #include <unordered_map>
 
@@ -83,16 +85,21 @@ struct Positions {
   bool causal = false;
 };
 
+// cos and sin [..., head_dim] of RoPE at `position` [...] (fp32), as transformers computes them:
+// angles as fp32 products, cos/sin in fp32 scaled by YaRN's attention factor, then cast to `dtype`.
+std::pair<at::Tensor, at::Tensor> rope_tables(const at::Tensor& position, const at::Tensor& inv_freq,
+                                              const Qwen3Rope& rope, at::ScalarType dtype) {
+  const double scaling = rope.type == Qwen3Rope::Type::kYarn ? rope.attention_factor : 1.0;
+  const auto angles = position.unsqueeze(-1) * inv_freq;  // [..., head_dim / 2]
+  const auto both = at::cat({angles, angles}, -1);
+  return {(both.cos() * scaling).to(dtype), (both.sin() * scaling).to(dtype)};
+}
+
 Positions make_positions(int64_t past, int64_t count, const at::Tensor& inv_freq,
                          const Qwen3Rope& rope, const at::TensorOptions& options) {
-  // As transformers computes them: angles as fp32 products, cos/sin in fp32 scaled by YaRN's
-  // attention factor, then cast to the model's dtype.
-  const double scaling = rope.type == Qwen3Rope::Type::kYarn ? rope.attention_factor : 1.0;
   const auto position = at::arange(past, past + count, options.dtype(at::kFloat));
-  const auto angles = position.unsqueeze(1) * inv_freq.unsqueeze(0);  // [count, head_dim / 2]
-  const auto both = at::cat({angles, angles}, -1);
-  Positions out{(both.cos() * scaling).to(options.dtype()),
-                (both.sin() * scaling).to(options.dtype()), std::nullopt};
+  auto [cos, sin] = rope_tables(position, inv_freq, rope, options.dtype().toScalarType());
+  Positions out{std::move(cos), std::move(sin), std::nullopt};
   if (count > 1 && past == 0) {
     out.causal = true;
   } else if (count > 1) {  // query i sees keys 0 .. past + i
@@ -102,10 +109,10 @@ Positions make_positions(int64_t past, int64_t count, const at::Tensor& inv_freq
   return out;
 }
 
-// x [B, heads, T, d] rotated by the rotate-half convention of Qwen3.
-at::Tensor apply_rope(const at::Tensor& x, const Positions& positions) {
+// x [..., d] rotated by the rotate-half convention of Qwen3 (cos and sin broadcast to x).
+at::Tensor rotate(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   const auto halves = x.chunk(2, -1);
-  return x * positions.cos + at::cat({halves[1].neg(), halves[0]}, -1) * positions.sin;
+  return x * cos + at::cat({halves[1].neg(), halves[0]}, -1) * sin;
 }
 
 void check_input_ids(const at::Tensor& ids, int64_t vocab) {
@@ -278,6 +285,14 @@ Qwen3Model::KvCache Qwen3Model::new_cache(int64_t batch, int64_t capacity) const
 
 namespace {
 
+// The second half of a decoder layer: out + SwiGLU MLP of its post-attention norm.
+at::Tensor mlp_residual(const Qwen3Model::Layer& layer, const Qwen3Dims& dims,
+                        const at::Tensor& out) {
+  const auto h = rms_norm(out, layer.post_attention_layernorm, dims.rms_norm_eps);
+  const auto mlp = at::silu(at::linear(h, layer.gate_proj)) * at::linear(h, layer.up_proj);
+  return out + at::linear(mlp, layer.down_proj);
+}
+
 // Decoder layer `index` on x [B, T, H]; with a cache, attends to its positions too and appends
 // this call's keys and values to it.
 at::Tensor layer_forward(const Qwen3Model::Layer& layer, const Qwen3Dims& dims, const at::Tensor& x,
@@ -294,8 +309,8 @@ at::Tensor layer_forward(const Qwen3Model::Layer& layer, const Qwen3Dims& dims, 
       rms_norm(at::linear(h, layer.k_proj).view({batch, count, kv_heads, dim}), layer.k_norm, eps)
           .transpose(1, 2);
   auto v = at::linear(h, layer.v_proj).view({batch, count, kv_heads, dim}).transpose(1, 2);
-  q = apply_rope(q, positions);
-  k = apply_rope(k, positions);
+  q = rotate(q, positions.cos, positions.sin);
+  k = rotate(k, positions.cos, positions.sin);
   if (cache != nullptr) {
     const int64_t past = cache->length;
     cache->keys[index].narrow(2, past, count).copy_(k);
@@ -306,12 +321,58 @@ at::Tensor layer_forward(const Qwen3Model::Layer& layer, const Qwen3Dims& dims, 
   const auto attn = at::scaled_dot_product_attention(q, k, v, positions.mask, 0.0,
                                                      positions.causal, std::nullopt,
                                                      /*enable_gqa=*/true);
-  const auto out =
-      x + at::linear(attn.transpose(1, 2).reshape({batch, count, heads * dim}), layer.o_proj);
+  return mlp_residual(
+      layer, dims,
+      x + at::linear(attn.transpose(1, 2).reshape({batch, count, heads * dim}), layer.o_proj));
+}
 
-  h = rms_norm(out, layer.post_attention_layernorm, eps);
-  const auto mlp = at::silu(at::linear(h, layer.gate_proj)) * at::linear(h, layer.up_proj);
-  return out + at::linear(mlp, layer.down_proj);
+// Attention of branch tokens (Qwen3Model::branch) to their row's cached context and to their own
+// block, one exact softmax over both parts, in fp32. q [B, N, L, heads, d], k and v
+// [B, N, L, kv_heads, d] (q and k normed and rotated), the context's keys and values
+// [B, kv_heads, C, d], context_length [B, N]. Returns [B, N, L, heads·d] in q's dtype.
+at::Tensor branch_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const at::Tensor& context_keys, const at::Tensor& context_values,
+                            const at::Tensor& context_length) {
+  const int64_t batch = q.size(0), blocks = q.size(1), length = q.size(2), heads = q.size(3);
+  const int64_t dim = q.size(4), kv_heads = k.size(3), group = heads / kv_heads;
+  const int64_t context = context_keys.size(2), rows = length * group;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(dim));
+  const double minus_inf = -std::numeric_limits<double>::infinity();
+  // Queries grouped by their key-value head: [B, kv, N, L·g, d], row l·g + i is token l, head i.
+  const auto queries = q.to(at::kFloat)
+                           .view({batch, blocks, length, kv_heads, group, dim})
+                           .permute({0, 3, 1, 2, 4, 5})
+                           .reshape({batch, kv_heads, blocks, rows, dim});
+  auto context_scores =
+      at::matmul(queries.view({batch, kv_heads, blocks * rows, dim}),
+                 context_keys.to(at::kFloat).transpose(2, 3))
+          .mul_(scale)
+          .view({batch, kv_heads, blocks, rows, context});
+  const auto hidden = at::arange(context, context_length.options())
+                          .view({1, 1, 1, 1, context})
+                          .ge(context_length.view({batch, 1, blocks, 1, 1}));
+  context_scores.masked_fill_(hidden, minus_inf);
+  const auto own_keys = k.to(at::kFloat).permute({0, 3, 1, 2, 4});    // [B, kv, N, L, d]
+  const auto own_values = v.to(at::kFloat).permute({0, 3, 1, 2, 4});
+  auto own_scores = at::matmul(queries, own_keys.transpose(3, 4)).mul_(scale);  // [.., L·g, L]
+  const auto token = at::arange(length, context_length.options());
+  const auto later = token.view({1, length}).gt(token.repeat_interleave(group).view({rows, 1}));
+  own_scores.masked_fill_(later, minus_inf);
+  // Each token sees itself, so the joint maximum is finite.
+  const auto top = at::maximum(context_scores.amax(-1), own_scores.amax(-1)).unsqueeze(-1);
+  const auto context_weights = context_scores.sub_(top).exp_();
+  const auto own_weights = own_scores.sub_(top).exp_();
+  const auto total = (context_weights.sum(-1) + own_weights.sum(-1)).unsqueeze(-1);
+  const auto mixed =
+      at::matmul(context_weights.view({batch, kv_heads, blocks * rows, context}),
+                 context_values.to(at::kFloat))
+          .view({batch, kv_heads, blocks, rows, dim})
+          .add_(at::matmul(own_weights, own_values))
+          .div_(total);
+  return mixed.view({batch, kv_heads, blocks, length, group, dim})
+      .permute({0, 2, 3, 1, 4, 5})
+      .reshape({batch, blocks, length, heads * dim})
+      .to(q.scalar_type());
 }
 
 }  // namespace
@@ -361,6 +422,55 @@ Qwen3Model::Outputs Qwen3Model::forward(const at::Tensor& input_ids,
 Qwen3Model::Outputs Qwen3Model::step(const at::Tensor& input_ids, KvCache& cache,
                                      const std::vector<int64_t>& layer_ids) const {
   return run(input_ids, &cache, layer_ids);
+}
+
+at::Tensor Qwen3Model::branch(const at::Tensor& ids, const at::Tensor& context_length,
+                              const KvCache& context) const {
+  if (ids.dim() != 3 || ids.scalar_type() != at::kLong || ids.size(2) < 1) {
+    fail("Qwen3 model: branch ids must be [B, N, L] int64 with L >= 1, got [{}] {}",
+         fmt::join(ids.sizes(), ", "), c10::toString(ids.scalar_type()));
+  }
+  const int64_t batch = ids.size(0), blocks = ids.size(1), length = ids.size(2);
+  if (context.keys.size() != layers_.size() || context.keys[0].size(0) != batch) {
+    fail("Qwen3 model: branch ids of batch {} do not match the KV cache", batch);
+  }
+  if (context_length.sizes() != at::IntArrayRef({batch, blocks}) ||
+      context_length.scalar_type() != at::kLong) {
+    fail("Qwen3 model: branch context lengths must be [{}, {}] int64, got [{}] {}", batch, blocks,
+         fmt::join(context_length.sizes(), ", "), c10::toString(context_length.scalar_type()));
+  }
+  if (context_length.numel() > 0 && (context_length.min().item<int64_t>() < 1 ||
+                                     context_length.max().item<int64_t>() > context.length)) {
+    fail("Qwen3 model: branch context lengths outside [1, {}] (the cached positions)",
+         context.length);
+  }
+  check_input_ids(ids.view({batch * blocks, length}), dims_.vocab_size);
+  at::NoGradGuard no_grad;
+  const auto device = embed_tokens_.device();
+  const auto lengths = context_length.to(device);
+  const auto position = (lengths.unsqueeze(-1) + at::arange(length, lengths.options()))
+                            .to(at::kFloat);  // [B, N, L]
+  auto [cos, sin] = rope_tables(position, inv_freq_, dims_.rope, embed_tokens_.scalar_type());
+  cos = cos.unsqueeze(3);  // [B, N, L, 1, d]: one table for every head
+  sin = sin.unsqueeze(3);
+  const int64_t dim = dims_.head_dim, heads = dims_.num_attention_heads;
+  const int64_t kv_heads = dims_.num_key_value_heads;
+  const double eps = dims_.rms_norm_eps;
+  auto x = at::embedding(embed_tokens_, ids.to(device));  // [B, N, L, H]
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const Layer& layer = layers_[l];
+    const auto h = rms_norm(x, layer.input_layernorm, eps);
+    auto q = rms_norm(at::linear(h, layer.q_proj).view({batch, blocks, length, heads, dim}),
+                      layer.q_norm, eps);
+    auto k = rms_norm(at::linear(h, layer.k_proj).view({batch, blocks, length, kv_heads, dim}),
+                      layer.k_norm, eps);
+    const auto v = at::linear(h, layer.v_proj).view({batch, blocks, length, kv_heads, dim});
+    const auto attn = branch_attention(rotate(q, cos, sin), rotate(k, cos, sin), v,
+                                       context.keys[l].narrow(2, 0, context.length),
+                                       context.values[l].narrow(2, 0, context.length), lengths);
+    x = mlp_residual(layer, dims_, x + at::linear(attn, layer.o_proj));
+  }
+  return rms_norm(x, final_norm_, eps);
 }
 
 at::Tensor Qwen3Model::logits(const at::Tensor& last_hidden_state) const {

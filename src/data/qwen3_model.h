@@ -105,6 +105,16 @@ class Qwen3Model {
   Outputs step(const at::Tensor& input_ids, KvCache& cache,
                const std::vector<int64_t>& layer_ids = {}) const;
 
+  // Many continuations of a cached context, none appended to it: block n of row b holds the
+  // tokens ids[b, n, :] at positions context_length[b, n] .. context_length[b, n] + L - 1, and
+  // each attends to the row's first context_length[b, n] cached positions and to its own block up
+  // to itself, so it equals forward() over that context prefix followed by the block (softmax in
+  // fp32 here). Verifying drafted blocks costs the blocks' tokens only, not a context pass each.
+  // ids [B, N, L] int64, context_length [B, N] int64 in [1, cache.length] (cache of batch B).
+  // Returns the final-norm states [B, N, L, H].
+  at::Tensor branch(const at::Tensor& ids, const at::Tensor& context_length,
+                    const KvCache& context) const;
+
   // Next-token logits (in the model's dtype) of final-norm states [..., H]: [..., V].
   at::Tensor logits(const at::Tensor& last_hidden_state) const;
 

@@ -42,56 +42,10 @@ DSpineSettings every_anchor(DSpineSettings settings, const core::Config& config)
 
 }  // namespace
 
-at::Tensor DataVerifier::continuation(const data::DraftBatch& /*batch*/, const DraftPass& pass,
-                                      const at::Tensor& kept, const at::Tensor& /*tokens*/) const {
-  return pass.labels.index_select(0, kept);
-}
-
-at::Tensor TargetVerifier::continuation(const data::DraftBatch& batch, const DraftPass& pass,
-                                        const at::Tensor& kept, const at::Tensor& tokens) const {
-  torch::NoGradGuard no_grad;
-  const int64_t blocks = kept.size(0), slots = tokens.size(1);
-  const int64_t per_row = pass.blocks.anchors.size(1);
-  const auto device = target_.embed_tokens().device();
-  auto kept_cpu = kept.to(torch::kCPU, torch::kInt64);
-  auto anchors =
-      pass.blocks.anchors.reshape(-1).index_select(0, kept).to(torch::kCPU, torch::kInt64);
-  auto ids = batch.input_ids.to(device, torch::kInt64);
-  auto drafted = tokens.to(device, torch::kInt64);
-  std::vector<at::Tensor> parts;
-  for (int64_t begin = 0; begin < blocks; begin += chunk_blocks_) {
-    const int64_t n = std::min(chunk_blocks_, blocks - begin);
-    const int64_t longest = anchors.narrow(0, begin, n).max().item<int64_t>() + 1 + slots;
-    auto sequences = torch::zeros({n, longest}, ids.options());
-    std::vector<int64_t> positions;  // flat index of the target's choice for each slot
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t block = begin + i;
-      const int64_t row = kept_cpu[block].item<int64_t>() / per_row;
-      const int64_t anchor = anchors[block].item<int64_t>();
-      sequences[i].narrow(0, 0, anchor + 1).copy_(ids[row].narrow(0, 0, anchor + 1));
-      sequences[i].narrow(0, anchor + 1, slots).copy_(drafted[block]);
-      for (int64_t j = 0; j < slots; ++j) positions.push_back(i * longest + anchor + j);
-    }
-    auto hidden = target_.forward(sequences, {}).last_hidden_state;  // [n, longest, H]
-    auto chosen = hidden.reshape({n * longest, -1})
-                      .index_select(0, torch::tensor(positions, ids.options()));
-    parts.push_back(target_.logits(chosen).argmax(-1).view({n, slots}));
-  }
-  if (parts.empty()) return torch::empty({0, slots}, tokens.options());
-  return torch::cat(parts, 0).to(tokens.device());
-}
-
-std::unique_ptr<BlockVerifier> make_verifier(const data::BatchSource& source) {
-  if (const data::Qwen3Model* target = source.online_target()) {
-    return std::make_unique<TargetVerifier>(*target);
-  }
-  return std::make_unique<DataVerifier>();
-}
-
 at::Tensor accepted_histogram(const at::Tensor& tokens, const at::Tensor& labels,
                               const at::Tensor& supervised) {
   const int64_t slots = tokens.size(1);
-  auto accepted = accepted_prefix(tokens.unsqueeze(1), labels, supervised.to(torch::kBool)).view(-1);
+  auto accepted = accepted_prefix(tokens.unsqueeze(1), labels.unsqueeze(1), supervised.to(torch::kBool)).view(-1);
   return torch::bincount(accepted.cpu(), {}, slots + 1).to(torch::kInt64);
 }
 
@@ -160,7 +114,7 @@ AcceptanceStats AcceptanceEvaluator::measure(const std::vector<data::DraftBatch>
   const int64_t slots = model_.draft()->config().block_size - 1;
   // Histograms of accepted counts 0..T of both walks, then [correct, supervised, Σ expected].
   auto counts = torch::zeros({2 * (slots + 1) + 3}, torch::kFloat64);
-  auto histogram = [&](int row) { return counts.narrow(0, row * (slots + 1), slots + 1); };
+  auto histogram = [&](int64_t walk) { return counts.narrow(0, walk * (slots + 1), slots + 1); };
   auto totals = counts.narrow(0, 2 * (slots + 1), 3);
   for (const auto& batch : batches) {
     DSpineForwardOptions options;
@@ -168,18 +122,23 @@ AcceptanceStats AcceptanceEvaluator::measure(const std::vector<data::DraftBatch>
     auto pass = model_.draft_pass(batch, generator, options, /*full_rows=*/true);
     auto kept = pass.blocks.keep.reshape(-1).nonzero().squeeze(1);
     auto supervised = pass.supervised.index_select(0, kept);
-    int row = 0;
+    // Both walks' blocks [K, 2, T] in one verification.
+    std::vector<at::Tensor> walks;
     for (auto sampling : {GspoSampling::kBackbone, GspoSampling::kRefinement}) {
       settings.sampling = sampling;
-      auto tokens = gspo_greedy_tokens(pass, kept, *model_.draft(), model_.lm_head(), settings);
-      auto target = verifier.continuation(batch, pass, kept, tokens);
-      histogram(row++).add_(accepted_histogram(tokens, target, supervised).to(torch::kFloat64));
-      if (sampling == GspoSampling::kBackbone) {  // teacher-forced: against the data's tokens
-        auto labels = pass.labels.index_select(0, kept);
-        totals[0].add_((tokens.eq(labels) & supervised).sum().item<double>());
-        totals[1].add_(supervised.sum().item<double>());
-      }
+      walks.push_back(gspo_greedy_tokens(pass, kept, *model_.draft(), model_.lm_head(), settings));
     }
+    auto tokens = torch::stack(walks, 1);
+    auto verdict = verifier.verify(batch, pass, kept, tokens, /*with_probs=*/false);
+    for (int64_t walk = 0; walk < 2; ++walk) {
+      histogram(walk).add_(accepted_histogram(tokens.select(1, walk),
+                                              verdict.choices.select(1, walk), supervised)
+                               .to(torch::kFloat64));
+    }
+    // Teacher-forced: the backbone's tokens against the data's.
+    auto labels = pass.labels.index_select(0, kept);
+    totals[0].add_((walks[0].eq(labels) & supervised).sum().item<double>());
+    totals[1].add_(supervised.sum().item<double>());
     totals[2].add_(expected_accepted(pass, kept, model_.lm_head(), chunk_blocks_));
   }
   comm.all_reduce(counts);

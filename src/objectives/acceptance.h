@@ -1,7 +1,7 @@
 // Acceptance length of a DSpine draft (the number that decides a draft's worth), from every anchor
 // of held-out samples; τ counts the target's own token added at verification (accepted + 1).
 // - Greedy: draft a block by backbone argmax, or by the refinement-head walk of inference, and
-//   count the leading tokens the target accepts (its continuation: BlockVerifier).
+//   count the leading tokens the target accepts (who verifies: block_verifier.h).
 // - Acceptance by position: the fraction of blocks whose first k proposals were all accepted.
 // - Teacher-forced accuracy: backbone argmax against the data's token at every supervised slot.
 // - Speculative sampling: drafting from the backbone distribution q at temperature 1 against the
@@ -26,51 +26,11 @@
 #include "data/qwen3_model.h"
 #include "dist/communicator.h"
 #include "model/dspine_draft.h"
+#include "objectives/block_verifier.h"
 #include "objectives/dspine_forward.h"
 #include "objectives/dspine_settings.h"
 
 namespace dspine::objectives {
-
-// Where the target's continuation of a drafted block comes from, i.e. who verifies it.
-class BlockVerifier {
- public:
-  virtual ~BlockVerifier() = default;
-  virtual std::string name() const = 0;
-  // The token the target puts at every slot [K, T] int64 of the drafted blocks `tokens` [K, T],
-  // the kept rows `kept` of `pass` over `batch`. A slot is accepted while the draft's token equals
-  // it; an online target answers with its greedy prediction after context + drafted prefix.
-  virtual at::Tensor continuation(const data::DraftBatch& batch, const DraftPass& pass,
-                                  const at::Tensor& kept, const at::Tensor& tokens) const = 0;
-};
-
-// "data": the sample's own next tokens (the labels of the draft pass), whatever was drafted.
-class DataVerifier final : public BlockVerifier {
- public:
-  std::string name() const override { return "data"; }
-  at::Tensor continuation(const data::DraftBatch& batch, const DraftPass& pass,
-                          const at::Tensor& kept, const at::Tensor& tokens) const override;
-};
-
-// "online target": greedy verification as in speculative decoding. One target forward over the
-// context up to the anchor followed by the drafted block gives the target's argmax after every
-// drafted prefix; the draft's token j is accepted while it equals the target's choice after
-// tokens 0..j-1. Blocks are verified in chunks of `chunk_blocks`, right-padded (causal attention
-// keeps padding out of every real position).
-class TargetVerifier final : public BlockVerifier {
- public:
-  explicit TargetVerifier(const data::Qwen3Model& target, int64_t chunk_blocks = 64)
-      : target_(target), chunk_blocks_(chunk_blocks) {}
-  std::string name() const override { return "online target"; }
-  at::Tensor continuation(const data::DraftBatch& batch, const DraftPass& pass,
-                          const at::Tensor& kept, const at::Tensor& tokens) const override;
-
- private:
-  const data::Qwen3Model& target_;
-  int64_t chunk_blocks_;
-};
-
-// The verifier a data source calls for: its online target when it runs one, else the data.
-std::unique_ptr<BlockVerifier> make_verifier(const data::BatchSource& source);
 
 struct AcceptanceStats {
   std::string continuation;         // the verifier's name

@@ -151,6 +151,7 @@ GspoSettings read_gspo_settings(const core::Config& config) {
   GspoSettings s;
   auto& r = s.rollout;
   std::string sampling = "backbone", reward = "greedy_match", norm = "group_std";
+  std::string reward_source = "target";
   core::read_objective_section(
       config, "gspo",
       {{"group_size", &r.group_size, {}, false, "blocks sampled per kept anchor (G)"},
@@ -158,7 +159,9 @@ GspoSettings read_gspo_settings(const core::Config& config) {
        {"sampling", &sampling, {"backbone", "refinement"}, false,
         "sample the backbone's slots, or walk the refinement head"},
        {"reward", &reward, {"greedy_match", "expected_acceptance"}, false,
-        "accepted prefix vs the data, or expected acceptance under the teacher"},
+        "accepted prefix, or expected acceptance under the target's distribution"},
+       {"reward_source", &reward_source, {"target", "data"}, false,
+        "verify against the target (online, else its states in the data), or the data's tokens"},
        {"advantage_norm", &norm, {"group_std", "group_mean"}, false,
         "rewards minus the group mean (group_std: then over the std)"},
        {"eps_low", &s.eps_low, {}, false, "clip range below 1 of the segment ratio"},
@@ -192,19 +195,23 @@ GspoSettings read_gspo_settings(const core::Config& config) {
                                               : GspoReward::kGreedyMatch;
   r.advantage_norm =
       norm == "group_mean" ? GspoAdvantageNorm::kGroupMean : GspoAdvantageNorm::kGroupStd;
+  s.reward_source = reward_source == "data" ? RewardSource::kData : RewardSource::kTarget;
   r.top_k = config.model.dspine.top_k;
   return s;
 }
 
 GspoObjective::GspoObjective(const core::Config& config, const DSpineSettings& dspine,
                              const GspoSettings& settings, at::Tensor embed_tokens,
-                             at::Tensor lm_head, torch::Device device, torch::Dtype dtype)
+                             at::Tensor lm_head, torch::Device device, torch::Dtype dtype,
+                             const data::Qwen3Model* online_target)
     : config_(config),
       dspine_(dspine),
       settings_(settings),
       draft_(model::build_placed_draft(config.model, device, dtype)),
       model_(config, dspine, draft_, std::move(embed_tokens), std::move(lm_head)) {
   settings_.rollout.chunk_blocks = dspine.objective_chunk_blocks;
+  verifier_ = make_reward_verifier(settings_.reward_source, online_target, model_.lm_head(),
+                                   dspine.objective_chunk_blocks);
   if (settings_.rollout.group_size < 2)
     fail("gspo: objective.gspo.group_size must be >= 2 (got {})", settings_.rollout.group_size);
   if (settings_.updates_per_rollout < 1)
@@ -240,12 +247,12 @@ void GspoObjective::begin_window(const std::vector<data::DraftBatch>& micro_batc
          micro_batches.size(), config_.training.accumulation_steps);
   torch::NoGradGuard no_grad;
   const auto& r = settings_.rollout;
-  const bool full = r.sampling == GspoSampling::kRefinement ||
-                    r.reward == GspoReward::kExpectedAcceptance;
+  const bool full = r.sampling == GspoSampling::kRefinement || verifier_->needs_teacher_states();
   std::vector<GspoRollout> rollouts;
   for (const auto& batch : micro_batches) {
     auto p = pass(batch, context, nullptr, full);
-    rollouts.push_back(gspo_rollout(p, *draft_, model_.lm_head(), r, context.generator));
+    rollouts.push_back(
+        gspo_rollout(batch, p, *draft_, model_.lm_head(), r, *verifier_, context.generator));
   }
   adopt_rollouts(std::move(rollouts), context);
 }
@@ -342,9 +349,11 @@ std::map<std::string, double> GspoObjective::evaluate(const data::DraftBatch& ba
   torch::NoGradGuard no_grad;
   const auto& r = settings_.rollout;
   auto p = pass(batch, context, nullptr, true);
-  auto rollout = gspo_rollout(p, *draft_, model_.lm_head(), r, context.generator);
-  auto greedy = gspo_greedy_tokens(p, rollout.kept, *draft_, model_.lm_head(), r);
-  auto greedy_accepted = accepted_prefix(greedy.unsqueeze(1), rollout.labels, rollout.supervised);
+  auto rollout =
+      gspo_rollout(batch, p, *draft_, model_.lm_head(), r, *verifier_, context.generator);
+  auto greedy = gspo_greedy_tokens(p, rollout.kept, *draft_, model_.lm_head(), r).unsqueeze(1);
+  auto verdict = verifier_->verify(batch, p, rollout.kept, greedy, /*with_probs=*/false);
+  auto greedy_accepted = accepted_prefix(greedy, verdict.choices, rollout.supervised);
   auto sums = reduced({static_cast<double>(rollout.rewards.numel()),
                        rollout.rewards.sum().item<double>(),
                        rollout.accepted.sum().item<double>(),
@@ -365,9 +374,10 @@ std::unique_ptr<GspoObjective> make_gspo_objective(const core::Config& config,
                                                    const DSpineSettings& dspine,
                                                    const GspoSettings& settings,
                                                    at::Tensor embed_tokens, at::Tensor lm_head,
-                                                   torch::Device device, torch::Dtype dtype) {
+                                                   torch::Device device, torch::Dtype dtype,
+                                                   const data::Qwen3Model* online_target) {
   return std::make_unique<GspoObjective>(config, dspine, settings, std::move(embed_tokens),
-                                         std::move(lm_head), device, dtype);
+                                         std::move(lm_head), device, dtype, online_target);
 }
 
 }  // namespace dspine::objectives

@@ -20,7 +20,9 @@
 #include <vector>
 
 #include "core/config.h"
+#include "data/qwen3_model.h"
 #include "model/dspine_draft.h"
+#include "objectives/block_verifier.h"
 #include "objectives/dspine_forward.h"
 #include "objectives/dspine_settings.h"
 #include "objectives/gspo_rollout.h"
@@ -36,6 +38,7 @@ struct GspoSettings {
   double eps_high = 4e-4;
   int64_t updates_per_rollout = 1;
   double ce_weight = 0.0;
+  RewardSource reward_source = RewardSource::kTarget;
   std::string init_from;  // checkpoint or export directory, or a draft .safetensors; "" = fresh draft
 };
 
@@ -45,9 +48,11 @@ GspoSettings read_gspo_settings(const core::Config& config);
 
 class GspoObjective final : public Objective {
  public:
+  // `online_target` (may be null) verifies the rollouts when reward_source is target.
   GspoObjective(const core::Config& config, const DSpineSettings& dspine,
                 const GspoSettings& settings, at::Tensor embed_tokens, at::Tensor lm_head,
-                torch::Device device, torch::Dtype dtype);
+                torch::Device device, torch::Dtype dtype,
+                const data::Qwen3Model* online_target = nullptr);
 
   std::string name() const override { return "gspo"; }
   std::shared_ptr<torch::nn::Module> module() { return draft_.ptr(); }
@@ -81,6 +86,7 @@ class GspoObjective final : public Objective {
   GspoSettings settings_;
   model::DSpineDraft draft_;
   DSpineTrainingModel model_;
+  std::unique_ptr<BlockVerifier> verifier_;  // scores the rollouts
   std::vector<GspoRollout> rollouts_;  // the window's, one per micro-batch
   double divisor_ = 1;                 // D: the window's segments over all ranks
   double dspine_denominator_ = 1;      // the window's Σ supervision weights over all ranks
@@ -93,6 +99,7 @@ std::unique_ptr<GspoObjective> make_gspo_objective(const core::Config& config,
                                                    const DSpineSettings& dspine,
                                                    const GspoSettings& settings,
                                                    at::Tensor embed_tokens, at::Tensor lm_head,
-                                                   torch::Device device, torch::Dtype dtype);
+                                                   torch::Device device, torch::Dtype dtype,
+                                                   const data::Qwen3Model* online_target = nullptr);
 
 }  // namespace dspine::objectives

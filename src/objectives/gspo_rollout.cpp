@@ -13,23 +13,16 @@ namespace {
 
 // The rows of a draft pass restricted to its kept blocks.
 struct KeptRows {
-  at::Tensor hidden, pre, teacher, predecessors;  // [K, T, ...]
+  at::Tensor hidden, pre, predecessors;  // [K, T, ...]
 };
 
-KeptRows kept_rows(const DraftPass& pass, const at::Tensor& kept, bool need_pre,
-                   bool need_teacher) {
+KeptRows kept_rows(const DraftPass& pass, const at::Tensor& kept, bool need_pre) {
   KeptRows rows;
   rows.hidden = pass.hidden_rows.index_select(0, kept);
   rows.predecessors = pass.predecessors.index_select(0, kept);
   if (need_pre) {
     if (!pass.pre_rows.defined()) fail("gspo: refinement sampling needs a draft pass with full rows");
     rows.pre = pass.pre_rows.index_select(0, kept);
-  }
-  if (need_teacher) {
-    if (!pass.teacher_states.defined()) {
-      fail("gspo: expected_acceptance needs a draft pass with full rows");
-    }
-    rows.teacher = teacher_hidden(pass, kept);
   }
   return rows;
 }
@@ -132,22 +125,6 @@ Walk walk_blocks(const KeptRows& rows, model::DSpineDraftImpl& draft, const at::
   return w;
 }
 
-// Teacher probabilities p_T(y) = softmax(lm_head(teacher_h))[y] of tokens [K, G, T].
-at::Tensor teacher_probs(const at::Tensor& teacher, const at::Tensor& lm_head,
-                         const at::Tensor& tokens, int64_t chunk_blocks) {
-  const int64_t blocks = teacher.size(0);
-  const int64_t chunk = chunk_blocks > 0 ? chunk_blocks : std::max<int64_t>(blocks, 1);
-  std::vector<at::Tensor> parts;
-  for (int64_t begin = 0; begin < blocks; begin += chunk) {
-    const int64_t n = std::min(chunk, blocks - begin);
-    auto p = torch::softmax(
-        project_logits(teacher.narrow(0, begin, n), lm_head).to(torch::kFloat32), -1);  // [n,T,V]
-    auto y = tokens.narrow(0, begin, n).permute({0, 2, 1});                            // [n,T,G]
-    parts.push_back(p.gather(2, y).permute({0, 2, 1}));
-  }
-  return torch::cat(parts, 0);
-}
-
 }  // namespace
 
 at::Tensor sample_categorical(const at::Tensor& probs, const at::Tensor& uniforms) {
@@ -159,15 +136,15 @@ at::Tensor sample_categorical(const at::Tensor& probs, const at::Tensor& uniform
   return index.clamp_max(probs.size(1) - 1);
 }
 
-at::Tensor accepted_prefix(const at::Tensor& tokens, const at::Tensor& labels,
+at::Tensor accepted_prefix(const at::Tensor& tokens, const at::Tensor& target_tokens,
                            const at::Tensor& supervised) {
-  auto matches = tokens.eq(labels.unsqueeze(1)) & supervised.unsqueeze(1);
+  auto matches = tokens.eq(target_tokens) & supervised.unsqueeze(1);
   return matches.to(torch::kInt64).cumprod(2).sum(2);
 }
 
-at::Tensor expected_acceptance(const at::Tensor& teacher_probs, const at::Tensor& draft_probs,
+at::Tensor expected_acceptance(const at::Tensor& target_probs, const at::Tensor& draft_probs,
                                const at::Tensor& supervised) {
-  auto step = torch::clamp_max(teacher_probs / draft_probs.clamp_min(1e-30), 1.0);
+  auto step = torch::clamp_max(target_probs / draft_probs.clamp_min(1e-30), 1.0);
   step = step * supervised.unsqueeze(1).to(step.scalar_type());
   return step.cumprod(2).sum(2) / static_cast<double>(supervised.size(1));
 }
@@ -178,8 +155,9 @@ at::Tensor group_advantages(const at::Tensor& rewards, GspoAdvantageNorm norm) {
   return centred / (rewards.std(1, /*unbiased=*/true, /*keepdim=*/true) + 1e-6);
 }
 
-GspoRollout gspo_rollout(const DraftPass& pass, model::DSpineDraftImpl& draft,
-                         const at::Tensor& lm_head, const GspoRolloutSettings& settings,
+GspoRollout gspo_rollout(const data::DraftBatch& batch, const DraftPass& pass,
+                         model::DSpineDraftImpl& draft, const at::Tensor& lm_head,
+                         const GspoRolloutSettings& settings, const BlockVerifier& verifier,
                          at::Generator& generator) {
   if (settings.group_size < 2) fail("gspo: group_size must be >= 2 (got {})", settings.group_size);
   torch::NoGradGuard no_grad;
@@ -190,7 +168,7 @@ GspoRollout gspo_rollout(const DraftPass& pass, model::DSpineDraftImpl& draft,
   out.kept = pass.blocks.keep.reshape(-1).nonzero().squeeze(1);
   const bool refinement = settings.sampling == GspoSampling::kRefinement;
   const bool expected = settings.reward == GspoReward::kExpectedAcceptance;
-  const auto rows = kept_rows(pass, out.kept, refinement, expected);
+  const auto rows = kept_rows(pass, out.kept, refinement);
   const int64_t blocks = rows.hidden.size(0), slots = rows.hidden.size(1);
   // One CPU draw for the whole rollout, laid out [K, T, G] (backbone rows) or [T, K, G] (the
   // refinement walk's slot-major order); both read it as rows of G.
@@ -213,12 +191,12 @@ GspoRollout gspo_rollout(const DraftPass& pass, model::DSpineDraftImpl& draft,
   out.choices = walk.choices;
   out.candidates = walk.candidates;
   out.old_logprobs = walk.logprobs;
-  out.labels = pass.labels.index_select(0, out.kept);
+  auto verdict = verifier.verify(batch, pass, out.kept, out.tokens, /*with_probs=*/expected);
+  out.target_tokens = verdict.choices;
   out.supervised = pass.supervised.index_select(0, out.kept);
-  out.accepted = accepted_prefix(out.tokens, out.labels, out.supervised);
+  out.accepted = accepted_prefix(out.tokens, out.target_tokens, out.supervised);
   if (expected) {
-    auto teacher = teacher_probs(rows.teacher, lm_head, out.tokens, settings.chunk_blocks);
-    out.rewards = expected_acceptance(teacher, walk.probs, out.supervised);
+    out.rewards = expected_acceptance(verdict.token_probs, walk.probs, out.supervised);
   } else {
     out.rewards = out.accepted.to(torch::kFloat32) / static_cast<double>(slots);
   }
@@ -232,7 +210,7 @@ at::Tensor gspo_greedy_tokens(const DraftPass& pass, const at::Tensor& kept,
                               const GspoRolloutSettings& settings) {
   torch::NoGradGuard no_grad;
   const bool refinement = settings.sampling == GspoSampling::kRefinement;
-  const auto rows = kept_rows(pass, kept, refinement, false);
+  const auto rows = kept_rows(pass, kept, refinement);
   auto argmax = [](int64_t) -> Chooser {
     return [](const at::Tensor& probs, int64_t) { return probs.argmax(1, /*keepdim=*/true); };
   };

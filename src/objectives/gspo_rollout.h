@@ -1,7 +1,8 @@
 // The rollout of a GSPO RL step (docs/gspo.md, "RL steps"): the draft is the policy and one
 // sampled draft block is one segment. For every kept anchor block it draws G blocks of T tokens,
 // records their log-probabilities under the policy, scores each against the target's tokens and
-// turns the scores into group advantages. Everything here runs without gradients.
+// turns the scores into group advantages. Everything here runs without gradients. The scores come
+// from a BlockVerifier: by default the target itself (block_verifier.h).
 #pragma once
 
 #include <ATen/core/Generator.h>
@@ -9,7 +10,9 @@
 
 #include <cstdint>
 
+#include "data/batch.h"
 #include "model/dspine_draft.h"
+#include "objectives/block_verifier.h"
 #include "objectives/dspine_forward.h"
 
 namespace dspine::objectives {
@@ -42,19 +45,21 @@ struct GspoRollout {
   at::Tensor choices;        // [K, G, T] int64
   at::Tensor candidates;     // [K, T, k] int64 candidate token ids (refinement only)
   at::Tensor old_logprobs;   // [K, G, T] fp32 log-prob of the choice under the policy
-  at::Tensor labels;         // [K, T] int64 the target's tokens
+  at::Tensor target_tokens;  // [K, G, T] int64 the verifier's token at each slot of each sample
   at::Tensor supervised;     // [K, T] bool
-  at::Tensor accepted;       // [K, G] int64 accepted prefix length against the labels
+  at::Tensor accepted;       // [K, G] int64 accepted prefix length against target_tokens
   at::Tensor rewards;        // [K, G] fp32 in [0, 1]
   at::Tensor advantages;     // [K, G] fp32
   double supervision_weight = 0;  // Σ decayed supervision weights (the optional DSpine term)
 };
 
-// Draws the rollout from a no-grad draft pass (with full rows when sampling through the refinement
-// head or rewarding expected acceptance). Uniforms come from `generator` on the CPU, K·T·G of
-// them in one draw, so a seed gives the same blocks on every device.
-GspoRollout gspo_rollout(const DraftPass& pass, model::DSpineDraftImpl& draft,
-                         const at::Tensor& lm_head, const GspoRolloutSettings& settings,
+// Draws the rollout from a no-grad draft pass over `batch` (with full rows when sampling through
+// the refinement head or when the verifier reads teacher states) and scores it with `verifier`.
+// Uniforms come from `generator` on the CPU, K·T·G of them in one draw, so a seed gives the same
+// blocks on every device.
+GspoRollout gspo_rollout(const data::DraftBatch& batch, const DraftPass& pass,
+                         model::DSpineDraftImpl& draft, const at::Tensor& lm_head,
+                         const GspoRolloutSettings& settings, const BlockVerifier& verifier,
                          at::Generator& generator);
 
 // Greedy blocks [K, T] (argmax instead of sampling, the inference path) of the kept blocks.
@@ -66,14 +71,15 @@ at::Tensor gspo_greedy_tokens(const DraftPass& pass, const at::Tensor& kept,
 // uniform of `uniforms` [R, G] in [0, 1). Returns [R, G] int64.
 at::Tensor sample_categorical(const at::Tensor& probs, const at::Tensor& uniforms);
 
-// Leading slots where the token equals the label, counting supervised slots only:
-// tokens [K, G, T], labels and supervised [K, T] → [K, G] int64.
-at::Tensor accepted_prefix(const at::Tensor& tokens, const at::Tensor& labels,
+// Leading slots where the token equals the target's, counting supervised slots only:
+// tokens [K, G, T], target_tokens [K, G, T] (or [K, 1, T], shared by the group), supervised
+// [K, T] → [K, G] int64.
+at::Tensor accepted_prefix(const at::Tensor& tokens, const at::Tensor& target_tokens,
                            const at::Tensor& supervised);
 
-// Σ_j Π_{i≤j} min(1, p_T(y_i)/q(y_i)) over supervised slots, divided by T: teacher and draft
-// probabilities of the sampled tokens [K, G, T] → [K, G] fp32.
-at::Tensor expected_acceptance(const at::Tensor& teacher_probs, const at::Tensor& draft_probs,
+// Σ_j Π_{i≤j} min(1, p(y_i)/q(y_i)) over supervised slots, divided by T: the target's and the
+// draft's probabilities of the sampled tokens [K, G, T] → [K, G] fp32.
+at::Tensor expected_acceptance(const at::Tensor& target_probs, const at::Tensor& draft_probs,
                                const at::Tensor& supervised);
 
 // Per group of G: (r − mean) / (std + 1e-6) with the unbiased std, or r − mean. [K, G] → [K, G].

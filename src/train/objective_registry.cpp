@@ -84,7 +84,7 @@ BuiltModel build_gspo(const core::Config& config, const data::BatchSource& sourc
                       torch::Device device, torch::Dtype dtype) {
   return built_from(config, objectives::make_gspo_objective(
       config, objectives::read_dspine_settings(config), objectives::read_gspo_settings(config),
-      source.embed_tokens(), source.lm_head(), device, dtype));
+      source.embed_tokens(), source.lm_head(), device, dtype, source.online_target()));
 }
 
 const std::vector<ObjectiveEntry>& registry() {

@@ -23,12 +23,13 @@ for weights in sft/step-000003 draft; do
     >"$WORK/acceptance-${weights%%/*}.json"
 done
 # Every figure bitwise; only the description of the rows differs (a checkpoint tells how many
-# samples its run read, an export does not).
+# samples its run read, an export does not), and the time the measurement took.
 "$PY" - "$WORK/acceptance-sft.json" "$WORK/acceptance-draft.json" <<'PY'
 import json, sys
 sft, draft = (json.load(open(path)) for path in sys.argv[1:])
 for report in (sft, draft):
     report.pop("rows")
+    report.pop("seconds")
 assert sft == draft, f"the reports differ: {sft} vs {draft}"
 PY
 echo "ok   dspine-eval: the export's acceptance report equals the checkpoint's"

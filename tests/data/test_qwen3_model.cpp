@@ -120,6 +120,40 @@ TEST(Qwen3Model, CachedStepsEqualTheFullForward) {
   EXPECT_THROW(model.step(ids.narrow(1, 0, 1), cache), Error);  // the cache is full
 }
 
+// Branches of a cached context (Qwen3Model::branch) against forward() over each context prefix
+// followed by its block, for plain RoPE and YaRN: blocks at the first and the last cached
+// position, several per row, rows with different branches.
+TEST(Qwen3Model, BranchesOfTheCacheEqualTheFullForward) {
+  for (const char* name : {"untied-single", "yarn-ramp"}) {
+    const std::string dir = tiny_dir(name);
+    const auto expected = core::load_safetensors(dir + "/expected.safetensors");
+    const Qwen3Model model = Qwen3Model::load_hf(dir, torch::kFloat, kCpu);
+    const auto ids = expected.at("input_ids");
+    const int64_t rows = ids.size(0), length = ids.size(1), block = 3;
+    const int64_t vocab = model.dims().vocab_size;
+    auto cache = model.new_cache(rows, length);
+    model.step(ids, cache);
+    torch::manual_seed(2);
+    const auto drafted = torch::randint(0, vocab, {rows, 3, block}, torch::kInt64);
+    const std::vector<int64_t> lengths = {1, length, 4, length, 2, 2};
+    const auto context = torch::tensor(lengths, torch::kInt64).view({2, 3}).narrow(0, 0, rows);
+    const auto states = model.branch(drafted, context, cache);  // [B, 3, block, H]
+    ASSERT_EQ(states.sizes(),
+              (std::vector<int64_t>{rows, 3, block, model.dims().hidden_size}));
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t n = 0; n < 3; ++n) {
+        const int64_t prefix = context[r][n].item<int64_t>();
+        const auto sequence =
+            torch::cat({ids[r].narrow(0, 0, prefix), drafted[r][n]}).unsqueeze(0);
+        const auto full = model.forward(sequence, {}).last_hidden_state[0].narrow(0, prefix, block);
+        EXPECT_LE(max_diff(states[r][n], full), 1e-5) << name << " row " << r << " block " << n;
+      }
+    }
+    const auto bad = torch::full({rows, 3}, length + 1, torch::kInt64);
+    EXPECT_THROW(model.branch(drafted, bad, cache), Error);  // past the cached positions
+  }
+}
+
 TEST(Qwen3Model, RandomWeightsAreAPureFunctionOfTheSeed) {
   Qwen3Dims dims{32, 48, 2, 4, 2, 8, 50, 1e-6, 1e4, false};
   const auto a = Qwen3Model::random(dims, 7, torch::kFloat, kCpu);

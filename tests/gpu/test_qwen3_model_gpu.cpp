@@ -1,6 +1,6 @@
 // Qwen3Model on CUDA: the same checkpoint loaded on the GPU (fp32 and bf16) matches the CPU fp32
-// forward, cached decoding matches the full forward there too, and an 8B-shaped random target
-// runs in bf16 (its time is printed for docs/benchmarks.md).
+// forward, cached decoding and branches of the cache match the full forward there too, and an
+// 8B-shaped random target runs in bf16 (its time is printed for docs/benchmarks.md).
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -77,6 +77,36 @@ TEST(Qwen3ModelGpu, CudaForwardMatchesCpuInFp32AndBf16) {
     last.push_back(model.step(ids.narrow(1, 35, 1), cache).last_hidden_state);
     last.push_back(model.step(ids.narrow(1, 36, 1), cache).last_hidden_state);
     EXPECT_LE(relative_diff(torch::cat(last, 1), out.last_hidden_state), tolerance) << dtype;
+  }
+  core::remove_tree(dir);
+}
+
+// Branches of the cache (what the acceptance evaluation's verifier runs) on CUDA, fp32 and bf16,
+// against the CPU fp32 forward over each context prefix followed by its block.
+TEST(Qwen3ModelGpu, CacheBranchesMatchTheCpuForward) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const std::string dir = write_checkpoint();
+  torch::manual_seed(4);
+  const auto ids = torch::randint(120, {2, 37}, torch::kLong);
+  const auto drafted = torch::randint(120, {2, 3, 5}, torch::kLong);
+  const auto context = torch::tensor(std::vector<int64_t>{1, 20, 37, 37, 9, 2}).view({2, 3});
+  const auto cpu = Qwen3Model::load_hf(dir, torch::kFloat, torch::kCPU);
+  const torch::Device cuda(torch::kCUDA, 0);
+  for (const auto dtype : {torch::kFloat, torch::kBFloat16}) {
+    const auto model = Qwen3Model::load_hf(dir, dtype, cuda);
+    auto cache = model.new_cache(2, 37);
+    model.step(ids, cache);
+    const auto states = model.branch(drafted, context, cache);
+    EXPECT_TRUE(states.is_cuda());
+    const double tolerance = dtype == torch::kFloat ? 1e-4 : 5e-2;
+    for (int64_t r = 0; r < 2; ++r) {
+      for (int64_t n = 0; n < 3; ++n) {
+        const int64_t prefix = context[r][n].item<int64_t>();
+        const auto sequence = torch::cat({ids[r].narrow(0, 0, prefix), drafted[r][n]}).unsqueeze(0);
+        const auto reference = cpu.forward(sequence, {}).last_hidden_state[0].narrow(0, prefix, 5);
+        EXPECT_LE(relative_diff(states[r][n], reference), tolerance) << dtype << " " << r << n;
+      }
+    }
   }
   core::remove_tree(dir);
 }

@@ -119,7 +119,7 @@ objectives::GspoRollout rows_of(const objectives::GspoRollout& r, int64_t row, i
   out.keep = r.keep.slice(0, row, row + 1);
   out.kept = r.kept.index_select(0, pick) - row * anchors;
   for (auto field : {&objectives::GspoRollout::tokens, &objectives::GspoRollout::choices,
-                     &objectives::GspoRollout::old_logprobs, &objectives::GspoRollout::labels,
+                     &objectives::GspoRollout::old_logprobs, &objectives::GspoRollout::target_tokens,
                      &objectives::GspoRollout::supervised, &objectives::GspoRollout::accepted,
                      &objectives::GspoRollout::rewards, &objectives::GspoRollout::advantages,
                      &objectives::GspoRollout::candidates}) {

@@ -97,9 +97,9 @@ class EchoVerifier final : public BlockVerifier {
  public:
   explicit EchoVerifier(bool accept) : accept_(accept) {}
   std::string name() const override { return accept_ ? "echo" : "never"; }
-  at::Tensor continuation(const data::DraftBatch&, const DraftPass&, const at::Tensor&,
-                          const at::Tensor& tokens) const override {
-    return accept_ ? tokens.clone() : torch::full_like(tokens, -1);
+  BlockVerdict verify(const data::DraftBatch&, const DraftPass&, const at::Tensor&,
+                      const at::Tensor& tokens, bool) const override {
+    return {accept_ ? tokens.clone() : torch::full_like(tokens, -1), at::Tensor()};
   }
 
  private:
@@ -179,7 +179,7 @@ torch::Tensor greedy_continuation(const data::Qwen3Model& target, const torch::T
   return torch::tensor(out, torch::kInt64);
 }
 
-TEST(TargetVerifier, AcceptsTheTargetsGreedyContinuationAndStopsAtTheFirstMiss) {
+data::Qwen3Model small_target() {
   data::Qwen3Dims dims;
   dims.hidden_size = 32;
   dims.intermediate_size = 64;
@@ -188,10 +188,15 @@ TEST(TargetVerifier, AcceptsTheTargetsGreedyContinuationAndStopsAtTheFirstMiss) 
   dims.num_key_value_heads = 2;
   dims.head_dim = 8;
   dims.vocab_size = 50;
-  const auto target = data::Qwen3Model::random(dims, 3, torch::kFloat32, torch::kCPU);
+  return data::Qwen3Model::random(dims, 3, torch::kFloat32, torch::kCPU);
+}
+
+TEST(TargetVerifier, AcceptsTheTargetsGreedyContinuationAndStopsAtTheFirstMiss) {
+  const auto target = small_target();
+  const int64_t vocab = target.dims().vocab_size;
   torch::manual_seed(0);
   data::DraftBatch batch;
-  batch.input_ids = torch::randint(0, dims.vocab_size, {2, 12}, torch::kInt64);
+  batch.input_ids = torch::randint(0, vocab, {2, 12}, torch::kInt64);
   const int64_t slots = 3;
   // Row 0 anchors 2 and 7, row 1 anchor 4 (its second block unused): kept blocks 0, 1, 2.
   DraftPass pass;
@@ -200,25 +205,69 @@ TEST(TargetVerifier, AcceptsTheTargetsGreedyContinuationAndStopsAtTheFirstMiss) 
   auto greedy = torch::stack({greedy_continuation(target, batch.input_ids[0], 2, slots),
                               greedy_continuation(target, batch.input_ids[0], 7, slots),
                               greedy_continuation(target, batch.input_ids[1], 4, slots)});
-
-  TargetVerifier verifier(target, /*chunk_blocks=*/2);  // two chunks: padding and chunk seams
-  EXPECT_EQ(verifier.name(), "online target");
-  auto answer = verifier.continuation(batch, pass, kept, greedy);
-  EXPECT_TRUE(torch::equal(answer, greedy)) << answer << greedy;
+  // A miss in slot 1 of block 0 as the second candidate: the target still answers slot 0 and
+  // slot 1 from the prefix, so exactly one token is accepted there.
+  auto missed = greedy.clone();
+  missed[0][1] = (greedy[0][1] + 1) % vocab;
+  auto tokens = torch::stack({greedy, missed}, 1);  // [K, G = 2, T]
   const auto all = torch::ones({3, slots}, torch::kBool);
-  auto h = accepted_histogram(greedy, answer, all);
-  EXPECT_EQ(h[slots].item<int64_t>(), 3);  // every block fully accepted: τ = block_size
 
-  // A miss in slot 1 of block 0: the target still answers slot 0 and slot 1 from the prefix, so
-  // exactly one token is accepted there.
-  auto drafted = greedy.clone();
-  drafted[0][1] = (greedy[0][1] + 1) % dims.vocab_size;
-  answer = verifier.continuation(batch, pass, kept, drafted);
-  EXPECT_EQ(answer[0][0].item<int64_t>(), greedy[0][0].item<int64_t>());
-  EXPECT_EQ(answer[0][1].item<int64_t>(), greedy[0][1].item<int64_t>());
-  h = accepted_histogram(drafted, answer, all);
-  EXPECT_EQ(h[1].item<int64_t>(), 1);
-  EXPECT_EQ(h[slots].item<int64_t>(), 2);
+  TargetVerifier cached(target);
+  PerBlockTargetVerifier per_block(target, /*chunk_blocks=*/4);  // two chunks: padding and seams
+  for (const BlockVerifier* verifier : {static_cast<const BlockVerifier*>(&cached),
+                                        static_cast<const BlockVerifier*>(&per_block)}) {
+    EXPECT_EQ(verifier->name(), "online target");
+    auto answer = verifier->verify(batch, pass, kept, tokens, /*with_probs=*/false).choices;
+    EXPECT_TRUE(torch::equal(answer.select(1, 0), greedy)) << answer << greedy;
+    auto h = accepted_histogram(greedy, answer.select(1, 0), all);
+    EXPECT_EQ(h[slots].item<int64_t>(), 3);  // every block fully accepted: τ = block_size
+    EXPECT_EQ(answer[0][1][0].item<int64_t>(), greedy[0][0].item<int64_t>());
+    EXPECT_EQ(answer[0][1][1].item<int64_t>(), greedy[0][1].item<int64_t>());
+    h = accepted_histogram(missed, answer.select(1, 1), all);
+    EXPECT_EQ(h[1].item<int64_t>(), 1);
+    EXPECT_EQ(h[slots].item<int64_t>(), 2);
+  }
+}
+
+// The cached verifier against its reference on random drafts: the same target tokens and the
+// same probabilities of the drafted tokens, for blocks anywhere in the row (the first position,
+// the last, past the end) and several candidates per block.
+TEST(TargetVerifier, CachedBranchesEqualOneForwardPerBlock) {
+  const auto target = small_target();
+  const int64_t vocab = target.dims().vocab_size;
+  torch::manual_seed(5);
+  data::DraftBatch batch;
+  batch.input_ids = torch::randint(0, vocab, {3, 10}, torch::kInt64);
+  DraftPass pass;
+  pass.blocks.anchors = torch::tensor({{0, 9, 5}, {3, 3, 8}, {1, 6, 2}}, torch::kInt64);
+  auto kept = torch::tensor({0, 1, 2, 3, 5, 7, 8}, torch::kInt64);  // row 1 keeps one twin
+  for (int64_t slots : {1, 4}) {
+    auto tokens = torch::randint(0, vocab, {kept.size(0), 3, slots}, torch::kInt64);
+    const auto cached = TargetVerifier(target).verify(batch, pass, kept, tokens, true);
+    const auto reference =
+        PerBlockTargetVerifier(target, 5).verify(batch, pass, kept, tokens, true);
+    EXPECT_TRUE(torch::equal(cached.choices, reference.choices)) << "slots " << slots;
+    EXPECT_TRUE(torch::allclose(cached.token_probs, reference.token_probs, 1e-5, 1e-6))
+        << (cached.token_probs - reference.token_probs).abs().max();
+  }
+}
+
+// Without an online target the target's states in the data answer: its argmax and softmax after
+// the data's prefix, the same for every candidate of a block.
+TEST(TeacherVerifier, AnswersWithTheTeachersDistributionAfterTheDataPrefix) {
+  torch::manual_seed(9);
+  DraftPass pass;
+  pass.teacher_states = torch::randn({2 * 6, 8});
+  pass.teacher_positions = torch::tensor({{0, 1, 2}, {7, 8, 9}}, torch::kInt64);
+  auto lm_head = torch::randn({20, 8});
+  auto kept = torch::tensor({1, 0}, torch::kInt64);
+  auto tokens = torch::randint(0, 20, {2, 2, 3}, torch::kInt64);
+  const auto verdict = TeacherVerifier(lm_head, 1).verify({}, pass, kept, tokens, true);
+  auto probs = torch::softmax(teacher_hidden(pass, kept).matmul(lm_head.t()), -1);  // [K, T, V]
+  EXPECT_TRUE(torch::equal(verdict.choices.select(1, 1), probs.argmax(-1)));
+  EXPECT_TRUE(torch::equal(verdict.choices.select(1, 0), verdict.choices.select(1, 1)));
+  auto expected = probs.gather(2, tokens.permute({0, 2, 1})).permute({0, 2, 1});
+  EXPECT_TRUE(torch::allclose(verdict.token_probs, expected, 1e-5, 1e-7));
 }
 
 TEST(TargetVerifier, IsChosenForASourceWithAnOnlineTargetOnly) {

@@ -40,9 +40,10 @@ TEST(GspoSampling, FrequenciesFollowTheProbabilities) {
       << counts;
 }
 
-// One block of T = 4 slots, labels 5 6 7 8; samples chosen by hand.
+// One block of T = 4 slots, the target's tokens 5 6 7 8 (shared by the group); samples chosen by
+// hand.
 struct HandBlock {
-  torch::Tensor labels = torch::tensor({{5, 6, 7, 8}}, torch::kInt64);
+  torch::Tensor labels = torch::tensor({{{5, 6, 7, 8}}}, torch::kInt64);
   torch::Tensor all = torch::tensor({{true, true, true, true}});
 };
 
@@ -72,7 +73,7 @@ TEST(GspoReward, MaskedTailAndSequenceEndStopTheCount) {
   auto supervised = layout.supervised.reshape({1, 4});
   EXPECT_TRUE(torch::equal(supervised, torch::tensor({{true, true, false, false}})));
   auto sampled = labels.unsqueeze(1).clone();  // the true tokens, and what the clamp repeats
-  EXPECT_EQ(accepted_prefix(sampled, labels, supervised).item<int64_t>(), 2);
+  EXPECT_EQ(accepted_prefix(sampled, labels.unsqueeze(1), supervised).item<int64_t>(), 2);
 }
 
 TEST(GspoReward, ExpectedAcceptanceMultipliesClampedRatios) {
@@ -230,8 +231,9 @@ TEST(GspoRollout, SameSeedSameBlocksOtherSeedOtherBlocks) {
       torch::manual_seed(1);
       auto gen = cpu_generator(seed);
       auto pass = policy.pass(gen);
-      return gspo_rollout(pass, *policy.objective->draft(), torch::randn({32, 16}),
-                          policy.settings.rollout, gen);
+      auto head = torch::randn({32, 16});
+      return gspo_rollout(policy.batch, pass, *policy.objective->draft(), head,
+                          policy.settings.rollout, TeacherVerifier(head, 2), gen);
     };
     auto a = run(11), b = run(11), c = run(12);
     EXPECT_TRUE(torch::equal(a.tokens, b.tokens));
