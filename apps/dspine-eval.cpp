@@ -19,6 +19,7 @@
 
 #include "core/config.h"
 #include "core/error.h"
+#include "core/log_stream.h"
 #include "core/safetensors.h"
 #include "data/batch_source.h"
 #include "data/held_out.h"
@@ -183,6 +184,7 @@ int main(int argc, char** argv) {
   app.add_flag("--training", training, "training mode: draw the replacement mask");
   app.add_option("--dump-grads", grads_path, "write d(loss)/d(parameter) to this safetensors file");
   CLI11_PARSE(app, argc, argv);
+  dspine::log::send_logs_to_stderr();  // stdout carries the report (JSON with --json)
 
   try {
     auto config = core::load_config(config_path, overrides);

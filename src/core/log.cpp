@@ -1,4 +1,5 @@
 #include "core/log.h"
+#include "core/log_stream.h"
 
 #include <unistd.h>
 
@@ -24,6 +25,14 @@ spdlog::logger& logger() {
 }
 
 }  // namespace
+
+void send_logs_to_stderr() {
+  auto& sinks = logger().sinks();
+  sinks.clear();
+  sinks.push_back(std::make_shared<spdlog::sinks::stderr_color_sink_mt>(
+      core::on_terminal(STDERR_FILENO) ? spdlog::color_mode::automatic
+                                       : spdlog::color_mode::never));
+}
 
 void set_level(const std::string& level) { logger().set_level(spdlog::level::from_str(level)); }
 void write_info(const std::string& message) { logger().info("{}", message); }
