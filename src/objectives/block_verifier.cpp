@@ -76,16 +76,21 @@ BlockVerdict TeacherVerifier::verify(const data::DraftBatch& /*batch*/, const Dr
   torch::NoGradGuard no_grad;
   auto teacher = teacher_hidden(pass, kept);  // [K, T, H]
   const int64_t blocks = teacher.size(0);
-  const int64_t chunk = chunk_blocks_ > 0 ? chunk_blocks_ : std::max<int64_t>(blocks, 1);
+  // objective_chunk_blocks, and at most kLogitElements logits (a recipe vocabulary is large).
+  const int64_t per_block = teacher.size(1) * lm_head_.size(0);
+  const int64_t chunk =
+      std::min(chunk_blocks_ > 0 ? chunk_blocks_ : std::max<int64_t>(blocks, 1),
+               std::max<int64_t>(1, kLogitElements / per_block));
   std::vector<at::Tensor> choices, probs;
   for (int64_t begin = 0; begin < blocks; begin += chunk) {
     const int64_t n = std::min(chunk, blocks - begin);
-    auto log_p = torch::log_softmax(
-        project_logits(teacher.narrow(0, begin, n), lm_head_).to(torch::kFloat32), -1);  // [n,T,V]
-    choices.push_back(log_p.argmax(-1));
+    auto logits =
+        project_logits(teacher.narrow(0, begin, n), lm_head_).to(torch::kFloat32);  // [n, T, V]
+    choices.push_back(logits.argmax(-1));
     if (with_probs) {
       auto drafted = tokens.narrow(0, begin, n).permute({0, 2, 1});  // [n, T, G]
-      probs.push_back(log_p.gather(2, drafted).exp().permute({0, 2, 1}));
+      auto log_p = logits.gather(2, drafted) - torch::logsumexp(logits, -1, /*keepdim=*/true);
+      probs.push_back(log_p.exp().permute({0, 2, 1}));
     }
   }
   BlockVerdict verdict;
