@@ -5,7 +5,6 @@
 // the draft's acceptance (mean τ of both walks, acceptance by block position, teacher-forced
 // accuracy) on held-out samples of the config's data source (DSpine and GSPO checkpoints alike;
 // docs/evaluation.md).
-#include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
 #include <CLI/CLI.hpp>
@@ -246,12 +245,13 @@ int main(int argc, char** argv) {
     options.training = training;
     options.comm = comm.get();
     options.overrides = &overrides;
-    auto generator = at::make_generator<at::CPUGeneratorImpl>(
-        static_cast<uint64_t>(seed >= 0 ? seed : config.training.seed));
+    // The batch's rows are global rows 0.. of step `step` (objectives/row_streams.h).
+    const objectives::RowStreams streams{
+        static_cast<uint64_t>(seed >= 0 ? seed : config.training.seed), step, 0};
 
     const bool with_grad = !grads_path.empty();
     torch::AutoGradMode grad_mode(with_grad);
-    auto out = objective->training_model().forward(batch, generator, options);
+    auto out = objective->training_model().forward(batch, streams, options);
 
     const double d = out.denominator.item<double>();
     const double count = std::max(out.count.item<double>(), 1.0);

@@ -1,6 +1,5 @@
 #include "objectives/acceptance.h"
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
 #include <fmt/format.h>
@@ -107,7 +106,7 @@ AcceptanceStats AcceptanceEvaluator::measure(const std::vector<data::DraftBatch>
                                              dist::Communicator& comm,
                                              const BlockVerifier& verifier) {
   torch::NoGradGuard no_grad;
-  auto generator = at::make_generator<at::CPUGeneratorImpl>(seed_);
+  int64_t first_row = 0;  // the rows of `batches` numbered in order, under training.seed, step 0
   GspoRolloutSettings settings;
   settings.top_k = top_k_;
   settings.chunk_blocks = chunk_blocks_;
@@ -119,7 +118,9 @@ AcceptanceStats AcceptanceEvaluator::measure(const std::vector<data::DraftBatch>
   for (const auto& batch : batches) {
     DSpineForwardOptions options;
     options.training = false;
-    auto pass = model_.draft_pass(batch, generator, options, /*full_rows=*/true);
+    auto pass = model_.draft_pass(batch, RowStreams{seed_, 0, first_row}, options,
+                                  /*full_rows=*/true);
+    first_row += batch.input_ids.size(0);
     auto kept = pass.blocks.keep.reshape(-1).nonzero().squeeze(1);
     auto supervised = pass.supervised.index_select(0, kept);
     // Both walks' blocks [K, 2, T] in one verification.

@@ -67,9 +67,10 @@ std::vector<data::DraftBatch> held_out_batches(data::BatchSource& source, int64_
                                                const c10::Device& device);
 
 // Measures a draft it shares with the trained objective (and the placed target tables), from
-// every valid anchor of a row (num_anchors = data.seq_len). Each call draws its anchors from a
-// fresh generator seeded by training.seed, so the trainer and dspine-eval measure the same blocks
-// and no training RNG stream moves.
+// every valid anchor of a row (num_anchors = data.seq_len). Taking every valid anchor leaves
+// nothing to chance: the anchors' row streams (row_streams.h, training.seed, step 0, the rows of
+// `batches` in order) only order the draws, so the trainer, dspine-eval and any split of the
+// samples over ranks measure the same blocks, and no training draw depends on a measurement.
 class AcceptanceEvaluator {
  public:
   AcceptanceEvaluator(const core::Config& config, DSpineSettings settings,

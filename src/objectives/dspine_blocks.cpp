@@ -14,26 +14,13 @@ torch::Tensor valid_anchor_positions(const torch::Tensor& loss_mask) {
   return supervised.slice(1, 0, -1) & supervised.slice(1, 1);  // [B, S-1]
 }
 
-namespace {
-
-// Uniform [rows, cols] fp32 from `generator`, on the generator's device, then moved to `device`
-// (the draw order and generator are what make anchors and replacement reproducible).
-torch::Tensor uniform(at::Generator& generator, int64_t rows, int64_t cols,
-                      const torch::Device& device) {
-  if (!generator.defined()) fail("DSpine sampling needs a defined generator (StepContext)");
-  auto options = torch::TensorOptions().dtype(torch::kFloat32).device(generator.device());
-  return at::rand({rows, cols}, generator, options).to(device);
-}
-
-}  // namespace
-
 int64_t max_valid_anchors(const at::Tensor& loss_mask) {
   auto counts = valid_anchor_positions(loss_mask.cpu()).sum(1);
   return counts.numel() == 0 ? 0 : counts.max().item<int64_t>();
 }
 
 AnchorSample sample_anchors(const at::Tensor& loss_mask, int64_t num_anchors,
-                            at::Generator& generator) {
+                            const RowStreams& streams) {
   const int64_t rows = loss_mask.size(0), seq_len = loss_mask.size(1);
   const int64_t width = std::min(num_anchors, std::max<int64_t>(0, max_valid_anchors(loss_mask)));
   if (width <= 0) {
@@ -42,7 +29,7 @@ AnchorSample sample_anchors(const at::Tensor& loss_mask, int64_t num_anchors,
   }
   auto valid = valid_anchor_positions(loss_mask);
   auto counts = valid.sum(1, /*keepdim=*/true);
-  auto u = uniform(generator, rows, seq_len - 1, loss_mask.device());
+  auto u = streams.uniform(RowDraw::kAnchors, rows, seq_len - 1).to(loss_mask.device());
   u.masked_fill_(valid.logical_not(), 2.0);
   auto candidates =
       std::get<1>(u.sort(std::optional<bool>(true), 1, /*descending=*/false)).slice(1, 0, width);
@@ -53,8 +40,13 @@ AnchorSample sample_anchors(const at::Tensor& loss_mask, int64_t num_anchors,
   return {torch::where(keep, anchors, 0), keep};
 }
 
-at::Tensor draw_replacement(const at::Tensor& keep, double probability, at::Generator& generator) {
-  return (uniform(generator, keep.size(0), keep.size(1), keep.device()) < probability) & keep;
+at::Tensor draw_replacement(const at::Tensor& keep, double probability, const RowStreams& streams,
+                            int64_t draws) {
+  if (draws < keep.size(1)) {
+    fail("DSpine replacement: {} draws per row for {} blocks", draws, keep.size(1));
+  }
+  auto u = streams.uniform(RowDraw::kReplacement, keep.size(0), draws).narrow(1, 0, keep.size(1));
+  return (u.to(keep.device()) < probability) & keep;
 }
 
 BlockLayout layout_blocks(const at::Tensor& input_ids, const at::Tensor& loss_mask,

@@ -3,10 +3,11 @@
 // ids, and the [M = B*N, T] layout the objective consumes.
 #pragma once
 
-#include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+
+#include "objectives/row_streams.h"
 
 namespace dspine::objectives {
 
@@ -29,13 +30,18 @@ struct AnchorSample {
   at::Tensor keep;     // [B, N] bool
 };
 
-// RNG draw #1: a uniform subset of min(count_b, N) valid positions per row, N = min(num_anchors,
-// max_valid_anchors). Throws when no row has two consecutive supervised tokens.
+// A uniform subset of min(count_b, N) valid positions per row, N = min(num_anchors,
+// max_valid_anchors): row b's S-1 uniforms from its anchor stream, lowest first. A row's anchors
+// depend on its own stream and mask alone, not on the rows beside it. Throws when no row has two
+// consecutive supervised tokens.
 AnchorSample sample_anchors(const at::Tensor& loss_mask, int64_t num_anchors,
-                            at::Generator& generator);
+                            const RowStreams& streams);
 
-// RNG draw #2: (uniform [B, N] < probability) & keep.
-at::Tensor draw_replacement(const at::Tensor& keep, double probability, at::Generator& generator);
+// (uniform [B, N] < probability) & keep, row b's uniforms the first N of the `draws` (>= N) of its
+// replacement stream: `draws` fixed by the run (not by the batch), so that a row's mask does not
+// depend on the N of the rows beside it.
+at::Tensor draw_replacement(const at::Tensor& keep, double probability, const RowStreams& streams,
+                            int64_t draws);
 
 struct BlockLayout {
   at::Tensor anchors;       // [B, N] int64

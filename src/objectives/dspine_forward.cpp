@@ -3,6 +3,8 @@
 #include <ATen/record_function.h>
 #include <torch/torch.h>
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "model/dspine_config.h"
 #include "model/norm_mlp.h"
@@ -39,9 +41,9 @@ void check_batch(const data::DraftBatch& b, const core::ModelConfig& c) {
 }
 
 AnchorSample anchors_for(const torch::Tensor& loss_mask, int64_t num_anchors,
-                         at::Generator& generator, const BlockOverrides* overrides) {
+                         const RowStreams& streams, const BlockOverrides* overrides) {
   if (overrides == nullptr || !overrides->anchors.defined()) {
-    return sample_anchors(loss_mask, num_anchors, generator);
+    return sample_anchors(loss_mask, num_anchors, streams);
   }
   auto anchors = overrides->anchors.to(loss_mask.device(), torch::kInt64);
   if (anchors.dim() != 2 || anchors.size(0) != loss_mask.size(0)) {
@@ -114,16 +116,16 @@ DSpineTrainingModel::DSpineTrainingModel(const core::Config& config,
       model::parse_fused_kernels(model_config_.fused_kernels), lm_head_.device());
 }
 
-DSpineOutput DSpineTrainingModel::forward(const data::DraftBatch& batch, at::Generator& generator,
+DSpineOutput DSpineTrainingModel::forward(const data::DraftBatch& batch, const RowStreams& streams,
                                           const DSpineForwardOptions& options) {
   if (options.ce_only && torch::GradMode::is_enabled()) {
     fail("DSpine CE prepass requires gradients to be disabled");
   }
-  return objective(draft_pass(batch, generator, options, !options.ce_only), options);
+  return objective(draft_pass(batch, streams, options, !options.ce_only), options);
 }
 
 DraftPass DSpineTrainingModel::sample_blocks(const data::DraftBatch& batch,
-                                             at::Generator& generator,
+                                             const RowStreams& streams,
                                              const DSpineForwardOptions& options) {
   check_batch(batch, model_config_);
   const auto device = lm_head_.device();
@@ -134,7 +136,7 @@ DraftPass DSpineTrainingModel::sample_blocks(const data::DraftBatch& batch,
   DraftPass out;
   out.schedule = dspine_schedule(settings_, options.step, options.total_steps);
   auto sample =
-      anchors_for(batch.loss_mask, settings_.num_anchors, generator, options.overrides);
+      anchors_for(batch.loss_mask, settings_.num_anchors, streams, options.overrides);
   sample.anchors = sample.anchors.to(device);
   sample.keep = sample.keep.to(device);
   out.blocks = layout_blocks(input_ids, loss_mask, sample.anchors, sample.keep, bs,
@@ -142,16 +144,18 @@ DraftPass DSpineTrainingModel::sample_blocks(const data::DraftBatch& batch,
   if (options.overrides != nullptr && options.overrides->replace.defined()) {
     out.replace = options.overrides->replace.to(device, torch::kBool) & out.blocks.keep;
   } else if (options.training && out.schedule.replacement_probability > 0) {
-    out.replace =
-        draw_replacement(out.blocks.keep, out.schedule.replacement_probability, generator);
+    // As many draws per row as any batch of this sequence length can have blocks.
+    const int64_t draws = std::min(settings_.num_anchors, input_ids.size(1) - 1);
+    out.replace = draw_replacement(out.blocks.keep, out.schedule.replacement_probability, streams,
+                                   std::max(draws, out.blocks.keep.size(1)));
   }
   out.position_ids = block_position_ids(out.blocks.anchors, input_ids.size(1), bs);
   return out;
 }
 
-DraftPass DSpineTrainingModel::draft_pass(const data::DraftBatch& batch, at::Generator& generator,
+DraftPass DSpineTrainingModel::draft_pass(const data::DraftBatch& batch, const RowStreams& streams,
                                           const DSpineForwardOptions& options, bool full_rows) {
-  DraftPass out = sample_blocks(batch, generator, options);
+  DraftPass out = sample_blocks(batch, streams, options);
   const auto device = lm_head_.device();
   const auto dtype = lm_head_.scalar_type();
   const int64_t bs = model_config_.block_size, proposals = bs - 1;

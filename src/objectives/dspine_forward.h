@@ -4,7 +4,6 @@
 // graph-free prepass) in chunks.
 #pragma once
 
-#include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
@@ -18,6 +17,7 @@
 #include "objectives/dspine_blocks.h"
 #include "objectives/dspine_schedule.h"
 #include "objectives/dspine_settings.h"
+#include "objectives/row_streams.h"
 
 namespace dspine::objectives {
 
@@ -82,18 +82,18 @@ class DSpineTrainingModel {
   DSpineTrainingModel(const core::Config& config, const DSpineSettings& settings,
                       model::DSpineDraft draft, at::Tensor embed_tokens, at::Tensor lm_head);
 
-  // Draws anchors (and the replacement mask when training and p > 0) from `generator`, in that
-  // order, unless overridden.
-  DSpineOutput forward(const data::DraftBatch& batch, at::Generator& generator,
+  // Draws anchors (and the replacement mask when training and p > 0) from the rows' streams,
+  // unless overridden.
+  DSpineOutput forward(const data::DraftBatch& batch, const RowStreams& streams,
                        const DSpineForwardOptions& options);
 
-  // The generator draws of forward alone: schedule, blocks and replacement mask; the draft is
-  // not run.
-  DraftPass sample_blocks(const data::DraftBatch& batch, at::Generator& generator,
+  // The random draws of forward alone: schedule, blocks and replacement mask; the draft is not
+  // run.
+  DraftPass sample_blocks(const data::DraftBatch& batch, const RowStreams& streams,
                           const DSpineForwardOptions& options);
-  // The draft pass alone (same RNG draws as forward). pre_rows, features and teacher only with
+  // The draft pass alone (same draws as forward). pre_rows, features and teacher only with
   // `full_rows` (the CE prepass needs none of them).
-  DraftPass draft_pass(const data::DraftBatch& batch, at::Generator& generator,
+  DraftPass draft_pass(const data::DraftBatch& batch, const RowStreams& streams,
                        const DSpineForwardOptions& options, bool full_rows);
   // The objective terms of §7 on a draft pass (CE only when options.ce_only).
   DSpineOutput objective(const DraftPass& pass, const DSpineForwardOptions& options);

@@ -54,8 +54,9 @@ std::string DSpineObjective::on_fresh_start(const std::string& init_from) {
   return init_from;
 }
 
-DSpineOutput DSpineObjective::run(const data::DraftBatch& batch, StepContext& context,
-                                  DSpineForwardOptions options, bool announce_phases) {
+DSpineOutput DSpineObjective::run(const data::DraftBatch& batch, const RowStreams& streams,
+                                  StepContext& context, DSpineForwardOptions options,
+                                  bool announce_phases) {
   options.step = context.step;
   options.total_steps = context.total_steps;
   options.comm = context.comm;
@@ -64,11 +65,11 @@ DSpineOutput DSpineObjective::run(const data::DraftBatch& batch, StepContext& co
     // model_.forward split, so that the phase hook times the draft pass and the objective terms
     // apart (micro_step announces "backward" before the trainer's backward).
     announce("forward");
-    auto pass = model_.draft_pass(batch, context.generator, options, /*full_rows=*/true);
+    auto pass = model_.draft_pass(batch, streams, options, /*full_rows=*/true);
     announce("objective");
     out = model_.objective(pass, options);
   } else {
-    out = model_.forward(batch, context.generator, options);
+    out = model_.forward(batch, streams, options);
   }
   if (observer_) observer_(out);
   return out;
@@ -89,25 +90,23 @@ void DSpineObjective::begin_window(const std::vector<data::DraftBatch>& micro_ba
   immediate_window_ = expected == 1;
   immediate_steps_ = 0;
   if (immediate_window_) return;
-  // §8.2: graph-free CE-only prepass of every micro-batch, RNG state saved before each. With
-  // prepass: skip_first the first micro-batch only draws its blocks (the generator must advance
-  // as its forward would); its replay completes the window's CE̅.
+  // §8.2: graph-free CE-only prepass of every micro-batch; the replay draws the same blocks from
+  // the same row streams. With prepass: skip_first the first micro-batch has no prepass; its
+  // replay completes the window's CE̅.
   const bool skip_first = settings_.prepass == "skip_first";
   torch::NoGradGuard no_grad;
   for (size_t i = 0; i < micro_batches.size(); ++i) {
-    auto state = generator_state(context.generator);
+    if (i == 0 && skip_first) {
+      window_.record_deferred();
+      continue;
+    }
     DSpineForwardOptions options;
     options.ce_only = true;
     options.training = context.training;
-    if (i == 0 && skip_first) {
-      options.step = context.step;
-      options.total_steps = context.total_steps;
-      model_.sample_blocks(micro_batches[i], context.generator, options);
-      window_.record_deferred(state);
-      continue;
-    }
-    auto out = run(micro_batches[i], context, options);
-    window_.record_prepass(state, out.ce.item<double>(), out.denominator.item<double>());
+    const auto& batch = micro_batches[i];
+    auto out = run(batch, context.streams(static_cast<int64_t>(i), batch.input_ids.size(0)),
+                   context, options);
+    window_.record_prepass(out.ce.item<double>(), out.denominator.item<double>());
   }
   if (!skip_first) window_.reduce(*context.comm);
 }
@@ -122,24 +121,22 @@ MicroStepResult DSpineObjective::micro_step(const data::DraftBatch& batch, int64
       fail("DSpine immediate window has one micro-batch; got micro-step {}", index);
     }
     ++immediate_steps_;
-    auto out = run(batch, context, options, /*announce_phases=*/true);
+    auto out = run(batch, context.streams(index, batch.input_ids.size(0)), context, options,
+                   /*announce_phases=*/true);
     accumulate(out);
     announce("backward");
     return {out.numerator / out.global_denominator.item<double>(),
             static_cast<int64_t>(out.count.item<double>())};
   }
   if (!window_.active()) fail("DSpine micro_step {} without begin_window", index);
-  const auto& state = window_.replay_state(index);
+  window_.begin_replay(index);
   if (window_.deferred(index)) {
     options.prepassed_totals = window_.prepassed_totals();  // reduced inside its forward
   } else {
     options.alignment_ce = torch::tensor(static_cast<float>(window_.alignment_ce()));
   }
-  DSpineOutput out;
-  {
-    GeneratorFork fork(context.generator, state);
-    out = run(batch, context, options, /*announce_phases=*/true);
-  }
+  auto out = run(batch, context.streams(index, batch.input_ids.size(0)), context, options,
+                 /*announce_phases=*/true);
   if (window_.deferred(index)) {
     window_.complete(out.global_ce.item<double>(), out.global_denominator.item<double>());
   }
@@ -198,7 +195,7 @@ std::map<std::string, double> DSpineObjective::evaluate(const data::DraftBatch& 
   torch::NoGradGuard no_grad;
   DSpineForwardOptions options;
   options.training = false;
-  auto out = run(batch, context, options);
+  auto out = run(batch, context.streams(0, batch.input_ids.size(0)), context, options);
   return reduced_metrics(output_sums(out), *context.comm, out);
 }
 

@@ -18,9 +18,8 @@
 // begin_window (after the A CE-only prepasses, none inside them), or with
 // objective.dspine.prepass: skip_first one inside micro_step 0 (after A − 1 prepasses; the first
 // micro-batch's replay adds its own CE and D); end_window adds one for metrics.
-// StepContext::generator draws anchors and replacement masks (it must be a CPU generator or one on
-// the training device); begin_window saves its state per micro-batch and micro_step replays under
-// that state, leaving the generator as after the prepasses.
+// Anchors and replacement masks come from the row streams of StepContext::streams(index, rows)
+// (row_streams.h): the prepass and the replay of a micro-batch draw the same blocks.
 #pragma once
 
 #include <torch/nn/module.h>
@@ -70,7 +69,7 @@ class DSpineObjective final : public Objective {
 
  private:
   // announce_phases: a training micro-step, which announces its "forward" and "objective".
-  DSpineOutput run(const data::DraftBatch& batch, StepContext& context,
+  DSpineOutput run(const data::DraftBatch& batch, const RowStreams& streams, StepContext& context,
                    DSpineForwardOptions options, bool announce_phases = false);
   void accumulate(const DSpineOutput& out);
   std::map<std::string, double> reduced_metrics(at::Tensor sums, dist::Communicator& comm,

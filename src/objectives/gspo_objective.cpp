@@ -229,15 +229,15 @@ std::string GspoObjective::on_fresh_start(const std::string& init_from) {
   return path;
 }
 
-DraftPass GspoObjective::pass(const data::DraftBatch& batch, StepContext& context,
-                              const BlockOverrides* blocks, bool full_rows) {
+DraftPass GspoObjective::pass(const data::DraftBatch& batch, const RowStreams& streams,
+                              StepContext& context, const BlockOverrides* blocks, bool full_rows) {
   DSpineForwardOptions options;
   options.step = context.step;
   options.total_steps = context.total_steps;
   options.training = false;  // RL draws no replacement: the policy sees its own predecessors
   options.comm = context.comm;
   options.overrides = blocks;
-  return model_.draft_pass(batch, context.generator, options, full_rows);
+  return model_.draft_pass(batch, streams, options, full_rows);
 }
 
 void GspoObjective::begin_window(const std::vector<data::DraftBatch>& micro_batches,
@@ -249,10 +249,11 @@ void GspoObjective::begin_window(const std::vector<data::DraftBatch>& micro_batc
   const auto& r = settings_.rollout;
   const bool full = r.sampling == GspoSampling::kRefinement || verifier_->needs_teacher_states();
   std::vector<GspoRollout> rollouts;
-  for (const auto& batch : micro_batches) {
-    auto p = pass(batch, context, nullptr, full);
-    rollouts.push_back(
-        gspo_rollout(batch, p, *draft_, model_.lm_head(), r, *verifier_, context.generator));
+  for (size_t i = 0; i < micro_batches.size(); ++i) {
+    const auto& batch = micro_batches[i];
+    const auto streams = context.streams(static_cast<int64_t>(i), batch.input_ids.size(0));
+    auto p = pass(batch, streams, context, nullptr, full);
+    rollouts.push_back(gspo_rollout(batch, p, *draft_, model_.lm_head(), r, *verifier_, streams));
   }
   adopt_rollouts(std::move(rollouts), context);
 }
@@ -283,7 +284,9 @@ MicroStepResult GspoObjective::micro_step(const data::DraftBatch& batch, int64_t
   const bool refinement = settings_.rollout.sampling == GspoSampling::kRefinement;
   const bool supervised = settings_.ce_weight > 0;
   BlockOverrides blocks{rollout.anchors, rollout.keep, at::Tensor()};
-  auto p = pass(batch, context, &blocks, refinement || supervised);
+  // The rollout's blocks are replayed: nothing is drawn.
+  auto p = pass(batch, context.streams(index, batch.input_ids.size(0)), context, &blocks,
+                refinement || supervised);
   auto rows = refinement ? refinement_rows(p, rollout, *draft_, model_.lm_head())
                          : backbone_rows(p, rollout, model_.lm_head());
 
@@ -348,9 +351,9 @@ std::map<std::string, double> GspoObjective::evaluate(const data::DraftBatch& ba
                                                       StepContext& context) {
   torch::NoGradGuard no_grad;
   const auto& r = settings_.rollout;
-  auto p = pass(batch, context, nullptr, true);
-  auto rollout =
-      gspo_rollout(batch, p, *draft_, model_.lm_head(), r, *verifier_, context.generator);
+  const auto streams = context.streams(0, batch.input_ids.size(0));
+  auto p = pass(batch, streams, context, nullptr, true);
+  auto rollout = gspo_rollout(batch, p, *draft_, model_.lm_head(), r, *verifier_, streams);
   auto greedy = gspo_greedy_tokens(p, rollout.kept, *draft_, model_.lm_head(), r).unsqueeze(1);
   auto verdict = verifier_->verify(batch, p, rollout.kept, greedy, /*with_probs=*/false);
   auto greedy_accepted = accepted_prefix(greedy, verdict.choices, rollout.supervised);

@@ -78,8 +78,8 @@ class GspoObjective final : public Objective {
                                          StepContext& context) override;
 
  private:
-  DraftPass pass(const data::DraftBatch& batch, StepContext& context, const BlockOverrides* blocks,
-                 bool full_rows);
+  DraftPass pass(const data::DraftBatch& batch, const RowStreams& streams, StepContext& context,
+                 const BlockOverrides* blocks, bool full_rows);
 
   core::Config config_;
   DSpineSettings dspine_;

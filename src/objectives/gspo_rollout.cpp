@@ -158,7 +158,7 @@ at::Tensor group_advantages(const at::Tensor& rewards, GspoAdvantageNorm norm) {
 GspoRollout gspo_rollout(const data::DraftBatch& batch, const DraftPass& pass,
                          model::DSpineDraftImpl& draft, const at::Tensor& lm_head,
                          const GspoRolloutSettings& settings, const BlockVerifier& verifier,
-                         at::Generator& generator) {
+                         const RowStreams& streams) {
   if (settings.group_size < 2) fail("gspo: group_size must be >= 2 (got {})", settings.group_size);
   torch::NoGradGuard no_grad;
   const int64_t group = settings.group_size;
@@ -170,20 +170,23 @@ GspoRollout gspo_rollout(const data::DraftBatch& batch, const DraftPass& pass,
   const bool expected = settings.reward == GspoReward::kExpectedAcceptance;
   const auto rows = kept_rows(pass, out.kept, refinement);
   const int64_t blocks = rows.hidden.size(0), slots = rows.hidden.size(1);
-  // One CPU draw for the whole rollout, laid out [K, T, G] (backbone rows) or [T, K, G] (the
-  // refinement walk's slot-major order); both read it as rows of G.
-  auto uniforms = at::rand({blocks * slots * group}, generator, torch::kFloat64)
-                      .view({-1, group})
+  // Each batch row draws T·G uniforms per kept block of its own from its rollout stream, laid out
+  // [K, T, G] in the kept blocks' order (row-major, so row by row); the backbone reads them as
+  // rows of G per (block, slot), the refinement walk one slot's [K, G] at a time.
+  const auto per_row = pass.blocks.keep.to(torch::kCPU).to(torch::kInt64).sum(1) * (slots * group);
+  auto uniforms = streams.uniform(RowDraw::kRollout, per_row, torch::kFloat64)
+                      .view({blocks, slots, group})
                       .to(rows.hidden.device());
   auto chooser_for = [&](int64_t first_block) -> Chooser {
     return [&, first_block](const at::Tensor& probs, int64_t slot) {
       if (slot >= 0) {  // one uniform per (block, sample) of this slot
         const int64_t c = probs.size(0) / group;
-        auto u = uniforms.view({slots, blocks, group}).select(0, slot).narrow(0, first_block, c);
+        auto u = uniforms.select(1, slot).narrow(0, first_block, c);
         return sample_categorical(probs, u.reshape({-1, 1}));
       }
       const int64_t c = probs.size(0) / slots;
-      return sample_categorical(probs, uniforms.narrow(0, first_block * slots, c * slots));
+      return sample_categorical(probs,
+                                uniforms.narrow(0, first_block, c).reshape({c * slots, group}));
     };
   };
   auto walk = walk_blocks(rows, draft, lm_head, settings, group, chooser_for);

@@ -5,7 +5,6 @@
 // from a BlockVerifier: by default the target itself (block_verifier.h).
 #pragma once
 
-#include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
@@ -14,6 +13,7 @@
 #include "model/dspine_draft.h"
 #include "objectives/block_verifier.h"
 #include "objectives/dspine_forward.h"
+#include "objectives/row_streams.h"
 
 namespace dspine::objectives {
 
@@ -55,12 +55,12 @@ struct GspoRollout {
 
 // Draws the rollout from a no-grad draft pass over `batch` (with full rows when sampling through
 // the refinement head or when the verifier reads teacher states) and scores it with `verifier`.
-// Uniforms come from `generator` on the CPU, K·T·G of them in one draw, so a seed gives the same
-// blocks on every device.
+// Uniforms come from the batch rows' rollout streams on the CPU (T·G per kept block of the row),
+// so a row samples the same blocks on every device and in any grouping of rows.
 GspoRollout gspo_rollout(const data::DraftBatch& batch, const DraftPass& pass,
                          model::DSpineDraftImpl& draft, const at::Tensor& lm_head,
                          const GspoRolloutSettings& settings, const BlockVerifier& verifier,
-                         at::Generator& generator);
+                         const RowStreams& streams);
 
 // Greedy blocks [K, T] (argmax instead of sampling, the inference path) of the kept blocks.
 at::Tensor gspo_greedy_tokens(const DraftPass& pass, const at::Tensor& kept,

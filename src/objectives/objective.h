@@ -13,11 +13,11 @@
 #include <string>
 #include <vector>
 
-#include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
 
 #include "data/batch.h"
 #include "dist/communicator.h"
+#include "objectives/row_streams.h"
 
 namespace dspine::objectives {
 
@@ -26,8 +26,20 @@ struct StepContext {
   int64_t total_steps = 1;  // optimizer-step horizon (schedules such as DSpine replacement)
   int64_t update = 0;       // which of the window's updates_per_window() updates is running
   dist::Communicator* comm = nullptr;  // never null; collectives for global normalizers
-  at::Generator generator;  // RNG for sampling inside the objective (anchors, replacement)
+  // Sampling inside the objective (anchors, replacement, rollouts) draws from streams keyed by
+  // (seed, step, global row) (row_streams.h). The global row of row r of micro-batch i on this
+  // rank is i·row_stride + row_offset + r: the trainer sets row_offset = rank·B and row_stride =
+  // world·B, so rows are numbered through the window's global batch as one process at batch
+  // world·B numbers them. row_stride 0: the micro-batch's own row count (one process).
+  uint64_t seed = 0;
+  int64_t row_offset = 0;
+  int64_t row_stride = 0;
   bool training = true;     // false for evaluation (no replay, no replacement)
+
+  // The streams of micro-batch `index` of the window, `rows` rows on this rank.
+  RowStreams streams(int64_t index, int64_t rows) const {
+    return {seed, step, index * (row_stride > 0 ? row_stride : rows) + row_offset};
+  }
 };
 
 struct MicroStepResult {

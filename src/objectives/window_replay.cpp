@@ -2,27 +2,9 @@
 
 #include <torch/torch.h>
 
-#include <mutex>
-
 #include "core/error.h"
 
 namespace dspine::objectives {
-
-at::Tensor generator_state(at::Generator& generator) {
-  std::lock_guard<std::mutex> lock(generator.mutex());
-  return generator.get_state();
-}
-
-GeneratorFork::GeneratorFork(at::Generator& generator, const at::Tensor& state)
-    : generator_(generator), saved_(generator_state(generator)) {
-  std::lock_guard<std::mutex> lock(generator_.mutex());
-  generator_.set_state(state);
-}
-
-GeneratorFork::~GeneratorFork() {
-  std::lock_guard<std::mutex> lock(generator_.mutex());
-  generator_.set_state(saved_);
-}
 
 void WindowReplay::begin(int64_t received, int64_t expected) {
   if (active()) {
@@ -43,16 +25,16 @@ void WindowReplay::begin(int64_t received, int64_t expected) {
   reduced_ = false;
 }
 
-void WindowReplay::record_prepass(at::Tensor rng_state, double ce, double denominator) {
+void WindowReplay::record_prepass(double ce, double denominator) {
   if (static_cast<int64_t>(prepasses_.size()) >= expected_) {
     fail("DSpine window: more prepasses than its {} micro-batches", expected_);
   }
-  prepasses_.push_back({std::move(rng_state), ce, denominator, false});
+  prepasses_.push_back({ce, denominator, false});
 }
 
-void WindowReplay::record_deferred(at::Tensor rng_state) {
+void WindowReplay::record_deferred() {
   if (!prepasses_.empty()) fail("DSpine window: only its first micro-batch can skip the prepass");
-  prepasses_.push_back({std::move(rng_state), 0, 0, true});
+  prepasses_.push_back({0, 0, true});
 }
 
 at::Tensor WindowReplay::prepassed_totals() const {
@@ -86,7 +68,7 @@ bool WindowReplay::deferred(int64_t index) const {
          prepasses_[index].deferred;
 }
 
-const at::Tensor& WindowReplay::replay_state(int64_t index) {
+void WindowReplay::begin_replay(int64_t index) const {
   if (static_cast<int64_t>(prepasses_.size()) != expected_) {
     fail("DSpine replay of micro-batch {} before the window's prepass", index);
   }
@@ -96,7 +78,6 @@ const at::Tensor& WindowReplay::replay_state(int64_t index) {
   if (index != replayed_) {
     fail("DSpine replay out of order: micro-batch {} requested, {} expected", index, replayed_);
   }
-  return prepasses_[index].rng_state;
 }
 
 void WindowReplay::finish_replay(int64_t index, double denominator) {

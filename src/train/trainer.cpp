@@ -6,7 +6,6 @@
 #include <csignal>
 #include <filesystem>
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include "core/log.h"
 #include <torch/torch.h>
@@ -46,11 +45,6 @@ std::string starting_point(const std::string& path) {
   return state ? fmt::format("{} (step {})", path, state->step) : path;
 }
 
-// Distinct, reproducible sampling stream per rank.
-uint64_t objective_seed(int64_t seed, int rank) {
-  return static_cast<uint64_t>(seed) * 0x9E3779B97F4A7C15ULL + static_cast<uint64_t>(rank) + 1;
-}
-
 // What made an update non-finite, as far as this rank can tell cheaply: its own loss (and the
 // first micro-batch where it went bad), else the first unit whose reduced gradient is not finite.
 std::string nonfinite_culprit(double local_loss, int64_t bad_micro, const MasterAdamW& optimizer) {
@@ -80,7 +74,6 @@ struct Trainer::State {
   BuiltModel built;
   std::unique_ptr<dist::ShardedParameters> sharded;
   std::unique_ptr<MasterAdamW> optimizer;
-  at::Generator generator;
   int64_t step = 0;
   int64_t cursor = 0;  // global sample index of the next window
   int64_t parameters = 0, trainable_parameters = 0;  // counted before sharding splits them
@@ -116,7 +109,6 @@ Trainer::Trainer(core::Config config, std::shared_ptr<dist::Communicator> comm)
       *s.sharded, training,
       model::use_fused_kernels(model::parse_fused_kernels(s.config.model.fused_kernels),
                                s.device));
-  s.generator = at::make_generator<at::CPUGeneratorImpl>(objective_seed(training.seed, s.comm->rank()));
 }
 
 Trainer::~Trainer() = default;
@@ -158,13 +150,9 @@ TrainResult Trainer::run(int64_t stop_after) {
     model::load_module_state(*s.built.module, loaded.model);
     s.optimizer->load_state(loaded.optimizer, loaded.saved_world_size);
     s.sharded->release_all();
-    const std::string stream = fmt::format("objective_generator.rank{}", rank);
-    if (loaded.rng.contains(stream)) {
-      s.generator.set_state(loaded.rng.at(stream));
-    } else {
-      // A rank the saved run did not have: its own stream, seeded by the step it starts at.
-      s.generator.set_current_seed(objective_seed(cfg.training.seed + loaded.step, rank));
-    }
+    // The objective's draws are keyed by step and global row (objectives/row_streams.h): nothing
+    // to restore. rng.safetensors is read (checked) and not used; checkpoints written before the
+    // row streams hold objective_generator.rank<r> generator states there.
     s.step = loaded.step;
     s.cursor = loaded.data_cursor;
     if (leader) log::info("resumed from {} at step {}", resume_from, s.step);
@@ -173,8 +161,8 @@ TrainResult Trainer::run(int64_t stop_after) {
                 cfg.training.init_from);
     }
     if (leader && loaded.saved_world_size != world) {
-      log::warn("resharded {} from {} to {} ranks: each rank keeps training.batch_size rows, "
-                "and ranks the saved run lacked start their own sampling streams",
+      log::warn("resharded {} from {} to {} ranks: each rank keeps training.batch_size rows "
+                "(anchors and samples follow the global row: unchanged with the global batch)",
                 resume_from, loaded.saved_world_size, world);
     }
   } else {
@@ -224,14 +212,10 @@ TrainResult Trainer::run(int64_t stop_after) {
     s.sharded->release_all();
     contents.model_config = s.built.hf_config;
     contents.optimizer = s.optimizer->state();
-    // Every rank's sampling stream, gathered so any rank can resume its own.
-    auto local = s.generator.get_state();
-    auto gathered = torch::empty({world * local.numel()}, local.options());
-    s.comm->all_gather(local, gathered);
-    for (int r = 0; r < world; ++r) {
-      contents.rng.emplace_back(fmt::format("objective_generator.rank{}", r),
-                                gathered.slice(0, r * local.numel(), (r + 1) * local.numel()));
-    }
+    // No generator state: the draws are keyed by (training.seed, step, global row). The file
+    // records the seed that keys them.
+    contents.rng.emplace_back("row_streams.seed",
+                              torch::tensor({cfg.training.seed}, torch::kInt64));
     contents.trainer_state = {{"step", step},
                               {"data_cursor", s.cursor},
                               {"config", core::to_yaml(cfg)}};
@@ -295,7 +279,12 @@ TrainResult Trainer::run(int64_t stop_after) {
   objectives::StepContext context;
   context.total_steps = total;
   context.comm = s.comm.get();
-  context.generator = s.generator;
+  // Row r of this rank's micro-batch i is global row i·world·B + rank·B + r of the window: the
+  // trainer reads sample cursor + i·world·B + rank·B + r there, so one process at batch world·B
+  // gives every sample the same row number.
+  context.seed = static_cast<uint64_t>(cfg.training.seed);
+  context.row_offset = rank * cfg.training.batch_size;
+  context.row_stride = world * cfg.training.batch_size;
   context.training = true;
   const auto started = std::chrono::steady_clock::now();
   auto window_started = started;

@@ -7,7 +7,6 @@
 // no farther from the reference than the reference is from itself under a bf16-level input
 // perturbation; and with the refinement's candidates (a top-k among near-tied bf16 logits) pinned
 // to the same choice on both sides, the gradient cosine at least 0.995.
-#include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -89,7 +88,7 @@ WindowResult run_window(const std::string& fused, bool kernel_heads, torch::Dtyp
   context.step = step;
   context.total_steps = 600;
   context.comm = comm.get();
-  context.generator = at::make_generator<at::CPUGeneratorImpl>(123);
+  context.seed = 123;
   const int64_t seq_len = kernel_heads ? 96 : 32;
   std::vector<data::DraftBatch> window{random_batch(1, seq_len).to(device),
                                        random_batch(2, seq_len).to(device)};
@@ -165,7 +164,7 @@ WindowResult recipe_window(const std::string& fused, double input_scale = 1.0,
   context.step = 10;
   context.total_steps = config.training.total_steps;
   context.comm = comm.get();
-  context.generator = at::make_generator<at::CPUGeneratorImpl>(123);
+  context.seed = 123;
   std::vector<data::DraftBatch> window{source.next(config.training.batch_size)};
   window[0].hidden_states.mul_(input_scale);
   objective->begin_window(window, context);

@@ -3,7 +3,6 @@
 // rank's gradients equal the single-process gradients of the combined batch. The same holds for the
 // reduced gradient slices of every sharding mode, zero3 gathering each unit (again in the backward
 // and in the objective's checkpointed recompute).
-#include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -27,7 +26,7 @@ std::map<std::string, torch::Tensor> window_gradients(objectives::DSpineObjectiv
   context.step = 300;  // replacement schedule past its end: no replacement draws
   context.total_steps = 600;
   context.comm = &comm;
-  context.generator = at::make_generator<at::CPUGeneratorImpl>(11);
+  context.seed = 11;
   objective.begin_window(batches, context);
   for (size_t i = 0; i < batches.size(); ++i) {
     objective.micro_step(batches[i], static_cast<int64_t>(i), context).loss.backward();
@@ -113,7 +112,7 @@ TEST(DSpineDistributed, ShardedGradientSlicesMatchTheCombinedBatch) {
     context.step = 300;
     context.total_steps = 600;
     context.comm = comm.get();
-    context.generator = at::make_generator<at::CPUGeneratorImpl>(11);
+    context.seed = 11;
     objective->begin_window(mine, context);
     for (int64_t i = 0; i < accumulation; ++i) {
       auto loss = objective->micro_step(mine[i], i, context).loss;

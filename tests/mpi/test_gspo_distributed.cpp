@@ -3,7 +3,6 @@
 //    every rank the single-rank loss share and logits gradient of its rows.
 // 2. The objective: two ranks updating their rows of one rollout give, after the trainer's SUM
 //    all-reduce, the gradients of one rank updating the concatenated batch.
-#include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -135,7 +134,7 @@ std::map<std::string, torch::Tensor> update_gradients(objectives::GspoObjective&
                                                       dist::Communicator& comm) {
   objectives::StepContext context;
   context.comm = &comm;
-  context.generator = at::make_generator<at::CPUGeneratorImpl>(5);
+  context.seed = 5;
   objective.adopt_rollouts({std::move(rollout)}, context);
   objective.micro_step(batch, 0, context).loss.backward();
   objective.end_window(context);
@@ -179,7 +178,7 @@ TEST(GspoDistributed, RanksUpdatingTheirRowsMatchTheConcatenatedBatch) {
     auto local = dist::make_single_process_communicator();
     objectives::StepContext context;
     context.comm = local.get();
-    context.generator = at::make_generator<at::CPUGeneratorImpl>(5);
+    context.seed = 5;
     single->begin_window({both}, context);
     // The rollout the single rank drew, split by rows for the two ranks.
     auto rollout = single->window_rollouts().at(0);

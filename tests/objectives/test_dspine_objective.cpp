@@ -1,7 +1,6 @@
 // DSpine objective: blocks and weights, hand-computed terms, refinement gating, chunked
 // checkpointing, the CE-only prepass, and the accumulation window with replay (docs/model.md;
 // tests T10b–T13, T21–T24, T26–T28).
-#include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -50,14 +49,15 @@ data::DraftBatch concat(const std::vector<data::DraftBatch>& parts) {
   return {torch::cat(ids), torch::cat(mask), torch::cat(hidden), torch::cat(last)};
 }
 
-at::Generator generator(uint64_t seed) { return at::make_generator<at::CPUGeneratorImpl>(seed); }
+// The streams of a batch whose rows are global rows 0.. of step 0 under `seed`.
+RowStreams row_streams(uint64_t seed) { return {seed, 0, 0}; }
 
 StepContext context(dist::Communicator& comm, int64_t seed, int64_t step, int64_t total = 600) {
   StepContext ctx;
   ctx.step = step;
   ctx.total_steps = total;
   ctx.comm = &comm;
-  ctx.generator = generator(seed);
+  ctx.seed = static_cast<uint64_t>(seed);
   ctx.training = true;
   return ctx;
 }
@@ -115,7 +115,7 @@ TEST(DSpineObjective, HfConfigCarriesTheFullDSpineConfig) {
 
 TEST(DSpineBlocks, AnchorsAndWeightsFollowTheWorkedExample) {
   auto batch = training_inputs();
-  auto gen = generator(42);
+  auto gen = row_streams(42);
   EXPECT_EQ(max_valid_anchors(batch.loss_mask), 8);
   auto sample = sample_anchors(batch.loss_mask, 4, gen);
   ASSERT_EQ(sample.anchors.sizes(), torch::IntArrayRef({2, 4}));
@@ -153,7 +153,7 @@ TEST(DSpineObjectiveTerms, MaskGapGivesTheHandComputedDenominatorAndIgnoresLater
   options.total_steps = 600;
   options.comm = &comm;
   options.overrides = &overrides;
-  auto gen = generator(1);
+  auto gen = row_streams(1);
   auto& model = objective->training_model();
   auto out = model.forward(batch, gen, options);
   EXPECT_NEAR(out.denominator.item<double>(), 1.0 + std::exp(-1.0 / 7.0), 1e-6);
@@ -248,7 +248,7 @@ TEST(DSpineObjectiveTerms, DroppedBlocksContributeNothing) {
     options.total_steps = 600;
     options.comm = &comm;
     options.overrides = &overrides;
-    auto gen = generator(1);
+    auto gen = row_streams(1);
     auto out = objective->training_model().forward(batch, gen, options);
     out.loss.backward();
     return std::make_pair(out.loss.detach(), take_grads(*objective->draft()));
@@ -276,7 +276,7 @@ ForwardResult chunked_forward(int64_t chunk_blocks, bool inspect_graph = false,
   options.step = 100;
   options.total_steps = 600;
   options.comm = &comm;
-  auto gen = generator(42);
+  auto gen = row_streams(42);
   auto out = objective->training_model().forward(batch, gen, options);
   EXPECT_TRUE(out.replace.defined());  // replacement is active at step 100
   if (inspect_graph && node_names != nullptr) {
@@ -346,7 +346,7 @@ TEST(DSpinePrepass, CeOnlyEqualsTheFullPassCeWithoutTeacherRefinementOrCollectiv
     options.step = step;
     options.total_steps = 600;
     options.comm = &comm;
-    auto gen_full = generator(39);
+    auto gen_full = row_streams(39);
     auto full = model.forward(batch, gen_full, options);
     EXPECT_EQ(comm.collective_count(), 1);
 
@@ -354,7 +354,7 @@ TEST(DSpinePrepass, CeOnlyEqualsTheFullPassCeWithoutTeacherRefinementOrCollectiv
     auto poisoned = batch;
     poisoned.target_last_hidden_states = torch::full_like(batch.target_last_hidden_states, NAN);
     options.ce_only = true;
-    auto gen_ce = generator(39);
+    auto gen_ce = row_streams(39);
     auto ce = model.forward(poisoned, gen_ce, options);
     EXPECT_EQ(comm.collective_count(), 1) << "the prepass must issue no collective";
     EXPECT_TRUE(torch::allclose(ce.ce, full.ce, 1.3e-6, 1e-5));
@@ -365,7 +365,6 @@ TEST(DSpinePrepass, CeOnlyEqualsTheFullPassCeWithoutTeacherRefinementOrCollectiv
     EXPECT_FALSE(ce.refinement.defined());
     EXPECT_FALSE(ce.alignment.defined());
     EXPECT_FALSE(ce.coverage.defined());
-    EXPECT_TRUE(torch::equal(generator_state(gen_ce), generator_state(gen_full)));
   }
 }
 
@@ -373,7 +372,7 @@ TEST(DSpinePrepass, CeOnlyWithAutogradIsRejected) {
   auto objective = training_objective(tiny_config(), tiny_settings());
   DSpineForwardOptions options;
   options.ce_only = true;
-  auto gen = generator(1);
+  auto gen = row_streams(1);
   try {
     objective->training_model().forward(training_inputs(), gen, options);
     FAIL() << "ce_only with autograd must throw";
@@ -446,7 +445,7 @@ TEST(DSpineWindow, WindowGradientsEqualOneConcatenatedBatch) {
   EXPECT_NEAR(metrics.at("dspine/denominator"), 1 + 2.618355 + 1.866878 + 1, 1e-5);
 }
 
-TEST(DSpineWindow, ReplayReproducesAnchorsAndReplacementAndTheRngStream) {
+TEST(DSpineWindow, ReplayReproducesAnchorsAndReplacement) {
   auto objective = training_objective(tiny_config(2), tiny_settings());
   std::vector<DSpineOutput> seen;
   std::vector<bool> grad_enabled;
@@ -472,15 +471,52 @@ TEST(DSpineWindow, ReplayReproducesAnchorsAndReplacementAndTheRngStream) {
   }
   EXPECT_FALSE(torch::equal(seen[0].blocks.anchors, seen[1].blocks.anchors));
 
-  // The generator ends where two plain forwards leave it.
-  auto reference = generator(321);
+  // Both are the draws of plain forwards on the micro-batches' row streams: rows 0-1 and 2-3 of
+  // step 100.
   torch::NoGradGuard no_grad;
   DSpineForwardOptions options;
   options.step = 100;
   options.total_steps = 600;
   options.ce_only = true;
-  for (const auto& b : batches) objective->training_model().forward(b, reference, options);
-  EXPECT_TRUE(torch::equal(generator_state(ctx.generator), generator_state(reference)));
+  for (int64_t i = 0; i < 2; ++i) {
+    const RowStreams streams{321, 100, 2 * i};
+    auto plain = objective->training_model().forward(batches[i], streams, options);
+    EXPECT_TRUE(torch::equal(plain.blocks.anchors, seen[i].blocks.anchors)) << i;
+    EXPECT_TRUE(torch::equal(plain.replace, seen[i].replace)) << i;
+  }
+}
+
+// A row's anchors and replacement mask are its own stream's, whatever rows share its batch, and
+// the streams differ by row, step and seed.
+TEST(DSpineBlocks, RowsDrawTheSameBlocksInAnyGrouping) {
+  auto objective = training_objective(tiny_config(), tiny_settings());
+  auto& model = objective->training_model();
+  auto batch = training_inputs();
+  DSpineForwardOptions options;
+  options.step = 100;  // replacement probability 0.5
+  options.total_steps = 600;
+  const RowStreams streams{5, 100, 10};
+  auto both = model.sample_blocks(batch, streams, options);
+  ASSERT_TRUE(both.replace.defined());
+  for (int64_t row = 0; row < 2; ++row) {
+    auto alone = model.sample_blocks(
+        data::DraftBatch{batch.input_ids.narrow(0, row, 1), batch.loss_mask.narrow(0, row, 1),
+                         batch.hidden_states.narrow(0, row, 1),
+                         batch.target_last_hidden_states.narrow(0, row, 1)},
+        streams.rows_from(row), options);
+    const int64_t width = alone.blocks.anchors.size(1);
+    auto keep = both.blocks.keep[row];
+    EXPECT_EQ(keep.narrow(0, width, keep.size(0) - width).any().item<bool>(), false) << row;
+    EXPECT_TRUE(torch::equal(alone.blocks.keep[0], keep.narrow(0, 0, width))) << row;
+    EXPECT_TRUE(torch::equal(alone.blocks.anchors[0],
+                             both.blocks.anchors[row].narrow(0, 0, width))) << row;
+    EXPECT_TRUE(torch::equal(alone.replace[0], both.replace[row].narrow(0, 0, width))) << row;
+  }
+  for (const RowStreams other : {RowStreams{5, 101, 10}, RowStreams{6, 100, 10},
+                                 RowStreams{5, 100, 12}}) {
+    auto sample = sample_anchors(batch.loss_mask, 4, other);
+    EXPECT_FALSE(torch::equal(sample.anchors, both.blocks.anchors));
+  }
 }
 
 objectives::DSpineSettings skip_first_settings() {
@@ -490,8 +526,8 @@ objectives::DSpineSettings skip_first_settings() {
 }
 
 // prepass: skip_first is the same window with one CE-only forward fewer: the same loss, metrics
-// and gradients (the same anchors and replacement draws), the same generator state afterwards,
-// and one reduction, made by the first replay.
+// and gradients (the same anchors and replacement draws), and one reduction, made by the first
+// replay.
 TEST(DSpineWindow, SkippingTheFirstPrepassGivesTheSameWindow) {
   for (int64_t a : {2, 4}) {
     std::vector<data::DraftBatch> micro;
@@ -522,7 +558,6 @@ TEST(DSpineWindow, SkippingTheFirstPrepassGivesTheSameWindow) {
     std::vector<bool> expected(a - 1, false);  // prepasses of micro-batches 1..A-1
     expected.resize(2 * a - 1, true);          // then A replays
     EXPECT_EQ(grad_enabled, expected);
-    EXPECT_TRUE(torch::equal(generator_state(ctx.generator), generator_state(ctx_every.generator)));
     ASSERT_EQ(metrics.size(), metrics_every.size());
     for (const auto& [key, value] : metrics_every) {
       EXPECT_NEAR(metrics.at(key), value, 1e-6 * std::max(1.0, std::abs(value))) << key;

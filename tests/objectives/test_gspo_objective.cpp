@@ -215,12 +215,13 @@ struct TinyPolicy {
                          23);
   }
 
-  DraftPass pass(at::Generator& gen) {
+  DraftPass pass(const RowStreams& streams) { return pass(streams, batch); }
+  DraftPass pass(const RowStreams& streams, const data::DraftBatch& rows) {
     DSpineTrainingModel model(config, tiny_settings(2), objective->draft(), torch::randn({32, 16}),
                               torch::randn({32, 16}));
     DSpineForwardOptions options;
     options.training = false;
-    return model.draft_pass(batch, gen, options, true);
+    return model.draft_pass(rows, streams, options, true);
   }
 };
 
@@ -229,11 +230,11 @@ TEST(GspoRollout, SameSeedSameBlocksOtherSeedOtherBlocks) {
     TinyPolicy policy(sampling, GspoReward::kExpectedAcceptance);
     auto run = [&](uint64_t seed) {
       torch::manual_seed(1);
-      auto gen = cpu_generator(seed);
-      auto pass = policy.pass(gen);
+      const RowStreams streams{seed, 0, 0};
+      auto pass = policy.pass(streams);
       auto head = torch::randn({32, 16});
       return gspo_rollout(policy.batch, pass, *policy.objective->draft(), head,
-                          policy.settings.rollout, TeacherVerifier(head, 2), gen);
+                          policy.settings.rollout, TeacherVerifier(head, 2), streams);
     };
     auto a = run(11), b = run(11), c = run(12);
     EXPECT_TRUE(torch::equal(a.tokens, b.tokens));
@@ -245,6 +246,38 @@ TEST(GspoRollout, SameSeedSameBlocksOtherSeedOtherBlocks) {
     EXPECT_TRUE(a.rewards.ge(0).all().item<bool>() && a.rewards.le(1).all().item<bool>());
     EXPECT_TRUE(torch::isfinite(a.advantages).all().item<bool>());
     EXPECT_TRUE(a.old_logprobs.le(0).all().item<bool>());
+  }
+}
+
+// A row samples its blocks from its own streams: the rollout of a batch's row equals the rollout
+// of that row alone under the same global row number.
+TEST(GspoRollout, RowsSampleTheSameBlocksInAnyGrouping) {
+  for (auto sampling : {GspoSampling::kBackbone, GspoSampling::kRefinement}) {
+    TinyPolicy policy(sampling, GspoReward::kGreedyMatch);
+    const RowStreams streams{11, 3, 4};
+    auto rollout = [&](const RowStreams& s, const data::DraftBatch& rows) {
+      torch::manual_seed(1);
+      auto pass = policy.pass(s, rows);
+      auto head = torch::randn({32, 16});
+      return gspo_rollout(rows, pass, *policy.objective->draft(), head, policy.settings.rollout,
+                          TeacherVerifier(head, 2), s);
+    };
+    const auto both = rollout(streams, policy.batch);
+    int64_t first = 0;
+    for (int64_t row = 0; row < 2; ++row) {
+      const auto& b = policy.batch;
+      const auto alone = rollout(
+          streams.rows_from(row),
+          data::DraftBatch{b.input_ids.narrow(0, row, 1), b.loss_mask.narrow(0, row, 1),
+                           b.hidden_states.narrow(0, row, 1),
+                           b.target_last_hidden_states.narrow(0, row, 1)});
+      const int64_t kept = alone.tokens.size(0);
+      ASSERT_GT(kept, 0);
+      EXPECT_TRUE(torch::equal(alone.tokens, both.tokens.narrow(0, first, kept)))
+          << "sampling " << int(sampling) << " row " << row;
+      first += kept;
+    }
+    EXPECT_EQ(first, both.tokens.size(0));
   }
 }
 
@@ -260,7 +293,7 @@ TEST(GspoObjective, FirstUpdateIsOnPolicyAndLaterUpdatesClip) {
     auto comm = dist::make_single_process_communicator();
     StepContext context;
     context.comm = comm.get();
-    context.generator = cpu_generator(99);
+    context.seed = 99;
     torch::optim::SGD sgd(policy.objective->module()->parameters(), 0.5);
     policy.objective->begin_window({policy.batch}, context);
     std::vector<double> ratio, clipped, kl;
@@ -287,7 +320,7 @@ TEST(GspoObjective, OneUpdateIsOnPolicy) {
   auto comm = dist::make_single_process_communicator();
   StepContext context;
   context.comm = comm.get();
-  context.generator = cpu_generator(99);
+  context.seed = 99;
   policy.objective->begin_window({policy.batch}, context);
   auto out = policy.objective->micro_step(policy.batch, 0, context);
   out.loss.backward();

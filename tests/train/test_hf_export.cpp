@@ -6,7 +6,6 @@
 #include <filesystem>
 #include <fstream>
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -63,14 +62,14 @@ std::vector<at::Tensor> forward_outputs(const Config& config,
   load(*objective->draft());
   source->seek(5000);
   const auto batch = source->next(2);
-  auto generator = at::make_generator<at::CPUGeneratorImpl>(7);
+  const dspine::objectives::RowStreams streams{7, 0, 0};
   auto comm = dspine::dist::make_single_process_communicator();
   dspine::objectives::DSpineForwardOptions options;
   options.total_steps = config.training.total_steps;
   options.training = false;
   options.comm = comm.get();
   torch::NoGradGuard no_grad;
-  const auto out = objective->training_model().forward(batch, generator, options);
+  const auto out = objective->training_model().forward(batch, streams, options);
   return {out.loss, out.ce, out.l1, out.refinement, out.alignment, out.correct, out.coverage};
 }
 

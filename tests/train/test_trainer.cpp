@@ -386,6 +386,52 @@ TEST(Trainer, GspoResumeMatchesUninterruptedRunBitwise) {
 
 // training.on_nonfinite: skip. A NaN in one micro-batch makes its step's loss and gradient NaN:
 // that update is not applied (the weights stay as they were), it is counted, training goes on.
+// The anchors and replacement masks are keyed by (seed, step, global row): a resume restores no
+// generator state. A checkpoint written before that (rng.safetensors holding the per-rank
+// generator state objective_generator.rank0) still loads, its state unused, and the resumed run
+// equals the uninterrupted one bitwise; new checkpoints record only the seed.
+TEST(Trainer, DSpineResumeFromAnOlderRngFileIsBitwise) {
+  auto dir = fresh_dir("dspine_old_rng");
+  constexpr int64_t kSteps = 2;
+  auto quick = [&](const fs::path& run) {
+    Config config = tiny_dspine_config(run, 2 * kSteps);
+    config.training.eval_every = 0;
+    config.data.seq_len = 32;
+    return config;
+  };
+  const auto saved = dspine::train::Trainer(quick(dir / "a"),
+                                            dspine::dist::make_single_process_communicator())
+                         .run(kSteps)
+                         .last_checkpoint;
+  auto loaded = dspine::train::load_checkpoint(saved);
+  ASSERT_EQ(loaded.rng.tensors.size(), 1u);
+  EXPECT_EQ(loaded.rng.tensors.at(0).first, "row_streams.seed");
+  EXPECT_EQ(loaded.rng.tensors.at(0).second.item<int64_t>(), quick(dir).training.seed);
+  // The same checkpoint as an older version wrote it: a CPU generator state per rank.
+  auto comm = dspine::dist::make_single_process_communicator();
+  Config old = quick(dir / "old");
+  dspine::train::CheckpointManager(old.checkpoint.dir, 2, *comm)
+      .save(kSteps, {loaded.model.tensors, loaded.model_config, loaded.optimizer.at(0).tensors,
+                     {{"objective_generator.rank0", torch::zeros({5056}, torch::kUInt8)}},
+                     loaded.trainer_state});
+  old.checkpoint.resume = "auto";
+  dspine::train::Trainer resumed(old, dspine::dist::make_single_process_communicator());
+  const auto rest = resumed.run();
+  ASSERT_EQ(rest.first_step, kSteps);
+
+  dspine::train::Trainer reference(quick(dir / "b"),
+                                   dspine::dist::make_single_process_communicator());
+  const auto full = reference.run();
+  ASSERT_EQ(rest.losses.size(), static_cast<size_t>(kSteps));
+  for (int64_t i = 0; i < kSteps; ++i) {
+    EXPECT_EQ(rest.losses[i], full.losses[kSteps + i]) << "step " << kSteps + i;
+  }
+  auto got = parameters_of(resumed.module());
+  for (const auto& [name, tensor] : parameters_of(reference.module())) {
+    EXPECT_TRUE(torch::equal(got.at(name), tensor)) << name;
+  }
+}
+
 TEST(Trainer, NonFiniteStepIsSkippedAndTrainingContinues) {
   auto dir = fresh_dir("nonfinite_skip");
   auto config = small_config(dir, 5);

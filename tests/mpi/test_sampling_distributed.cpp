@@ -1,0 +1,97 @@
+// The objectives' random draws (anchors, replacement masks, GSPO rollout samples) are keyed by
+// (training.seed, step, global row) (objectives/row_streams.h), not by rank: N ranks at
+// training.batch_size B (ctest: mpirun -np 2, MPI back end on CPU) train like one process at
+// N·B, step by step, for the dspine and gspo objectives under every distributed.sharding mode.
+// Anchors are drawn from more valid positions than num_anchors and replacement is on, so the draws
+// matter; only fp32 summation order differs (1e-5 relative on every step's loss).
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <string>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "common/small_run.h"
+#include "core/config.h"
+#include "core/files.h"
+#include "dist/launch.h"
+#include "dist/mpi_context.h"
+#include "train/trainer.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr int64_t kSteps = 3;
+
+dspine::core::Config run_config(const fs::path& dir, const std::string& objective, int64_t rows,
+                                const std::string& mode) {
+  auto config = dspine::testing::tiny_dspine_run_config(dir, kSteps);
+  config.training.device = "cpu";
+  config.training.batch_size = rows;
+  config.training.accumulation_steps = 2;
+  config.training.eval_every = 0;
+  config.data.seq_len = 32;  // 31 anchor positions per full row for num_anchors 16
+  config.distributed.sharding = mode;
+  if (objective == "gspo") {
+    config.objective.name = "gspo";
+    config.objective.sections["gspo"] =
+        "{group_size: 3, reward: expected_acceptance, updates_per_rollout: 2}";
+  }
+  return config;
+}
+
+// One directory name on every rank; unique per run.
+fs::path shared_dir(dspine::dist::Communicator& comm, const std::string& name) {
+  auto stamp = torch::tensor({static_cast<int64_t>(::getpid())}, torch::kLong);
+  comm.broadcast(stamp, 0);
+  return fs::temp_directory_path() /
+         ("dspine_mpi_" + name + "_" + std::to_string(stamp.item<int64_t>()));
+}
+
+void expect_same_losses(const std::string& objective) {
+  dspine::core::DistributedConfig distributed;
+  distributed.timeout_s = 300;
+  auto comm = dspine::dist::make_communicator(distributed, torch::Device(torch::kCPU));
+  const int ranks = comm->world_size();
+  ASSERT_GE(ranks, 2);
+  const int64_t rows = 2;
+  const fs::path dir = shared_dir(*comm, "sampling_" + objective);
+  // Every rank computes the single-process reference at the combined batch.
+  dspine::train::Trainer reference(
+      run_config(dir / ("single" + std::to_string(comm->rank())), objective, ranks * rows, "none"),
+      dspine::dist::make_single_process_communicator());
+  const auto expected = reference.run();
+  ASSERT_EQ(expected.losses.size(), static_cast<size_t>(kSteps));
+  for (const std::string mode : {"none", "zero2", "zero3"}) {
+    dspine::train::Trainer trainer(run_config(dir / mode, objective, rows, mode), comm);
+    const auto got = trainer.run();
+    ASSERT_EQ(got.losses.size(), expected.losses.size()) << mode;
+    for (size_t i = 0; i < got.losses.size(); ++i) {
+      EXPECT_NEAR(got.losses[i], expected.losses[i], 1e-5 * std::abs(expected.losses[i]))
+          << objective << " " << mode << " step " << i + 1;
+      // The sampled blocks themselves: their rewards (gspo) and supervision (dspine).
+      for (const char* term : {"gspo/reward", "gspo/segments", "dspine/denominator"}) {
+        if (!expected.terms[i].count(term)) continue;
+        const double want = expected.terms[i].at(term);
+        EXPECT_NEAR(got.terms[i].at(term), want, 1e-5 * std::max(1.0, std::abs(want)))
+            << objective << " " << mode << " step " << i + 1 << " " << term;
+      }
+    }
+  }
+  comm->barrier();
+  if (comm->rank() == 0) dspine::core::remove_tree(dir.string());
+}
+
+}  // namespace
+
+TEST(SamplingDistributed, DSpineRanksDrawLikeOneProcessOnTheCombinedBatch) {
+  expect_same_losses("dspine");
+}
+
+TEST(SamplingDistributed, GspoRanksDrawLikeOneProcessOnTheCombinedBatch) {
+  expect_same_losses("gspo");
+}
