@@ -11,6 +11,7 @@
 
 #include <string>
 
+#include "common/require_cuda.h"
 #include "kernels/block_attention.h"
 #include "model/attention.h"
 #include "model/block_mask.h"
@@ -18,9 +19,6 @@
 
 namespace dspine {
 namespace {
-
-#define REQUIRE_CUDA() \
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "needs CUDA"
 
 const torch::Device kCuda(torch::kCUDA, 0);
 

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <vector>
 
+#include "common/require_cuda.h"
 #include "core/safetensors.h"
 #include "model/norm_mlp.h"
 #include "ops/rms_norm_ops.h"
@@ -14,9 +15,6 @@
 
 namespace dspine {
 namespace {
-
-#define REQUIRE_CUDA() \
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "needs CUDA"
 
 const torch::Device kCuda(torch::kCUDA, 0);
 

@@ -8,14 +8,12 @@
 #include <algorithm>
 #include <string>
 
+#include "common/require_cuda.h"
 #include "model/adjacent_injection.h"
 #include "ops/injection_residual_ops.h"
 
 namespace dspine {
 namespace {
-
-#define REQUIRE_CUDA() \
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "needs CUDA"
 
 const torch::Device kCuda(torch::kCUDA, 0);
 

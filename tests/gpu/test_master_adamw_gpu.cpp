@@ -5,12 +5,10 @@
 #include <torch/torch.h>
 
 #include "common/adamw_rig.h"
+#include "common/require_cuda.h"
 
 namespace dspine::testing {
 namespace {
-
-#define REQUIRE_CUDA() \
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "needs CUDA"
 
 const torch::Device kCuda(torch::kCUDA, 0);
 

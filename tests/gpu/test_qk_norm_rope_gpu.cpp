@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "common/require_cuda.h"
 #include "core/config.h"
 #include "model/attention.h"
 #include "model/block_mask.h"
@@ -25,9 +26,6 @@
 
 namespace dspine {
 namespace {
-
-#define REQUIRE_CUDA() \
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "needs CUDA"
 
 const torch::Device kCuda(torch::kCUDA, 0);
 constexpr double kEps = 1e-6;
