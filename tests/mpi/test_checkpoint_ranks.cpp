@@ -1,13 +1,12 @@
 // Checkpoints across ranks (ctest: mpirun -np 2, MPI on CPU): a rank that cannot write its part
 // fails every rank's save instead of leaving the others in a barrier, and resume: auto makes
 // every rank fall back to the same older checkpoint when the newest is damaged.
-#include <unistd.h>
-
 #include <filesystem>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "common/mpi_world.h"
 #include "common/small_run.h"
 #include "core/config.h"
 #include "core/error.h"
@@ -19,23 +18,6 @@
 namespace fs = std::filesystem;
 
 namespace {
-
-std::shared_ptr<dspine::dist::Communicator> world() {
-  dspine::core::DistributedConfig distributed;
-  distributed.timeout_s = 60;
-  return dspine::dist::make_communicator(distributed, torch::Device(torch::kCPU));
-}
-
-// One directory name on every rank (rank 0's pid); rank 0 empties it.
-fs::path shared_dir(dspine::dist::Communicator& comm, const std::string& name) {
-  auto stamp = torch::tensor({static_cast<int64_t>(::getpid())}, torch::kLong);
-  comm.broadcast(stamp, 0);
-  const auto dir = fs::temp_directory_path() /
-                   ("dspine_mpi_" + name + "_" + std::to_string(stamp.item<int64_t>()));
-  if (comm.rank() == 0) dspine::core::remove_tree(dir.string());
-  comm.barrier();
-  return dir;
-}
 
 // Four steps on every rank, saved every two: step-000002 and step-000004.
 dspine::core::Config two_checkpoints(const fs::path& dir,
@@ -51,8 +33,8 @@ dspine::core::Config two_checkpoints(const fs::path& dir,
 }  // namespace
 
 TEST(CheckpointRanks, ARankThatCannotWriteFailsEveryRank) {
-  auto comm = world();
-  const auto dir = shared_dir(*comm, "save_failure");
+  auto comm = dspine::testing::mpi_world(60);
+  const auto dir = dspine::testing::shared_dir(*comm, "save_failure");
   const auto config = two_checkpoints(dir, comm);
   const auto newest = fs::path(config.checkpoint.dir) / "step-000004";
   const auto loaded = dspine::train::load_checkpoint(newest.string(), comm->rank(),
@@ -82,8 +64,8 @@ TEST(CheckpointRanks, ARankThatCannotWriteFailsEveryRank) {
 }
 
 TEST(CheckpointRanks, EveryRankFallsBackToTheSameCheckpoint) {
-  auto comm = world();
-  const auto dir = shared_dir(*comm, "fallback");
+  auto comm = dspine::testing::mpi_world(60);
+  const auto dir = dspine::testing::shared_dir(*comm, "fallback");
   auto config = two_checkpoints(dir, comm);
   const auto newest = fs::path(config.checkpoint.dir) / "step-000004";
   if (comm->rank() == 0) {

@@ -2,13 +2,12 @@
 // of rank 1 only. Every rank takes the same decision: skip leaves the weights of that step
 // untouched on every rank and trains on; stop saves the state before the step and ends every
 // rank with the same error.
-#include <unistd.h>
-
 #include <filesystem>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "common/mpi_world.h"
 #include "common/nonfinite.h"
 #include "common/small_run.h"
 #include "core/config.h"
@@ -20,20 +19,6 @@
 namespace fs = std::filesystem;
 
 namespace {
-
-std::shared_ptr<dspine::dist::Communicator> world() {
-  dspine::core::DistributedConfig distributed;
-  distributed.timeout_s = 120;
-  return dspine::dist::make_communicator(distributed, torch::Device(torch::kCPU));
-}
-
-// One directory name on every rank; unique per run.
-fs::path shared_dir(dspine::dist::Communicator& comm, const std::string& name) {
-  auto stamp = torch::tensor({static_cast<int64_t>(::getpid())}, torch::kLong);
-  comm.broadcast(stamp, 0);
-  return fs::temp_directory_path() /
-         ("dspine_nonfinite_" + name + "_" + std::to_string(stamp.item<int64_t>()));
-}
 
 dspine::core::Config config_for(const fs::path& dir, const std::string& mode,
                                 const std::string& on_nonfinite) {
@@ -65,8 +50,8 @@ bool same_on_every_rank(torch::nn::Module& module, dspine::dist::Communicator& c
 }  // namespace
 
 TEST(NonFinite, EveryRankSkipsTheStepAndTrainsOn) {
-  auto comm = world();
-  const fs::path dir = shared_dir(*comm, "skip");
+  auto comm = dspine::testing::mpi_world(120);
+  const fs::path dir = dspine::testing::shared_dir(*comm, "skip");
   for (const std::string mode : {"none", "zero2"}) {
     dspine::train::Trainer trainer(config_for(dir / mode, mode, "skip"), comm);
     poison_rank1(trainer, *comm, 1);
@@ -86,8 +71,8 @@ TEST(NonFinite, EveryRankSkipsTheStepAndTrainsOn) {
 }
 
 TEST(NonFinite, StopSavesTheStateBeforeTheStepAndEndsEveryRank) {
-  auto comm = world();
-  const fs::path dir = shared_dir(*comm, "stop");
+  auto comm = dspine::testing::mpi_world(120);
+  const fs::path dir = dspine::testing::shared_dir(*comm, "stop");
   for (const std::string mode : {"none", "zero2", "zero3"}) {
     auto config = config_for(dir / mode, mode, "stop");
     dspine::train::Trainer trainer(config, comm);

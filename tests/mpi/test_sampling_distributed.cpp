@@ -4,8 +4,6 @@
 // N·B, step by step, for the dspine and gspo objectives under every distributed.sharding mode.
 // Anchors are drawn from more valid positions than num_anchors and replacement is on, so the draws
 // matter; only fp32 summation order differs (1e-5 relative on every step's loss).
-#include <unistd.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -15,6 +13,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "common/mpi_world.h"
 #include "common/small_run.h"
 #include "core/config.h"
 #include "core/files.h"
@@ -48,22 +47,12 @@ dspine::core::Config run_config(const fs::path& dir, const std::string& objectiv
   return config;
 }
 
-// One directory name on every rank; unique per run.
-fs::path shared_dir(dspine::dist::Communicator& comm, const std::string& name) {
-  auto stamp = torch::tensor({static_cast<int64_t>(::getpid())}, torch::kLong);
-  comm.broadcast(stamp, 0);
-  return fs::temp_directory_path() /
-         ("dspine_mpi_" + name + "_" + std::to_string(stamp.item<int64_t>()));
-}
-
 void expect_same_losses(const std::string& objective) {
-  dspine::core::DistributedConfig distributed;
-  distributed.timeout_s = 300;
-  auto comm = dspine::dist::make_communicator(distributed, torch::Device(torch::kCPU));
+  auto comm = dspine::testing::mpi_world(300);
   const int ranks = comm->world_size();
   ASSERT_GE(ranks, 2);
   const int64_t rows = 2;
-  const fs::path dir = shared_dir(*comm, "sampling_" + objective);
+  const fs::path dir = dspine::testing::shared_dir(*comm, "sampling_" + objective);
   // Every rank computes the single-process reference at the combined batch.
   dspine::train::Trainer reference(
       run_config(dir / ("single" + std::to_string(comm->rank())), objective, ranks * rows, "none"),

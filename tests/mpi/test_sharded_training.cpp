@@ -3,13 +3,12 @@
 // of each global micro-batch, gradients add up, and the sharded optimizer steps the same
 // weights. Sharded checkpoints resume bitwise on the same world size and reshard N → 1, 1 → N.
 // DSPINE_TEST_DEVICE=cuda runs the same tests on one GPU per rank over NCCL (the GPU machine).
-#include <unistd.h>
-
 #include <filesystem>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "common/mpi_world.h"
 #include "common/small_run.h"
 #include "core/config.h"
 #include "core/files.h"
@@ -39,19 +38,8 @@ dspine::core::Config small_config(const fs::path& dir, int64_t rows, const std::
 
 // The run's communicator on the test device: MPI on the CPU, NCCL (+ MPI for host sums) on GPUs.
 std::shared_ptr<dspine::dist::Communicator> world() {
-  dspine::core::DistributedConfig distributed;
-  distributed.timeout_s = 120;
-  return dspine::dist::make_communicator(
-      distributed,
-      dspine::dist::training_device(test_device(), dspine::dist::rank_layout().local_rank));
-}
-
-// One directory name on every rank (rank 0 writes the shared files); unique per run.
-fs::path shared_dir(dspine::dist::Communicator& comm, const std::string& name) {
-  auto stamp = torch::tensor({static_cast<int64_t>(::getpid())}, torch::kLong);
-  comm.broadcast(stamp, 0);
-  return fs::temp_directory_path() /
-         ("dspine_mpi_" + name + "_" + std::to_string(stamp.item<int64_t>()));
+  return dspine::testing::mpi_world(
+      120, dspine::dist::training_device(test_device(), dspine::dist::rank_layout().local_rank));
 }
 
 std::shared_ptr<dspine::dist::Communicator> single() {
@@ -84,7 +72,7 @@ TEST(ShardedTraining, RanksMatchOneProcessOnTheCombinedBatch) {
   auto comm = world();
   const int ranks = comm->world_size();
   ASSERT_GE(ranks, 2);
-  const fs::path dir = shared_dir(*comm, "equal");
+  const fs::path dir = dspine::testing::shared_dir(*comm, "equal");
   // Every rank also computes the single-process reference with the combined batch.
   dspine::train::Trainer reference(
       small_config(dir / ("single" + std::to_string(comm->rank())), 2 * ranks, "none"), single());
@@ -100,7 +88,7 @@ TEST(ShardedTraining, RanksMatchOneProcessOnTheCombinedBatch) {
 
 TEST(ShardedTraining, ResumeOnTheSameWorldSizeIsBitwise) {
   auto comm = world();
-  const fs::path dir = shared_dir(*comm, "resume");
+  const fs::path dir = dspine::testing::shared_dir(*comm, "resume");
   for (const auto& mode : kModes) {
     dspine::train::Trainer straight(small_config(dir / (mode + "_straight"), 2, mode), comm);
     const auto expected = straight.run();
@@ -131,7 +119,7 @@ TEST(ShardedTraining, ResumeOnTheSameWorldSizeIsBitwise) {
 TEST(ShardedTraining, ReshardsToOneRankAndBack) {
   auto comm = world();
   const int ranks = comm->world_size();
-  const fs::path dir = shared_dir(*comm, "reshard");
+  const fs::path dir = dspine::testing::shared_dir(*comm, "reshard");
   const std::string me = std::to_string(comm->rank());
   dspine::train::Trainer reference(small_config(dir / ("single" + me), 2 * ranks, "none"),
                                    single());
