@@ -140,59 +140,155 @@ void print_acceptance(const nlohmann::json& r) {
   std::printf("\n");
 }
 
+// The command line.
+struct Options {
+  std::string config_path, weights_path, batch_path, target_path, grads_path;
+  std::vector<std::string> overrides;
+  int64_t step = 0, total_steps = -1, seed = -1, samples = -1, offset = -1;
+  bool training = false, acceptance = false, json = false, per_block_verifier = false;
+};
+
+void add_options(CLI::App& app, Options& o) {
+  app.add_option("-c,--config", o.config_path, "YAML run configuration (model.architecture dspine)")
+      ->required();
+  app.add_option("--set", o.overrides, "override a key, e.g. --set data.samples=tokens.jsonl")
+      ->type_name("KEY=VALUE");
+  app.add_option("-w,--weights", o.weights_path,
+                 "checkpoint or export directory, or a draft .safetensors")
+      ->required();
+  app.add_option("-b,--batch", o.batch_path,
+                 "safetensors with input_ids, loss_mask, hidden_states, "
+                 "target_last_hidden_states [, anchors, keep, replace_mask]");
+  app.add_flag("--acceptance", o.acceptance,
+               "instead of one batch's loss terms: mean accepted length (backbone argmax and "
+               "refinement walk), acceptance by block position and teacher-forced accuracy from "
+               "every anchor of held-out samples of the data source");
+  app.add_flag("--json", o.json, "--acceptance: print the report as one JSON line");
+  app.add_flag("--per-block-verifier", o.per_block_verifier,
+               "--acceptance with an online target: verify every block with its own full target "
+               "forward (the reference of the cached verifier; slower)");
+  app.add_option("--samples", o.samples,
+                 "--acceptance: samples to measure (default: data.eval_samples)")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 40));
+  app.add_option("--offset", o.offset,
+                 "--acceptance: global index of the first sample (default: data.eval_offset, "
+                 "or 0 of a separate held-out source, or past the run's training data)")
+      ->check(CLI::Range(int64_t(0), int64_t(1) << 50));
+  app.add_option("--target", o.target_path,
+                 "safetensors with model.embed_tokens.weight and lm_head.weight "
+                 "(default: the config's data source)");
+  app.add_option("--step", o.step, "completed optimizer steps (schedules)");
+  app.add_option("--total-steps", o.total_steps,
+                 "schedule horizon (default: training.total_steps)");
+  app.add_option("--seed", o.seed, "anchor/replacement RNG seed (default: training.seed)");
+  app.add_flag("--training", o.training, "training mode: draw the replacement mask");
+  app.add_option("--dump-grads", o.grads_path,
+                 "write d(loss)/d(parameter) to this safetensors file");
+}
+
+// --acceptance: prints the report (JSON with --json) of the held-out rows of `source`.
+void run_acceptance(const core::Config& config, const Options& o,
+                    objectives::DSpineObjective& objective, dspine::data::BatchSource& source,
+                    const torch::Device& device) {
+  const int64_t samples = o.samples >= 0 ? o.samples : config.data.eval_samples;
+  const auto held_out = dspine::data::make_held_out_source(config, source);
+  const auto rows =
+      acceptance_rows(config, o.weights_path, source, held_out.get(), samples, o.offset);
+  if (rows.trained_on > 0) {
+    std::fprintf(stderr, "warning: the measured rows are not held out: %s\n",
+                 rows.describe().c_str());
+  }
+  const auto report = acceptance_report(config, objective, held_out ? *held_out : source, rows,
+                                        device, o.per_block_verifier);
+  if (o.json) {
+    std::printf("%s\n", report.dump().c_str());
+  } else {
+    print_acceptance(report);
+  }
+}
+
+// --batch: every loss term and metric of one batch file (and, with --dump-grads, the gradients).
+nlohmann::json batch_report(const core::Config& config, const Options& o,
+                            objectives::DSpineObjective& objective) {
+  auto file = core::load_safetensors(o.batch_path);
+  dspine::data::DraftBatch batch{file.at("input_ids"), file.at("loss_mask"),
+                                 file.at("hidden_states"), file.at("target_last_hidden_states")};
+  objectives::BlockOverrides overrides{optional_tensor(file, "anchors"),
+                                       optional_tensor(file, "keep"),
+                                       optional_tensor(file, "replace_mask")};
+  auto comm = dspine::dist::make_single_process_communicator();
+  objectives::DSpineForwardOptions options;
+  options.step = o.step;
+  options.total_steps = o.total_steps >= 0 ? o.total_steps : config.training.total_steps;
+  options.training = o.training;
+  options.comm = comm.get();
+  options.overrides = &overrides;
+  // The batch's rows are global rows 0.. of step `step` (objectives/row_streams.h).
+  const objectives::RowStreams streams{
+      static_cast<uint64_t>(o.seed >= 0 ? o.seed : config.training.seed), o.step, 0};
+
+  const bool with_grad = !o.grads_path.empty();
+  torch::AutoGradMode grad_mode(with_grad);
+  auto out = objective.training_model().forward(batch, streams, options);
+
+  const double d = out.denominator.item<double>();
+  const double count = std::max(out.count.item<double>(), 1.0);
+  nlohmann::json report = {
+      {"loss", out.loss.item<double>()},
+      {"numerator", out.numerator.item<double>()},
+      {"denominator", d},
+      {"accuracy", out.correct.item<double>() / count},
+      {"accuracy_denom", out.count.item<double>()},
+      {"ce_sum", out.ce.item<double>()},
+      {"l1_sum", out.l1.item<double>()},
+      {"refinement_sum", out.refinement.item<double>()},
+      {"alignment_sum", out.alignment.item<double>()},
+      {"dspine/backbone_ce", out.ce.item<double>() / std::max(d, 1e-30)},
+      {"dspine/backbone_l1", out.l1.item<double>() / std::max(d, 1e-30)},
+      {"dspine/refinement_loss", out.refinement.item<double>() / std::max(d, 1e-30)},
+      {"dspine/alignment_loss", out.alignment.item<double>() / std::max(d, 1e-30)},
+      {"dspine/candidate_coverage", out.coverage.item<double>() / count},
+      {"alignment_ce", out.alignment_ce.item<double>()},
+      {"alignment_beta", out.schedule.alignment_beta},
+      {"replacement_probability", out.schedule.replacement_probability},
+      {"anchors", rows_json(out.blocks.anchors)},
+      {"keep", rows_json(out.blocks.keep)},
+      {"replace_mask", out.replace.defined() ? rows_json(out.replace) : nlohmann::json()},
+  };
+  if (with_grad) {
+    out.loss.backward();
+    core::NamedTensors grads;
+    for (const auto& p : objective.module()->named_parameters()) {
+      if (!p.value().requires_grad()) continue;
+      const auto& g = p.value().grad();
+      grads.emplace_back(p.key(), g.defined() ? g.to(torch::kFloat32)
+                                              : torch::zeros_like(p.value(), torch::kFloat32));
+    }
+    core::save_safetensors(o.grads_path, grads);
+    report["grads_file"] = o.grads_path;
+  }
+  return report;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"dspine-eval: every DSpine loss term and metric for one batch"};
-  std::string config_path, weights_path, batch_path, target_path, grads_path;
-  int64_t step = 0, total_steps = -1, seed = -1;
-  bool training = false;
-  app.add_option("-c,--config", config_path, "YAML run configuration (model.architecture dspine)")
-      ->required();
-  std::vector<std::string> overrides;
-  app.add_option("--set", overrides, "override a key, e.g. --set data.samples=tokens.jsonl")
-      ->type_name("KEY=VALUE");
-  app.add_option("-w,--weights", weights_path, "checkpoint or export directory, or a draft .safetensors")
-      ->required();
-  app.add_option("-b,--batch", batch_path,
-                 "safetensors with input_ids, loss_mask, hidden_states, "
-                 "target_last_hidden_states [, anchors, keep, replace_mask]");
-  bool acceptance = false, json = false;
-  int64_t samples = -1, offset = -1;
-  app.add_flag("--acceptance", acceptance,
-               "instead of one batch's loss terms: mean accepted length (backbone argmax and "
-               "refinement walk), acceptance by block position and teacher-forced accuracy from "
-               "every anchor of held-out samples of the data source");
-  app.add_flag("--json", json, "--acceptance: print the report as one JSON line");
-  bool per_block_verifier = false;
-  app.add_flag("--per-block-verifier", per_block_verifier,
-               "--acceptance with an online target: verify every block with its own full target "
-               "forward (the reference of the cached verifier; slower)");
-  app.add_option("--samples", samples, "--acceptance: samples to measure (default: data.eval_samples)")
-      ->check(CLI::Range(int64_t(1), int64_t(1) << 40));
-  app.add_option("--offset", offset,
-                 "--acceptance: global index of the first sample (default: data.eval_offset, "
-                 "or 0 of a separate held-out source, or past the run's training data)")
-      ->check(CLI::Range(int64_t(0), int64_t(1) << 50));
-  app.add_option("--target", target_path,
-                 "safetensors with model.embed_tokens.weight and lm_head.weight "
-                 "(default: the config's data source)");
-  app.add_option("--step", step, "completed optimizer steps (schedules)");
-  app.add_option("--total-steps", total_steps, "schedule horizon (default: training.total_steps)");
-  app.add_option("--seed", seed, "anchor/replacement RNG seed (default: training.seed)");
-  app.add_flag("--training", training, "training mode: draw the replacement mask");
-  app.add_option("--dump-grads", grads_path, "write d(loss)/d(parameter) to this safetensors file");
+  Options o;
+  add_options(app, o);
   CLI11_PARSE(app, argc, argv);
   dspine::log::send_logs_to_stderr();  // stdout carries the report (JSON with --json)
 
   try {
-    auto config = core::load_config(config_path, overrides);
+    auto config = core::load_config(o.config_path, o.overrides);
     // GSPO trains the same DSpine draft: its checkpoints are measured alike.
     if (dspine::train::find_objective(config).architecture != "dspine") {
-      fail("dspine-eval: {} has objective.name '{}', expected dspine or gspo", config_path,
+      fail("dspine-eval: {} has objective.name '{}', expected dspine or gspo", o.config_path,
            config.objective.name);
     }
-    if (!acceptance && batch_path.empty()) fail("dspine-eval: --batch is required (or --acceptance)");
+    if (!o.acceptance && o.batch_path.empty()) {
+      fail("dspine-eval: --batch is required (or --acceptance)");
+    }
     const bool cuda = config.training.device == "cuda" ||
                       (config.training.device == "auto" && torch::cuda::is_available());
     const torch::Device device(cuda ? torch::kCUDA : torch::kCPU);
@@ -200,8 +296,8 @@ int main(int argc, char** argv) {
 
     torch::Tensor embed, head;
     std::unique_ptr<dspine::data::BatchSource> source;
-    if (!target_path.empty()) {
-      auto target = core::load_safetensors(target_path);
+    if (!o.target_path.empty()) {
+      auto target = core::load_safetensors(o.target_path);
       embed = target.at("model.embed_tokens.weight");
       head = target.at("lm_head.weight");
     } else {
@@ -211,85 +307,14 @@ int main(int argc, char** argv) {
     }
     auto objective = objectives::make_dspine_objective(
         config, objectives::read_dspine_settings(config), embed, head, device, dtype);
-    dspine::model::load_draft(*objective->draft(), weights_path);
+    dspine::model::load_draft(*objective->draft(), o.weights_path);
 
-    if (acceptance) {
+    if (o.acceptance) {
       if (!source) fail("dspine-eval: --acceptance reads the config's data source, not --target");
-      if (samples < 0) samples = config.data.eval_samples;
-      const auto held_out = dspine::data::make_held_out_source(config, *source);
-      const auto rows =
-          acceptance_rows(config, weights_path, *source, held_out.get(), samples, offset);
-      if (rows.trained_on > 0) {
-        std::fprintf(stderr, "warning: the measured rows are not held out: %s\n",
-                     rows.describe().c_str());
-      }
-      const auto report = acceptance_report(config, *objective, held_out ? *held_out : *source,
-                                            rows, device, per_block_verifier);
-      if (json) {
-        std::printf("%s\n", report.dump().c_str());
-      } else {
-        print_acceptance(report);
-      }
-      return 0;
+      run_acceptance(config, o, *objective, *source, device);
+    } else {
+      std::printf("%s\n", batch_report(config, o, *objective).dump(2).c_str());
     }
-    auto file = core::load_safetensors(batch_path);
-    dspine::data::DraftBatch batch{file.at("input_ids"), file.at("loss_mask"),
-                                   file.at("hidden_states"), file.at("target_last_hidden_states")};
-    objectives::BlockOverrides overrides{optional_tensor(file, "anchors"),
-                                         optional_tensor(file, "keep"),
-                                         optional_tensor(file, "replace_mask")};
-    auto comm = dspine::dist::make_single_process_communicator();
-    objectives::DSpineForwardOptions options;
-    options.step = step;
-    options.total_steps = total_steps >= 0 ? total_steps : config.training.total_steps;
-    options.training = training;
-    options.comm = comm.get();
-    options.overrides = &overrides;
-    // The batch's rows are global rows 0.. of step `step` (objectives/row_streams.h).
-    const objectives::RowStreams streams{
-        static_cast<uint64_t>(seed >= 0 ? seed : config.training.seed), step, 0};
-
-    const bool with_grad = !grads_path.empty();
-    torch::AutoGradMode grad_mode(with_grad);
-    auto out = objective->training_model().forward(batch, streams, options);
-
-    const double d = out.denominator.item<double>();
-    const double count = std::max(out.count.item<double>(), 1.0);
-    nlohmann::json report = {
-        {"loss", out.loss.item<double>()},
-        {"numerator", out.numerator.item<double>()},
-        {"denominator", d},
-        {"accuracy", out.correct.item<double>() / count},
-        {"accuracy_denom", out.count.item<double>()},
-        {"ce_sum", out.ce.item<double>()},
-        {"l1_sum", out.l1.item<double>()},
-        {"refinement_sum", out.refinement.item<double>()},
-        {"alignment_sum", out.alignment.item<double>()},
-        {"dspine/backbone_ce", out.ce.item<double>() / std::max(d, 1e-30)},
-        {"dspine/backbone_l1", out.l1.item<double>() / std::max(d, 1e-30)},
-        {"dspine/refinement_loss", out.refinement.item<double>() / std::max(d, 1e-30)},
-        {"dspine/alignment_loss", out.alignment.item<double>() / std::max(d, 1e-30)},
-        {"dspine/candidate_coverage", out.coverage.item<double>() / count},
-        {"alignment_ce", out.alignment_ce.item<double>()},
-        {"alignment_beta", out.schedule.alignment_beta},
-        {"replacement_probability", out.schedule.replacement_probability},
-        {"anchors", rows_json(out.blocks.anchors)},
-        {"keep", rows_json(out.blocks.keep)},
-        {"replace_mask", out.replace.defined() ? rows_json(out.replace) : nlohmann::json()},
-    };
-    if (with_grad) {
-      out.loss.backward();
-      core::NamedTensors grads;
-      for (const auto& p : objective->module()->named_parameters()) {
-        if (!p.value().requires_grad()) continue;
-        const auto& g = p.value().grad();
-        grads.emplace_back(p.key(), g.defined() ? g.to(torch::kFloat32)
-                                                : torch::zeros_like(p.value(), torch::kFloat32));
-      }
-      core::save_safetensors(grads_path, grads);
-      report["grads_file"] = grads_path;
-    }
-    std::printf("%s\n", report.dump(2).c_str());
   } catch (const std::exception& e) {
     const bool ours = dynamic_cast<const dspine::Error*>(&e) != nullptr;
     std::fprintf(stderr, "%s: %s\n", ours ? "error" : "internal error", e.what());
