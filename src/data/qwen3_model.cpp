@@ -87,8 +87,9 @@ struct Positions {
 
 // cos and sin [..., head_dim] of RoPE at `position` [...] (fp32), as transformers computes them:
 // angles as fp32 products, cos/sin in fp32 scaled by YaRN's attention factor, then cast to `dtype`.
-std::pair<at::Tensor, at::Tensor> rope_tables(const at::Tensor& position, const at::Tensor& inv_freq,
-                                              const Qwen3Rope& rope, at::ScalarType dtype) {
+std::pair<at::Tensor, at::Tensor> rope_tables(const at::Tensor& position,
+                                              const at::Tensor& inv_freq, const Qwen3Rope& rope,
+                                              at::ScalarType dtype) {
   const double scaling = rope.type == Qwen3Rope::Type::kYarn ? rope.attention_factor : 1.0;
   const auto angles = position.unsqueeze(-1) * inv_freq;  // [..., head_dim / 2]
   const auto both = at::cat({angles, angles}, -1);

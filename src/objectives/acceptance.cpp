@@ -44,7 +44,9 @@ DSpineSettings every_anchor(DSpineSettings settings, const core::Config& config)
 at::Tensor accepted_histogram(const at::Tensor& tokens, const at::Tensor& labels,
                               const at::Tensor& supervised) {
   const int64_t slots = tokens.size(1);
-  auto accepted = accepted_prefix(tokens.unsqueeze(1), labels.unsqueeze(1), supervised.to(torch::kBool)).view(-1);
+  auto accepted =
+      accepted_prefix(tokens.unsqueeze(1), labels.unsqueeze(1), supervised.to(torch::kBool))
+          .view(-1);
   return torch::bincount(accepted.cpu(), {}, slots + 1).to(torch::kInt64);
 }
 
