@@ -225,7 +225,9 @@ DSpineOutput DSpineTrainingModel::objective(const DraftPass& pass,
   if (!pass.teacher_states.defined()) {
     fail("DSpine objective terms need a draft pass with its full rows");
   }
-  const auto sums = fused_vocabulary_ ? fused_terms(pass) : reference_terms(pass);
+  if (options.policy != nullptr && !fused_vocabulary_)
+    fail("the GSPO policy term in the vocabulary row pass needs the fused vocabulary path");
+  const auto sums = fused_vocabulary_ ? fused_terms(pass, options.policy) : reference_terms(pass);
 
   // §7.2: CE̅ of the window (replay) or of this batch over all ranks (immediate path).
   if (options.alignment_ce.defined()) {
@@ -254,6 +256,7 @@ DSpineOutput DSpineTrainingModel::objective(const DraftPass& pass,
   out.alignment = sums.alignment.detach();
   out.correct = sums.correct;
   out.coverage = sums.coverage;
+  out.policy = sums.policy;
   return out;
 }
 
@@ -301,18 +304,21 @@ DSpineTrainingModel::TermSums DSpineTrainingModel::reference_terms(const DraftPa
 
 // The backbone terms in one fused call over all M·T rows (its own row chunks), then the
 // refinement and alignment terms chunked as before, fed the candidates and teacher probabilities.
-DSpineTrainingModel::TermSums DSpineTrainingModel::fused_terms(const DraftPass& pass) {
+DSpineTrainingModel::TermSums DSpineTrainingModel::fused_terms(const DraftPass& pass,
+                                                               const ops::VocabPolicy* policy) {
   const int64_t top_k = model_config_.dspine.top_k;
   if (pinned_candidates_.defined()) fail("DSpine pinned candidates are for the reference terms");
   const int64_t hidden = pass.hidden_rows.size(-1);
   const auto weights = pass.weights.reshape({-1});
   RECORD_USER_SCOPE("dspine.vocab_objective");
   // Teacher logits once per target position: the blocks overlap, so proposals share them.
+  auto options = vocabulary_options(settings_, top_k);
+  options.policy = policy;
   auto rows = ops::vocab_objective(pass.hidden_rows.reshape({-1, hidden}), pass.teacher_states,
-                                   pass.labels.reshape({-1}), weights, lm_head_,
-                                   vocabulary_options(settings_, top_k),
+                                   pass.labels.reshape({-1}), weights, lm_head_, options,
                                    pass.teacher_positions.reshape({-1}));
   TermSums out;
+  out.policy = rows.policy;
   out.backbone = rows.loss;
   out.ce = (weights * rows.ce).sum();
   out.l1 = (weights * rows.l1).sum();

@@ -18,6 +18,7 @@
 #include "objectives/dspine_schedule.h"
 #include "objectives/dspine_settings.h"
 #include "objectives/row_streams.h"
+#include "ops/vocab_policy.h"
 
 namespace dspine::objectives {
 
@@ -35,6 +36,9 @@ struct DSpineForwardOptions {
   at::Tensor prepassed_totals;
   dist::Communicator* comm = nullptr;
   const BlockOverrides* overrides = nullptr;
+  // The GSPO policy term computed in the same vocabulary row pass (fused vocabulary path only):
+  // the numerator then holds ρ·(policy loss) as well (ops/vocab_policy.h).
+  const ops::VocabPolicy* policy = nullptr;
 };
 
 struct DSpineOutput {
@@ -49,6 +53,7 @@ struct DSpineOutput {
   BlockLayout blocks;
   at::Tensor replace;       // [B, N] bool or undefined
   at::Tensor position_ids;  // [B, S + N·bs]
+  ops::VocabPolicyResult policy;  // with options.policy
 };
 
 // The draft's side of one batch (§5.2–5.9): anchor blocks laid out, the draft run, and its
@@ -128,9 +133,10 @@ class DSpineTrainingModel {
   // refinement and alignment.
   struct TermSums {
     at::Tensor backbone, ce, l1, refinement, alignment, correct, coverage;
+    ops::VocabPolicyResult policy;
   };
   TermSums reference_terms(const DraftPass& pass);
-  TermSums fused_terms(const DraftPass& pass);
+  TermSums fused_terms(const DraftPass& pass, const ops::VocabPolicy* policy);
   std::vector<at::Tensor> trainable_parameters() const;
 };
 

@@ -13,6 +13,7 @@
 #include "model/draft_loading.h"
 #include "objectives/dspine_terms.h"
 #include "objectives/gspo_policy_loss.h"
+#include "ops/vocab_objective_ops.h"
 
 namespace dspine::objectives {
 namespace {
@@ -130,12 +131,13 @@ PolicyRows refinement_rows(const DraftPass& pass, const GspoRollout& r,
 }
 
 // KL(rollout ‖ policy) per segment by the k3 estimator r − 1 − log r (r = π/π_old, ≥ 0), averaged
-// over the segment's labelled tokens; this rank's share of the mean over the D segments.
-double kl_share(const at::Tensor& logprobs, const GspoPolicySamples& s, double divisor) {
-  auto mask = s.targets.ge(0);
-  auto log_ratio = (logprobs - s.old_logprobs).masked_fill(~mask, 0.0);
+// over the segment's labelled tokens (label_counts broadcasts to the log-probs); this rank's share
+// of the mean over the D segments.
+double kl_share(const at::Tensor& logprobs, const at::Tensor& old_logprobs, const at::Tensor& mask,
+                const at::Tensor& label_counts, double divisor) {
+  auto log_ratio = (logprobs - old_logprobs).masked_fill(~mask, 0.0);
   auto k3 = log_ratio.exp() - 1.0 - log_ratio;
-  auto weight = mask.to(torch::kFloat32) / s.label_counts.clamp_min(1).to(torch::kFloat32);
+  auto weight = mask.to(torch::kFloat32) / label_counts.clamp_min(1).to(torch::kFloat32);
   return (k3 * weight).sum().item<double>() / divisor;
 }
 
@@ -287,39 +289,113 @@ MicroStepResult GspoObjective::micro_step(const data::DraftBatch& batch, int64_t
   // The rollout's blocks are replayed: nothing is drawn.
   auto p = pass(batch, context.streams(index, batch.input_ids.size(0)), context, &blocks,
                 refinement || supervised);
+  DSpineForwardOptions options;
+  options.step = context.step;
+  options.total_steps = context.total_steps;
+  options.training = false;
+  options.comm = context.comm;  // alignment scale from this micro-batch over all ranks
+  // The backbone's policy term goes through the vocabulary row pass where that pass is fused;
+  // the refinement head's rows are only k wide and keep the separate seam.
+  const auto result = !refinement && model_.fused_vocabulary()
+                          ? row_pass_update(p, rollout, options)
+                          : separate_seam_update(p, rollout, options);
+  update_sums_[kUpdateLoss] += result.loss.detach().item<double>();
+  update_sums_[kUpdateGspoLoss] += result.policy.loss.item<double>();
+  update_sums_[kUpdateNewLogprobs] += result.policy.new_logprobs.item<double>();
+  update_sums_[kUpdateClipped] += result.policy.clipped_fraction.item<double>();
+  update_sums_[kUpdateRatioMean] += result.policy.ratio_mean.item<double>();
+  update_sums_[kUpdateKl] += result.kl;
+  update_sums_[kUpdateSupervised] += result.supervised;
+  return {result.loss, result.tokens};
+}
+
+GspoObjective::Update GspoObjective::row_pass_update(const DraftPass& p,
+                                                     const GspoRollout& rollout,
+                                                     DSpineForwardOptions& options) {
+  const bool supervised = settings_.ce_weight > 0;
+  // Without the supervised terms only the kept blocks are projected; with them, all M blocks
+  // are, and the dropped ones carry masked samples.
+  const int64_t blocks = supervised ? p.hidden_rows.size(0) : rollout.kept.size(0);
+  const int64_t group = rollout.tokens.size(1), slots = rollout.tokens.size(2);
+  const auto targets = masked_targets(rollout.choices, rollout.supervised.unsqueeze(1));
+  ops::VocabPolicy policy;
+  policy.logits_scale = settings_.rollout.logits_scale;
+  policy.eps_low = settings_.eps_low;
+  policy.eps_high = settings_.eps_high;
+  policy.divisor = divisor_;
+  const auto counts = rollout.supervised.sum(1);
+  if (supervised) {
+    const auto& kept = rollout.kept;
+    policy.targets = at::full({blocks, group, slots}, -100, targets.options()).index_copy_(0, kept, targets);
+    policy.old_logprobs =
+        at::zeros({blocks, group, slots}, rollout.old_logprobs.options()).index_copy_(0, kept, rollout.old_logprobs);
+    policy.advantages =
+        at::zeros({blocks, group}, rollout.advantages.options()).index_copy_(0, kept, rollout.advantages);
+    policy.label_counts = at::zeros({blocks}, counts.options()).index_copy_(0, kept, counts);
+    // ρ = D_dspine / ce_weight: the op's numerator scaled back by ce_weight / D_dspine leaves the
+    // policy loss with weight 1.
+    policy.loss_scale = dspine_denominator_ / settings_.ce_weight;
+  } else {
+    policy.targets = targets;
+    policy.old_logprobs = rollout.old_logprobs;
+    policy.advantages = rollout.advantages;
+    policy.label_counts = counts;
+  }
+  Update out;
+  if (supervised) {
+    options.policy = &policy;
+    auto terms = model_.objective(p, options);
+    out.policy = terms.policy;
+    out.loss = settings_.ce_weight * (terms.numerator / dspine_denominator_);
+    out.supervised = (terms.numerator.detach().item<double>() -
+                      policy.loss_scale * out.policy.loss.item<double>()) /
+                     dspine_denominator_;
+  } else {
+    ops::VocabObjectiveOptions vocab;
+    vocab.policy = &policy;
+    const auto hidden = p.hidden_rows.index_select(0, rollout.kept);
+    auto rows = ops::vocab_policy_objective(hidden.reshape({-1, hidden.size(-1)}), model_.lm_head(),
+                                            vocab);
+    out.policy = rows.policy;
+    out.loss = rows.loss;
+  }
+  const auto mask = policy.targets.ge(0);
+  out.kl = kl_share(out.policy.logprobs, policy.old_logprobs, mask,
+                    policy.label_counts.view({blocks, 1, 1}), divisor_);
+  out.tokens = mask.sum().item<int64_t>();
+  return out;
+}
+
+GspoObjective::Update GspoObjective::separate_seam_update(const DraftPass& p,
+                                                          const GspoRollout& rollout,
+                                                          const DSpineForwardOptions& options) {
+  const bool refinement = settings_.rollout.sampling == GspoSampling::kRefinement;
   auto rows = refinement ? refinement_rows(p, rollout, *draft_, model_.lm_head())
                          : backbone_rows(p, rollout, model_.lm_head());
-
   ops::GspoSeamParams params;
   params.logits_scale = settings_.rollout.logits_scale;
   params.eps_low = settings_.eps_low;
   params.eps_high = settings_.eps_high;
   params.divisor = divisor_;
   SeamTimer timer(rows.logits.device());
-  auto policy = gspo_policy_loss(rows.logits, rows.samples, params, *context.comm);
+  auto policy = gspo_policy_loss(rows.logits, rows.samples, params, *options.comm);
   timer.stop();
   seam_seconds_ += timer.seconds();
-
-  auto loss = policy.loss;
-  if (supervised) {
-    DSpineForwardOptions options;
-    options.step = context.step;
-    options.total_steps = context.total_steps;
-    options.training = false;
-    options.comm = context.comm;  // alignment scale from this micro-batch over all ranks
+  Update out;
+  out.policy = {policy.logprobs, policy.seam.loss, policy.seam.new_logprobs,
+                policy.seam.clipped_fraction, policy.seam.ratio_mean};
+  out.loss = policy.loss;
+  if (settings_.ce_weight > 0) {
     auto terms = model_.objective(p, options);
     auto part = terms.numerator / dspine_denominator_;
-    update_sums_[kUpdateSupervised] += part.detach().item<double>();
-    loss = loss + settings_.ce_weight * part.to(loss.scalar_type());
+    out.supervised = part.detach().item<double>();
+    out.loss = out.loss + settings_.ce_weight * part.to(out.loss.scalar_type());
   }
-  update_sums_[kUpdateLoss] += loss.detach().item<double>();
-  update_sums_[kUpdateGspoLoss] += policy.seam.loss.item<double>();
-  update_sums_[kUpdateNewLogprobs] += policy.seam.new_logprobs.item<double>();
-  update_sums_[kUpdateClipped] += policy.seam.clipped_fraction.item<double>();
-  update_sums_[kUpdateRatioMean] += policy.seam.ratio_mean.item<double>();
-  update_sums_[kUpdateKl] += kl_share(policy.logprobs, rows.samples, divisor_);
-  const int64_t tokens = rows.samples.targets.ge(0).sum().item<int64_t>();
-  return {loss, tokens};
+  const auto mask = rows.samples.targets.ge(0);
+  out.kl = kl_share(policy.logprobs, rows.samples.old_logprobs, mask, rows.samples.label_counts,
+                    divisor_);
+  out.tokens = mask.sum().item<int64_t>();
+  return out;
 }
 
 std::map<std::string, double> GspoObjective::end_window(StepContext& context) {

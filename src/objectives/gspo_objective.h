@@ -81,6 +81,23 @@ class GspoObjective final : public Objective {
   DraftPass pass(const data::DraftBatch& batch, const RowStreams& streams, StepContext& context,
                  const BlockOverrides* blocks, bool full_rows);
 
+  // One update's loss (with grad) and its metric shares.
+  struct Update {
+    at::Tensor loss;
+    ops::VocabPolicyResult policy;
+    double kl = 0;
+    double supervised = 0;  // the DSpine loss part (ce_weight > 0)
+    int64_t tokens = 0;
+  };
+  // The policy term inside the vocabulary row pass (ops/vocab_policy.h): the backbone's sampled
+  // tokens on the fused vocabulary path.
+  Update row_pass_update(const DraftPass& pass, const GspoRollout& rollout,
+                         DSpineForwardOptions& options);
+  // The policy logits projected on their own and put through the seam (gspo_policy_loss.h): the
+  // refinement head's rows, and the reference for the row pass.
+  Update separate_seam_update(const DraftPass& pass, const GspoRollout& rollout,
+                              const DSpineForwardOptions& options);
+
   core::Config config_;
   DSpineSettings dspine_;
   GspoSettings settings_;

@@ -5,12 +5,10 @@
 #include <algorithm>
 
 #include "core/error.h"
-#include "ops/gspo_ops.h"
+#include "ops/vocab_policy.h"
 
 namespace dspine::objectives {
 namespace {
-
-constexpr int64_t kReferenceChunkBytes = int64_t(256) << 20;
 
 bool fused_on(GspoBackend backend, const at::Tensor& logits) {
   if (backend == GspoBackend::kFused && !logits.is_cuda())
@@ -34,65 +32,6 @@ void check_samples(const at::Tensor& logits, const GspoPolicySamples& s) {
     fail("gspo policy loss: a target id is outside the {} logits columns", logits.size(1));
 }
 
-// lse_r = logsumexp(λ·z_r) in fp32, by the fused vocab forward on CUDA (no fp32 [R, V] tensor)
-// or in row chunks on the CPU.
-at::Tensor row_logsumexp(const at::Tensor& logits, const at::Tensor& first_targets, double scale,
-                         bool fused) {
-  if (fused) {
-    ops::GspoFusedSeam status(logits.size(0), 1, logits.device());
-    at::Tensor logprobs, lse;
-    ops::gspo_vocab_forward(logits, first_targets, scale, status, logprobs, lse);
-    return lse;
-  }
-  const int64_t rows = logits.size(0);
-  const int64_t chunk =
-      std::max<int64_t>(1, kReferenceChunkBytes / (4 * std::max<int64_t>(logits.size(1), 1)));
-  auto lse = at::empty({rows}, logits.options().dtype(at::kFloat));
-  for (int64_t begin = 0; begin < rows; begin += chunk) {
-    const int64_t n = std::min(chunk, rows - begin);
-    lse.narrow(0, begin, n).copy_((logits.narrow(0, begin, n).to(at::kFloat) * scale).logsumexp(1));
-  }
-  return lse;
-}
-
-// grad = Σ_g c_g·(p − δ_{y_g}) per row. The sum-coefficient part C·p − C·δ_{y_0} comes from the
-// fused vocab backward (or chunked ATen); the label columns are then overwritten with their exact
-// value C·p_y − Σ_{g': y_g' = y} c_g', computed in fp32 and rounded once.
-at::Tensor logits_gradient(const at::Tensor& logits, const at::Tensor& targets,
-                           const at::Tensor& lse, const at::Tensor& coefficient,
-                           const at::Tensor& logprobs, double scale, bool fused) {
-  const auto labelled = targets.select(1, 0).ge(0);
-  const auto total = coefficient.sum(1);  // C_r
-  auto grad = at::empty_like(logits);
-  if (fused) {
-    ops::gspo_vocab_backward(logits, targets.select(1, 0).contiguous(), lse, total.contiguous(),
-                             scale, grad, /*accumulate=*/false);
-  } else {
-    const int64_t rows = logits.size(0);
-    const int64_t chunk =
-        std::max<int64_t>(1, kReferenceChunkBytes / (4 * std::max<int64_t>(logits.size(1), 1)));
-    for (int64_t begin = 0; begin < rows; begin += chunk) {
-      const int64_t n = std::min(chunk, rows - begin);
-      auto p = (logits.narrow(0, begin, n).to(at::kFloat) * scale -
-                lse.narrow(0, begin, n).unsqueeze(1))
-                   .exp();
-      auto row_mask = labelled.narrow(0, begin, n).unsqueeze(1);
-      grad.narrow(0, begin, n)
-          .copy_(at::where(row_mask, p * total.narrow(0, begin, n).unsqueeze(1),
-                           at::zeros({}, p.options())));
-    }
-  }
-  const auto same = targets.unsqueeze(2).eq(targets.unsqueeze(1));  // [R, G, G]
-  const auto label_value =
-      total.unsqueeze(1) * logprobs.exp() -
-      (same.to(at::kFloat) * coefficient.unsqueeze(1)).sum(2);  // [R, G]
-  // Masked rows are zero; writing 0 into their column 0 keeps them so. A token drawn twice in a
-  // row is written twice with the same value.
-  const auto value = at::where(labelled.unsqueeze(1), label_value, at::zeros({}, label_value.options()));
-  grad.scatter_(1, targets.clamp_min(0), value.to(grad.scalar_type()));
-  return grad;
-}
-
 struct Computed {
   GspoSeamResult seam;
   at::Tensor logprobs;
@@ -106,7 +45,8 @@ Computed compute(const at::Tensor& logits, const GspoPolicySamples& s, GspoSeamP
   const double scale = params.logits_scale;
   const auto mask = s.targets.ge(0);
   const auto columns = s.targets.clamp_min(0);
-  const auto lse = row_logsumexp(logits, s.targets.select(1, 0).contiguous(), scale, fused);
+  const auto lse =
+      ops::policy_row_logsumexp(logits, s.targets.select(1, 0).contiguous(), scale, fused);
   auto logprobs = logits.gather(1, columns).to(at::kFloat) * scale - lse.unsqueeze(1);
   logprobs = at::where(mask, logprobs, at::zeros({}, logprobs.options()));
 
@@ -120,7 +60,8 @@ Computed compute(const at::Tensor& logits, const GspoPolicySamples& s, GspoSeamP
   auto coefficient = at::zeros({s.targets.numel()}, logprobs.options())
                          .index_copy_(0, s.seam_order, out.seam.coefficient)
                          .view(s.targets.sizes());
-  out.grad = logits_gradient(logits, s.targets, lse, coefficient, logprobs, scale, fused);
+  out.grad = at::empty_like(logits);
+  ops::write_policy_gradient(logits, s.targets, lse, coefficient, logprobs, scale, fused, out.grad);
   out.logprobs = logprobs;
   return out;
 }

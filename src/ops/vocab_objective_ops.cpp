@@ -33,8 +33,8 @@ void check_row_index(const at::Tensor& index, const at::Tensor& hidden, int64_t 
   }
 }
 
-void check_rows(const at::Tensor& hidden, const at::Tensor& labels, const at::Tensor& lm_head,
-                const VocabObjectiveOptions& options) {
+void check_hidden(const at::Tensor& hidden, const at::Tensor& lm_head,
+                  const VocabObjectiveOptions& options) {
   if (lm_head.dim() != 2) fail("vocab objective: lm_head must be [V, H], got {}",
                                c10::str(lm_head.sizes()));
   const int64_t vocab = lm_head.size(0);
@@ -53,7 +53,12 @@ void check_rows(const at::Tensor& hidden, const at::Tensor& labels, const at::Te
   if (options.chunk_rows < 0) {
     fail("vocab objective: chunk_rows must be >= 0, got {}", options.chunk_rows);
   }
-  check_row_index(labels, hidden, vocab, "labels", "label");
+}
+
+void check_rows(const at::Tensor& hidden, const at::Tensor& labels, const at::Tensor& lm_head,
+                const VocabObjectiveOptions& options) {
+  check_hidden(hidden, lm_head, options);
+  check_row_index(labels, hidden, lm_head.size(0), "labels", "label");
 }
 
 void check_teacher(const at::Tensor& hidden, const at::Tensor& teacher, const at::Tensor& index,
@@ -114,29 +119,53 @@ ChunkTeachers chunk_teachers(const at::Tensor& index, int64_t positions, int64_t
   return out;
 }
 
-// The whole objective, chunk by chunk; with grad_hidden, also dX = Σ_chunks g @ lm_head.
+// The whole objective, chunk by chunk; with grad_hidden, also dX = Σ_chunks g @ lm_head. Without
+// a teacher, the policy term alone.
 VocabObjectiveResult run_chunks(const at::Tensor& hidden, const at::Tensor& teacher,
                                 const at::Tensor& teacher_index, const at::Tensor& labels,
                                 const at::Tensor& weights, const at::Tensor& lm_head,
                                 const VocabObjectiveOptions& options, at::Tensor* grad_hidden) {
   const int64_t rows = hidden.size(0), k = options.top_k;
+  const bool supervised = teacher.defined();
   const auto f32 = hidden.options().dtype(at::kFloat);
   VocabObjectiveResult out;
-  out.ce = at::empty({rows}, f32);
-  out.l1 = at::empty({rows}, f32);
-  out.argmax = at::empty({rows}, labels.options());
-  out.candidates = at::empty({rows, k}, labels.options());
-  out.teacher_candidates = at::empty({rows, k}, f32);
+  if (supervised) {
+    out.ce = at::empty({rows}, f32);
+    out.l1 = at::empty({rows}, f32);
+    out.argmax = at::empty({rows}, labels.options());
+    out.candidates = at::empty({rows, k}, labels.options());
+    out.teacher_candidates = at::empty({rows, k}, f32);
+  }
   if (grad_hidden != nullptr) *grad_hidden = at::empty(hidden.sizes(), hidden.options());
   VocabRowGradient gradient{at::Tensor(), options.ce_weight, 1.0 - options.ce_weight};
   const auto head_t = lm_head.t();
-  const int64_t step = chunk_rows(options, lm_head, 2);
+  std::optional<VocabPolicyChunks> policy;
+  int64_t step = chunk_rows(options, lm_head, supervised ? 2 : 1);
+  if (options.policy != nullptr) {
+    policy.emplace(*options.policy);
+    step = policy_chunk_rows(step, options.policy->targets.size(2));
+  }
   const ChunkTeachers shared = teacher_index.defined()
                                    ? chunk_teachers(teacher_index, teacher.size(0), step)
                                    : ChunkTeachers{};
   for (int64_t begin = 0; begin < rows; begin += step) {
     const int64_t end = std::min(rows, begin + step);
     auto z = at::mm(hidden.slice(0, begin, end), head_t);
+    if (!supervised) {  // the policy alone: its gradient over z
+      policy->chunk(z, begin / options.policy->targets.size(2),
+                    grad_hidden != nullptr ? z : at::Tensor());
+      if (grad_hidden != nullptr) {
+        auto rows_grad = grad_hidden->slice(0, begin, end);
+        at::mm_out(rows_grad, z, lm_head);
+      }
+      continue;
+    }
+    // The policy's gradient goes aside first: the supervised row pass overwrites z with its own.
+    at::Tensor policy_grad;
+    if (policy) {
+      if (grad_hidden != nullptr) policy_grad = at::empty_like(z);
+      policy->chunk(z, begin / options.policy->targets.size(2), policy_grad);
+    }
     at::Tensor t, teacher_rows;
     if (teacher_index.defined()) {
       const int64_t c = begin / step;
@@ -158,12 +187,27 @@ VocabObjectiveResult run_chunks(const at::Tensor& hidden, const at::Tensor& teac
       out.teacher_candidates.slice(0, begin, end).copy_(r.teacher_candidates);
     }
     if (grad_hidden != nullptr) {
+      if (policy_grad.defined()) z.add_(policy_grad);
       auto rows_grad = grad_hidden->slice(0, begin, end);
       at::mm_out(rows_grad, z, lm_head);
     }
   }
-  out.loss = (weights * (options.ce_weight * out.ce + (1.0 - options.ce_weight) * out.l1)).sum();
+  out.loss = supervised ? (weights * (options.ce_weight * out.ce + (1.0 - options.ce_weight) * out.l1)).sum()
+                        : at::zeros({}, f32);
+  if (policy) {
+    out.loss = out.loss + policy->scaled_loss();
+    out.policy = policy->result();
+  }
   return out;
+}
+
+// dX, kept by forward, scaled by the incoming gradient of the loss. In place (no second [rows, H]
+// copy), by a host scalar so that the scale is applied in fp32, not rounded to a bf16 tensor first
+// (one synchronisation per backward).
+at::Tensor scaled_grad_hidden(AutogradContext* ctx, const at::Tensor& grad_loss) {
+  auto grad_hidden = ctx->saved_data["grad_hidden"].toTensor();
+  ctx->saved_data.erase("grad_hidden");  // dX is used once: free it with this backward
+  return grad_hidden.mul_(grad_loss.item<double>());
 }
 
 // Forward = the chunked objective with its gradient; backward = grad_output · dX.
@@ -173,23 +217,45 @@ struct VocabObjectiveFunction : torch::autograd::Function<VocabObjectiveFunction
                                const std::optional<at::Tensor>& teacher_index,
                                const at::Tensor& labels, const at::Tensor& weights,
                                const at::Tensor& lm_head, double ce_weight, int64_t top_k,
-                               int64_t chunk, bool use_kernel) {
-    const VocabObjectiveOptions options{ce_weight, top_k, chunk, use_kernel};
+                               int64_t chunk, bool use_kernel, const VocabPolicy* policy,
+                               VocabPolicyResult* policy_out) {
+    const VocabObjectiveOptions options{ce_weight, top_k, chunk, use_kernel, policy};
     at::Tensor grad_hidden;
     auto r = run_chunks(hidden, teacher, teacher_index.value_or(at::Tensor()), labels, weights,
                         lm_head, options, &grad_hidden);
     ctx->saved_data["grad_hidden"] = grad_hidden;
     ctx->mark_non_differentiable({r.ce, r.l1, r.argmax, r.candidates, r.teacher_candidates});
+    *policy_out = r.policy;
     return {r.loss, r.ce, r.l1, r.argmax, r.candidates, r.teacher_candidates};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
-    auto grad_hidden = ctx->saved_data["grad_hidden"].toTensor();
-    ctx->saved_data.erase("grad_hidden");  // dX is used once: free it with this backward
-    variable_list grads(10);
-    // In place (no second [rows, H] copy), by a host scalar so that the scale is applied in fp32,
-    // not rounded to a bf16 tensor first (one synchronisation per backward).
-    grads[0] = grad_hidden.mul_(grad_outputs[0].item<double>());
+    variable_list grads(12);
+    grads[0] = scaled_grad_hidden(ctx, grad_outputs[0]);
+    return grads;
+  }
+};
+
+// The policy term alone, the same way.
+struct VocabPolicyFunction : torch::autograd::Function<VocabPolicyFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& hidden,
+                            const at::Tensor& lm_head, int64_t chunk, bool use_kernel,
+                            const VocabPolicy* policy, VocabPolicyResult* policy_out) {
+    VocabObjectiveOptions options;
+    options.chunk_rows = chunk;
+    options.use_kernel = use_kernel;
+    options.policy = policy;
+    at::Tensor grad_hidden;
+    auto r = run_chunks(hidden, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), lm_head,
+                        options, &grad_hidden);
+    ctx->saved_data["grad_hidden"] = grad_hidden;
+    *policy_out = r.policy;
+    return r.loss;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    variable_list grads(6);
+    grads[0] = scaled_grad_hidden(ctx, grad_outputs[0]);
     return grads;
   }
 };
@@ -215,6 +281,8 @@ VocabObjectiveResult vocab_objective(const at::Tensor& hidden, const at::Tensor&
                                      const at::Tensor& teacher_index) {
   check_rows(hidden, labels, lm_head, options);
   check_teacher(hidden, teacher_hidden, teacher_index, weights);
+  if (options.policy != nullptr)
+    check_vocab_policy(*options.policy, hidden.size(0), lm_head.size(0));
   const auto teacher = teacher_hidden.detach();
   const auto y = labels.contiguous();
   if (!at::GradMode::is_enabled() || !hidden.requires_grad()) {
@@ -223,10 +291,27 @@ VocabObjectiveResult vocab_objective(const at::Tensor& hidden, const at::Tensor&
   // An optional, so that no index is no input (autograd takes no undefined tensor).
   const auto index = teacher_index.defined() ? std::optional<at::Tensor>(teacher_index)
                                              : std::nullopt;
+  VocabPolicyResult policy;
   auto out = VocabObjectiveFunction::apply(hidden, teacher, index, y, weights.detach(),
                                            lm_head.detach(), options.ce_weight, options.top_k,
-                                           options.chunk_rows, options.use_kernel);
-  return {out[0], out[1], out[2], out[3], out[4], out[5]};
+                                           options.chunk_rows, options.use_kernel,
+                                           options.policy, &policy);
+  return {out[0], out[1], out[2], out[3], out[4], out[5], policy};
+}
+
+VocabObjectiveResult vocab_policy_objective(const at::Tensor& hidden, const at::Tensor& lm_head,
+                                            const VocabObjectiveOptions& options) {
+  if (options.policy == nullptr) fail("vocab policy objective: no policy given");
+  check_hidden(hidden, lm_head, options);
+  check_vocab_policy(*options.policy, hidden.size(0), lm_head.size(0));
+  if (!at::GradMode::is_enabled() || !hidden.requires_grad()) {
+    return run_chunks(hidden, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), lm_head,
+                      options, nullptr);
+  }
+  VocabObjectiveResult out;
+  out.loss = VocabPolicyFunction::apply(hidden, lm_head.detach(), options.chunk_rows,
+                                        options.use_kernel, options.policy, &out.policy);
+  return out;
 }
 
 VocabCeResult vocab_ce(const at::Tensor& hidden, const at::Tensor& labels,

@@ -12,6 +12,8 @@
 
 #include <cstdint>
 
+#include "ops/vocab_policy.h"
+
 namespace dspine::ops {
 
 struct VocabObjectiveOptions {
@@ -20,6 +22,9 @@ struct VocabObjectiveOptions {
   int64_t chunk_rows = 0;   // rows per chunk; 0: vocab_chunk_rows
   bool use_kernel = false;  // the CUDA row kernel where it takes the logits (CUDA fp32/bf16);
                             // otherwise, or when false, the ATen row pass
+  // The GSPO policy term of the same rows (ops/vocab_policy.h), or none. Chunks then hold whole
+  // blocks, and the loss and its gradient hold ρ·(policy loss) too.
+  const VocabPolicy* policy = nullptr;
 };
 
 struct VocabObjectiveResult {
@@ -28,6 +33,7 @@ struct VocabObjectiveResult {
   at::Tensor argmax;              // [rows] int64
   at::Tensor candidates;          // [rows, k] int64, by descending draft logit
   at::Tensor teacher_candidates;  // [rows, k] fp32 teacher probabilities at the candidates
+  VocabPolicyResult policy;       // with options.policy
 };
 
 // hidden [rows, H] (the draft states; the only input given a gradient), teacher_hidden [rows, H],
@@ -43,6 +49,11 @@ VocabObjectiveResult vocab_objective(const at::Tensor& hidden, const at::Tensor&
                                      const at::Tensor& lm_head,
                                      const VocabObjectiveOptions& options,
                                      const at::Tensor& teacher_index = {});
+
+// The policy term alone (no supervised terms, no teacher): loss = ρ·(policy loss), with grad in
+// hidden [M·T, H] when autograd is on; the same row chunks, one logits GEMM and one dX GEMM each.
+VocabObjectiveResult vocab_policy_objective(const at::Tensor& hidden, const at::Tensor& lm_head,
+                                            const VocabObjectiveOptions& options);
 
 // The CE-only form of the prepass (no teacher, no gradient): ce [rows] fp32 and argmax [rows].
 struct VocabCeResult {

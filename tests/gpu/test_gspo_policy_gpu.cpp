@@ -6,8 +6,10 @@
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <torch/torch.h>
 
+#include "common/policy_case.h"
 #include "dist/communicator.h"
 #include "objectives/gspo_policy_loss.h"
+#include "ops/vocab_objective_ops.h"
 
 namespace dspine::objectives {
 namespace {
@@ -110,6 +112,62 @@ TEST(GspoPolicyGpu, UpdateHoldsNoFp32RowsByVocabulary) {
   const double extra = static_cast<double>(peak - before);
   // The bf16 gradient (2 bytes per logit) plus per-row vectors; one fp32 copy would add 4.
   EXPECT_LT(extra, rows_by_vocab * 2 + (64 << 20)) << "extra " << extra / (1 << 20) << " MiB";
+}
+
+// The policy term in the vocabulary row pass (GEMM per chunk, the GSPO vocab kernels, the fused
+// seam) against projecting every logit and the reference seam, both on the GPU: values and the
+// hidden states' gradient, fp32 and bf16, several chunks.
+TEST(GspoPolicyGpu, RowPassPolicyMatchesReference) {
+  SKIP_WITHOUT_CUDA();
+  const torch::Device cuda(torch::kCUDA);
+  const int64_t blocks = 12, slots = 16, group = 4, vocab = 151936, width = 256;
+  for (auto dtype : {torch::kFloat32, torch::kBFloat16}) {
+    const auto policy = testing::policy_case(blocks, slots, group, vocab, cuda);
+    torch::manual_seed(3);
+    auto hidden = (torch::randn({blocks * slots, width}) * 0.5).to(cuda, dtype);
+    auto head = (torch::randn({vocab, width}) * 0.2).to(cuda, dtype);
+    auto [row, ref] = testing::policy_alone(policy, hidden, head, 5 * slots, GspoBackend::kReference);
+    const double tol = dtype == torch::kFloat32 ? 2e-5 : 1e-2;
+    const std::string what = dtype == torch::kFloat32 ? "fp32" : "bf16";
+    EXPECT_NEAR(row.loss, ref.loss, tol * (1 + std::abs(ref.loss))) << what;
+    EXPECT_NEAR(row.ratio_mean, ref.ratio_mean, tol) << what;
+    EXPECT_NEAR(row.clipped_fraction, ref.clipped_fraction, 1e-6) << what;
+    const double logprob_error = (row.logprobs - ref.logprobs).abs().max().item<double>();
+    EXPECT_LT(logprob_error, dtype == torch::kFloat32 ? 1e-4 : 1e-2) << what;
+    const double scale = ref.grad.abs().max().item<double>();
+    const double grad_error = (row.grad - ref.grad).abs().max().item<double>();
+    EXPECT_LT(grad_error, tol * scale) << what;
+    std::printf("row pass vs reference %s: loss %.3e, log-prob max diff %.3e, grad max diff "
+                "%.3e of %.3e\n", what.c_str(), std::abs(row.loss - ref.loss), logprob_error,
+                grad_error, scale);
+  }
+}
+
+// The row pass's update holds no [rows, V] tensor: at the recipe's vocabulary, 3,072 rows, its
+// peak above the inputs stays within one chunk of logits and its gradient buffer's rows.
+TEST(GspoPolicyGpu, RowPassHoldsOneChunkOfLogits) {
+  SKIP_WITHOUT_CUDA();
+  const torch::Device cuda(torch::kCUDA);
+  const int64_t blocks = 192, slots = 16, group = 4, vocab = 151936, width = 1024;
+  const auto policy = testing::policy_case(blocks, slots, group, vocab, cuda);
+  auto hidden = torch::randn({blocks * slots, width}, torch::dtype(torch::kBFloat16).device(cuda))
+                    .requires_grad_();
+  auto head = torch::randn({vocab, width}, torch::dtype(torch::kBFloat16).device(cuda)) * 0.05;
+  ops::VocabObjectiveOptions options;
+  options.chunk_rows = 512;
+  options.policy = &policy;
+  torch::cuda::synchronize();
+  c10::cuda::CUDACachingAllocator::resetPeakStats(0);
+  const auto before = c10::cuda::CUDACachingAllocator::getDeviceStats(0).allocated_bytes[0].current;
+  auto out = ops::vocab_policy_objective(hidden, head, options);
+  out.loss.backward();
+  torch::cuda::synchronize();
+  const auto peak = c10::cuda::CUDACachingAllocator::getDeviceStats(0).allocated_bytes[0].peak;
+  const double chunk_logits = 512.0 * vocab * 2;
+  const double rows_by_vocab = static_cast<double>(blocks * slots) * vocab * 2;
+  const double extra = static_cast<double>(peak - before);
+  EXPECT_LT(extra, chunk_logits + (64 << 20)) << "extra " << extra / (1 << 20) << " MiB";
+  EXPECT_LT(extra, rows_by_vocab / 4);
 }
 
 }  // namespace

@@ -7,10 +7,12 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include "common/dspine_tiny.h"
+#include "common/policy_case.h"
 #include "dist/communicator.h"
 #include "objectives/gspo_objective.h"
 #include "objectives/gspo_policy_loss.h"
 #include "objectives/gspo_rollout.h"
+#include "ops/vocab_objective_ops.h"
 
 namespace dspine::objectives {
 namespace {
@@ -373,6 +375,122 @@ TEST(GspoPolicyLoss, UpdatesRaiseTheProbabilityOfRewardedTokens) {
     sgd.step();
   }
   EXPECT_GT(p0(), before + 0.3) << "p(token 0) " << before << " -> " << p0();
+}
+
+}  // namespace
+}  // namespace dspine::objectives
+
+namespace dspine::objectives {
+namespace {
+
+double max_difference(const torch::Tensor& a, const torch::Tensor& b) {
+  return (a.to(torch::kFloat32) - b.to(torch::kFloat32)).abs().max().item<double>();
+}
+
+// The policy term in the vocabulary row pass (ATen on the CPU) equals projecting the logits and
+// the separate seam: loss, metrics, log-probs and the hidden states' gradient, for chunks of
+// whole blocks (3 chunks of 2, 2, 1 blocks) and one chunk.
+TEST(GspoRowPass, PolicyAloneMatchesTheSeparateSeam) {
+  const int64_t blocks = 5, slots = 4, group = 3, vocab = 37, width = 8;
+  const auto policy = testing::policy_case(blocks, slots, group, vocab, torch::kCPU);
+  auto hidden = torch::randn({blocks * slots, width});
+  auto head = torch::randn({vocab, width});
+  for (int64_t chunk_rows : {int64_t(9), int64_t(0)}) {
+    auto [row, ref] = testing::policy_alone(policy, hidden, head, chunk_rows, GspoBackend::kReference);
+    EXPECT_NEAR(row.loss, ref.loss, 1e-6) << chunk_rows;
+    EXPECT_NEAR(row.clipped_fraction, ref.clipped_fraction, 1e-6) << chunk_rows;
+    EXPECT_NEAR(row.ratio_mean, ref.ratio_mean, 1e-6) << chunk_rows;
+    EXPECT_NEAR(row.new_logprobs, ref.new_logprobs, 1e-5) << chunk_rows;
+    EXPECT_LT(max_difference(row.logprobs, ref.logprobs), 1e-5) << chunk_rows;
+    EXPECT_LT(max_difference(row.grad, ref.grad), 1e-5 * ref.grad.abs().max().item<double>())
+        << chunk_rows;
+    EXPECT_GT(ref.clipped_fraction, 0.0);  // the clip acts on some segment
+    EXPECT_GT(ref.grad.abs().max().item<double>(), 0.0);
+  }
+}
+
+// With the supervised terms in the same pass, the loss and gradient are the supervised ones plus
+// ρ times the policy's: one dX GEMM for both.
+TEST(GspoRowPass, SupervisedAndPolicyShareOneGradient) {
+  const int64_t blocks = 5, slots = 4, group = 3, vocab = 37, width = 8, rows = blocks * slots;
+  auto policy = testing::policy_case(blocks, slots, group, vocab, torch::kCPU);
+  policy.loss_scale = 2.5;
+  auto hidden = torch::randn({rows, width});
+  auto teacher = torch::randn({rows, width});
+  auto labels = torch::randint(0, vocab, {rows}, torch::kInt64);
+  auto weights = torch::rand({rows});
+  auto head = torch::randn({vocab, width});
+  ops::VocabObjectiveOptions options;
+  options.ce_weight = 0.3;
+  options.chunk_rows = 9;
+  auto run = [&](const ops::VocabPolicy* with) {
+    auto h = hidden.clone().requires_grad_();
+    auto o = options;
+    o.policy = with;
+    auto out = ops::vocab_objective(h, teacher, labels, weights, head, o);
+    out.loss.backward();
+    return std::make_pair(out.loss.item<double>(), h.grad());
+  };
+  auto [both_loss, both_grad] = run(&policy);
+  auto [supervised_loss, supervised_grad] = run(nullptr);
+  policy.loss_scale = 1.0;
+  auto [row, ref] = testing::policy_alone(policy, hidden, head, 9, GspoBackend::kReference);
+  EXPECT_NEAR(both_loss, supervised_loss + 2.5 * ref.loss, 1e-5);
+  const auto expected = supervised_grad + 2.5 * ref.grad;
+  EXPECT_LT(max_difference(both_grad, expected), 1e-5 * expected.abs().max().item<double>());
+}
+
+// GspoObjective's update through the row pass (use_fused_vocabulary) equals the separate seam's,
+// with and without the supervised term: same loss, metrics and parameter gradients.
+TEST(GspoObjective, RowPassUpdateMatchesTheSeparateSeam) {
+  for (double ce_weight : {0.0, 0.5}) {
+    std::vector<std::map<std::string, double>> metrics;
+    std::vector<std::vector<torch::Tensor>> grads;
+    for (bool row_pass : {false, true}) {
+      TinyPolicy policy(GspoSampling::kBackbone, GspoReward::kExpectedAcceptance);
+      policy.settings.ce_weight = ce_weight;
+      policy.settings.updates_per_rollout = 2;
+      torch::manual_seed(5);
+      policy.objective = make_gspo_objective(policy.config, tiny_settings(2), policy.settings,
+                                             torch::randn({32, 16}), torch::randn({32, 16}),
+                                             torch::kCPU, torch::kFloat32);
+      policy.objective->on_fresh_start("");
+      policy.objective->training_model().use_fused_vocabulary(row_pass);
+      auto comm = dist::make_single_process_communicator();
+      StepContext context;
+      context.comm = comm.get();
+      context.seed = 99;
+      torch::optim::SGD sgd(policy.objective->module()->parameters(), 0.5);
+      policy.objective->begin_window({policy.batch}, context);
+      std::vector<torch::Tensor> last;
+      for (int64_t update = 0; update < 2; ++update) {
+        context.update = update;
+        auto out = policy.objective->micro_step(policy.batch, 0, context);
+        out.loss.backward();
+        last.clear();
+        for (const auto& p : policy.objective->module()->parameters())
+          last.push_back(p.grad().defined() ? p.grad().clone() : torch::zeros_like(p));
+        sgd.step();
+        sgd.zero_grad();
+      }
+      metrics.push_back(policy.objective->end_window(context));
+      grads.push_back(last);
+    }
+    for (const char* key : {"loss", "gspo/loss", "gspo/clipped_fraction", "gspo/ratio_mean",
+                            "gspo/kl", "gspo/new_logprobs"}) {
+      EXPECT_NEAR(metrics[1].at(key), metrics[0].at(key), 1e-5 * (1 + std::abs(metrics[0].at(key))))
+          << key << " ce_weight " << ce_weight;
+    }
+    if (ce_weight > 0) {
+      EXPECT_NEAR(metrics[1].at("gspo/dspine_loss"), metrics[0].at("gspo/dspine_loss"), 1e-5);
+    }
+    EXPECT_GT(metrics[0].at("gspo/clipped_fraction"), 0.0);
+    for (size_t i = 0; i < grads[0].size(); ++i) {
+      const double scale = grads[0][i].abs().max().item<double>();
+      EXPECT_LE(max_difference(grads[1][i], grads[0][i]), 1e-5 * std::max(scale, 1e-6))
+          << "parameter " << i << " ce_weight " << ce_weight;
+    }
+  }
 }
 
 }  // namespace
