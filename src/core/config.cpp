@@ -124,6 +124,7 @@ std::vector<Key> keys_of(Config& c) {
       {"training.dtype", &t.dtype, {"fp32", "bf16"}},
       {"training.device", &t.device, {"auto", "cpu", "cuda"}},
       {"training.cpu_threads", &t.cpu_threads},
+      {"training.deterministic", &t.deterministic},
       {"training.on_nonfinite", &t.on_nonfinite, {"skip", "stop"}},
       {"training.eval_every", &t.eval_every},
       {"training.init_from", &t.init_from},

@@ -104,6 +104,9 @@ struct TrainingConfig {
   // Intra-op CPU threads (0 = LibTorch's default). Small models run fastest on 1: MKL's threads
   // spin-wait between tiny GEMMs.
   int64_t cpu_threads = 0;
+  // CUDA runs use deterministic algorithms (LibTorch's deterministic mode, a fixed cuBLAS
+  // workspace), so that a run and its resumed copy agree bitwise; false trades that for speed.
+  bool deterministic = true;
   // A step whose loss or gradient is not finite (on any rank) is never applied: skip drops it
   // and trains on, stop saves the state before it and ends the run with an error.
   std::string on_nonfinite = "skip";  // skip | stop

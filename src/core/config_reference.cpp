@@ -72,6 +72,8 @@ const std::map<std::string, std::string>& core_descriptions() {
       {"training.dtype", "parameter and compute dtype (masters stay fp32)"},
       {"training.device", "auto: CUDA when present"},
       {"training.cpu_threads", "intra-op CPU threads; 0 = LibTorch's default"},
+      {"training.deterministic",
+       "CUDA: deterministic algorithms, so that resumed runs are bitwise (docs/model.md)"},
       {"training.eval_every", "steps between acceptance evaluations; 0 = off"},
       {"training.init_from",
        "checkpoint or export to take the draft's weights from (fresh optimizer and data)"},

@@ -36,6 +36,16 @@ int64_t peak_memory_bytes(const torch::Device& device) {
   return stats.allocated_bytes[0].peak;  // StatType::AGGREGATE
 }
 
+// LibTorch's deterministic mode on CUDA: deterministic kernels where LibTorch has two (the
+// memory-efficient attention's backward, index_add and scatter reductions), a warning where it
+// has none, and a fixed cuBLAS workspace configuration (read when the first handle is made; a
+// user's own setting is kept). Uninitialised memory is not filled: nothing reads it.
+void use_deterministic_algorithms(bool on) {
+  if (on) setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
+  at::globalContext().setDeterministicAlgorithms(on, /*warn_only=*/true);
+  at::globalContext().setDeterministicFillUninitializedMemory(false);
+}
+
 std::atomic<int> stop_signal{0};  // the signal that asked for a stop, 0 = none
 
 // What a fresh run's weights were loaded from: "path (step N)" for a checkpoint; exports and
@@ -89,6 +99,7 @@ Trainer::Trainer(core::Config config, std::shared_ptr<dist::Communicator> comm)
   const auto& training = s.config.training;
   s.device = dist::training_device(training.device, dist::rank_layout().local_rank);
   if (training.cpu_threads > 0) at::set_num_threads(static_cast<int>(training.cpu_threads));
+  if (s.device.is_cuda()) use_deterministic_algorithms(training.deterministic);
   torch::manual_seed(static_cast<uint64_t>(training.seed));  // model initialisation
   s.source = data::make_batch_source(s.config, s.device);  // checks the data in full first
   s.config.model.num_target_layers = data::target_depth(s.config);  // recorded in config.json
