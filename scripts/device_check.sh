@@ -69,11 +69,11 @@ if [[ $PHASE == train ]]; then
   echo "done in $(( $(date +%s) - start )) s, status $status"
   exit $status
 fi
-# The recipe-size RL step (docs/benchmarks.md, "GSPO RL step") from random inputs; no checkpoint.
+# The recipe-size RL window beside the supervised replay, with the window's kernel profile
+# (docs/benchmarks.md, "GSPO RL step"); from random inputs, no checkpoint.
 gspo_rl_step() {
-  "$BUILD_DIR/bin/dspine-bench" step --config configs/qwen3-8b-gspo.yaml --set data.source=random \
-    --set training.init_from= --steps 6 > "$OUT/bench_gspo_rl_step.log" 2>&1 || status=1
-  tail -30 "$OUT/bench_gspo_rl_step.log"
+  scripts/bench_gspo_step.sh "$BUILD_DIR" > "$OUT/bench_gspo_step.md" 2>&1 || status=1
+  cat "$OUT/bench_gspo_step.md"
 }
 tests=(test_fused_norm_mlp test_gspo_gpu test_gspo_policy_gpu test_dspine_fused_step
   test_random_source_gpu test_qwen3_model_gpu test_block_attention_gpu test_kernel_profile_gpu
