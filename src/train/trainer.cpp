@@ -36,13 +36,14 @@ int64_t peak_memory_bytes(const torch::Device& device) {
   return stats.allocated_bytes[0].peak;  // StatType::AGGREGATE
 }
 
-// LibTorch's deterministic mode on CUDA: deterministic kernels where LibTorch has two (the
-// memory-efficient attention's backward, index_add and scatter reductions), a warning where it
-// has none, and a fixed cuBLAS workspace configuration (read when the first handle is made; a
-// user's own setting is kept). Uninitialised memory is not filled: nothing reads it.
+// LibTorch's deterministic mode on CUDA: fixed-order kernels where LibTorch has two (the
+// memory-efficient attention's backward, which keeps its atomic one unless the mode is strict,
+// index_add and scatter reductions), an error naming the op where it has none, and a fixed
+// cuBLAS workspace configuration (a user's own setting is kept). Uninitialised memory is not
+// filled: nothing reads it.
 void use_deterministic_algorithms(bool on) {
   if (on) setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
-  at::globalContext().setDeterministicAlgorithms(on, /*warn_only=*/true);
+  at::globalContext().setDeterministicAlgorithms(on, /*warn_only=*/false);
   at::globalContext().setDeterministicFillUninitializedMemory(false);
 }
 
