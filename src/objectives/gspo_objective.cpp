@@ -296,9 +296,11 @@ MicroStepResult GspoObjective::micro_step(const data::DraftBatch& batch, int64_t
   options.comm = context.comm;  // alignment scale from this micro-batch over all ranks
   // The backbone's policy term goes through the vocabulary row pass where that pass is fused;
   // the refinement head's rows are only k wide and keep the separate seam.
-  const auto result = !refinement && model_.fused_vocabulary()
-                          ? row_pass_update(p, rollout, options)
-                          : separate_seam_update(p, rollout, options);
+  // A micro-batch without kept blocks has no rows for the policy-only pass to project.
+  const bool row_pass = !refinement && model_.fused_vocabulary() &&
+                        (supervised || rollout.kept.numel() > 0);
+  const auto result = row_pass ? row_pass_update(p, rollout, options)
+                               : separate_seam_update(p, rollout, options);
   update_sums_[kUpdateLoss] += result.loss.detach().item<double>();
   update_sums_[kUpdateGspoLoss] += result.policy.loss.item<double>();
   update_sums_[kUpdateNewLogprobs] += result.policy.new_logprobs.item<double>();
