@@ -134,15 +134,73 @@ void Trainer::set_phase_hook(PhaseHook hook) {
 
 void Trainer::set_batch_hook(BatchHook hook) { state_->batch_hook = std::move(hook); }
 
-TrainResult Trainer::run(int64_t stop_after) {
-  auto& s = *state_;
-  const auto& cfg = s.config;
-  const int rank = s.comm->rank();
-  const int world = s.comm->world_size();
-  const bool leader = rank == 0;
-  CheckpointManager checkpoints(cfg.checkpoint.dir, cfg.checkpoint.keep_last, *s.comm);
+// One call of Trainer::run: what lives for the call (the checkpoint directory, the metrics file,
+// the progress line, the evaluation's share, the step context and the timers) and its parts:
+// resume or start, the acceptance evaluation, saving, one window, logging.
+class Trainer::Run {
+ public:
+  Run(State& state, int64_t stop_after);
+  TrainResult train();
 
-  // Resume or start fresh.
+ private:
+  // What one window produced, for the log and the progress line.
+  struct Window {
+    double loss = 0, lr = 0, grad_norm = 0, tokens = 0;
+    bool stop_requested = false;
+    std::map<std::string, double> terms;
+  };
+
+  void resume_or_start();
+  void log_start() const;
+  void prepare_evaluation();
+  std::map<std::string, double> evaluate();
+  std::string save(int64_t step);
+  std::string save_state_before_step();
+  void reject_update(double loss, double grad_norm, double local_loss, int64_t bad_micro);
+  std::vector<data::DraftBatch> read_window();
+  Window train_window(const std::vector<data::DraftBatch>& window,
+                      std::chrono::steady_clock::time_point data_start);
+  void log_window(const Window& w, std::map<std::string, double> eval_record);
+  std::chrono::steady_clock::time_point phase(const char* name) const;
+
+  State& s;
+  const core::Config& cfg;
+  const int rank, world;
+  const bool leader;
+  const int64_t rows, accumulation, total, stop_after;
+  int64_t last = 0;
+  CheckpointManager checkpoints;
+  const LrSchedule schedule;
+  std::string resume_from;   // the checkpoint this call resumes, "" for a fresh start
+  std::string started_from;  // a fresh run's training.init_from (or its objective's alias)
+  std::unique_ptr<MetricsLog> metrics;
+  std::unique_ptr<ProgressLine> progress;
+  int64_t eval_every = 0, eval_share = 0, eval_start = 0;
+  data::BatchSource* eval_source = nullptr;
+  std::unique_ptr<objectives::BlockVerifier> verifier;
+  objectives::StepContext context;
+  TrainResult result;
+  std::chrono::steady_clock::time_point started, window_started;
+  double tokens_since_log = 0;
+  double tokens_per_second = 0;  // over the last logging interval
+  int64_t saved_at = -1;
+};
+
+Trainer::Run::Run(State& state, int64_t stop_after_steps)
+    : s(state),
+      cfg(state.config),
+      rank(state.comm->rank()),
+      world(state.comm->world_size()),
+      leader(rank == 0),
+      rows(cfg.training.batch_size),
+      accumulation(cfg.training.accumulation_steps),
+      total(cfg.training.total_steps),
+      stop_after(stop_after_steps),
+      checkpoints(cfg.checkpoint.dir, cfg.checkpoint.keep_last, *state.comm),
+      schedule(cfg.training.learning_rate, total, cfg.training.warmup_ratio,
+               cfg.training.lr_scheduler) {}
+
+void Trainer::Run::resume_or_start() {
   if (cfg.checkpoint.resume == "none" && !checkpoints.latest().empty()) {
     fail("checkpoint.dir {} already holds {}; set checkpoint.resume: auto to continue it or "
          "choose another directory (nothing saved is overwritten)",
@@ -151,108 +209,74 @@ TrainResult Trainer::run(int64_t stop_after) {
   if (leader) checkpoints.remove_incomplete();
   s.comm->barrier();  // nobody reads the directory while the leader cleans it
   // "auto" skips (and sets aside) invalid checkpoints; a named one sets aside those newer than it.
-  const std::string resume_from = checkpoints.resume_point(cfg.checkpoint.resume);
-  std::string started_from;  // a fresh run's training.init_from (or its objective's alias)
-  if (!resume_from.empty()) {
-    const bool sharded = s.sharded->mode() != dist::ShardingMode::kNone;
-    auto loaded = load_checkpoint(resume_from, rank, world, sharded);
-    check_resume_config(resume_from, loaded.trainer_state, cfg, loaded.saved_world_size, world,
-                        leader);
-    s.sharded->gather_all();
-    model::load_module_state(*s.built.module, loaded.model);
-    s.optimizer->load_state(loaded.optimizer, loaded.saved_world_size);
-    s.sharded->release_all();
-    // The objective's draws are keyed by step and global row (objectives/row_streams.h): nothing
-    // to restore. rng.safetensors is read (checked) and not used; checkpoints written before the
-    // row streams hold objective_generator.rank<r> generator states there.
-    s.step = loaded.step;
-    s.cursor = loaded.data_cursor;
-    if (leader) log::info("resumed from {} at step {}", resume_from, s.step);
-    if (leader && !cfg.training.init_from.empty()) {
-      log::info("training.init_from {} is not read: a resume continues its own checkpoint",
-                cfg.training.init_from);
-    }
-    if (leader && loaded.saved_world_size != world) {
-      log::warn("resharded {} from {} to {} ranks: each rank keeps training.batch_size rows "
-                "(anchors and samples follow the global row: unchanged with the global batch)",
-                resume_from, loaded.saved_world_size, world);
-    }
-  } else {
+  resume_from = checkpoints.resume_point(cfg.checkpoint.resume);
+  if (resume_from.empty()) {
     s.sharded->gather_all();
     started_from = s.built.objective->on_fresh_start(cfg.training.init_from);
     s.sharded->load_masters_from_model();  // initialisation done on the model counts
     s.sharded->release_all();
+    return;
   }
-
-  if (leader) {
-    const std::string data = cfg.data.source == "shards"
-                                 ? fmt::format("shards from {}", cfg.data.shards_dir)
-                                 : cfg.data.source;
-    log::info("dspine-train: {} draft, {:.3f} M parameters ({:.3f} M trainable), objective {}; "
-              "{} rank{} on {} ({}, sharding {}); data {}; {}",
-              cfg.model.architecture, s.parameters / 1e6, s.trainable_parameters / 1e6,
-              cfg.objective.name, world, world > 1 ? "s" : "", s.device.str(), s.comm->backend(),
-              cfg.distributed.sharding, data,
-              !resume_from.empty()   ? fmt::format("resuming at step {}", s.step)
-              : started_from.empty() ? std::string("fresh start")
-                                     : "fresh start from the weights of " +
-                                           starting_point(started_from));
+  const bool sharded = s.sharded->mode() != dist::ShardingMode::kNone;
+  auto loaded = load_checkpoint(resume_from, rank, world, sharded);
+  check_resume_config(resume_from, loaded.trainer_state, cfg, loaded.saved_world_size, world,
+                      leader);
+  s.sharded->gather_all();
+  model::load_module_state(*s.built.module, loaded.model);
+  s.optimizer->load_state(loaded.optimizer, loaded.saved_world_size);
+  s.sharded->release_all();
+  // The objective's draws are keyed by step and global row (objectives/row_streams.h): nothing
+  // to restore. rng.safetensors is read (checked) and not used; checkpoints written before the
+  // row streams hold objective_generator.rank<r> generator states there.
+  s.step = loaded.step;
+  s.cursor = loaded.data_cursor;
+  if (!leader) return;
+  log::info("resumed from {} at step {}", resume_from, s.step);
+  if (!cfg.training.init_from.empty()) {
+    log::info("training.init_from {} is not read: a resume continues its own checkpoint",
+              cfg.training.init_from);
   }
-  const int64_t rows = cfg.training.batch_size;
-  const int64_t accumulation = cfg.training.accumulation_steps;
-  const int64_t total = cfg.training.total_steps;
-  const int64_t last = stop_after >= 0 ? std::min(total, s.step + stop_after) : total;
-  const LrSchedule schedule(cfg.training.learning_rate, total, cfg.training.warmup_ratio,
-                            cfg.training.lr_scheduler);
-  if (leader && !cfg.logging.metrics_file.empty()) {
-    fs::create_directories(fs::absolute(cfg.logging.metrics_file).parent_path());
+  if (loaded.saved_world_size != world) {
+    log::warn("resharded {} from {} to {} ranks: each rank keeps training.batch_size rows "
+              "(anchors and samples follow the global row: unchanged with the global batch)",
+              resume_from, loaded.saved_world_size, world);
   }
-  // A resumed run drops the records its predecessor wrote after the checkpoint it resumes from.
-  MetricsLog metrics(leader ? cfg.logging.metrics_file : "", resume_from.empty() ? -1 : s.step);
-  ProgressLine progress(leader ? cfg.logging.progress : "false", s.step, total);
+}
 
-  auto save = [&](int64_t step) {
-    CheckpointContents contents;
-    s.sharded->gather_all();  // collective: every rank, though only the leader writes the model
-    if (leader) {
-      contents.model = model::module_state(*s.built.module);
-      // zero3 frees the weights again below; keep a copy of what is saved.
-      if (s.sharded->mode() == dist::ShardingMode::kZero3) {
-        for (auto& item : contents.model) item.second = item.second.to(torch::kCPU, false, true);
-      }
-    }
-    s.sharded->release_all();
-    contents.model_config = s.built.hf_config;
-    contents.optimizer = s.optimizer->state();
-    // No generator state: the draws are keyed by (training.seed, step, global row). The file
-    // records the seed that keys them.
-    contents.rng.emplace_back("row_streams.seed",
-                              torch::tensor({cfg.training.seed}, torch::kInt64));
-    contents.trainer_state = {{"step", step},
-                              {"data_cursor", s.cursor},
-                              {"config", core::to_yaml(cfg)}};
-    const std::string path = checkpoints.save(step, contents);
-    if (leader) log::info("saved {}", path);
-    return path;
-  };
+void Trainer::Run::log_start() const {
+  if (!leader) return;
+  const std::string data = cfg.data.source == "shards"
+                               ? fmt::format("shards from {}", cfg.data.shards_dir)
+                               : cfg.data.source;
+  log::info("dspine-train: {} draft, {:.3f} M parameters ({:.3f} M trainable), objective {}; "
+            "{} rank{} on {} ({}, sharding {}); data {}; {}",
+            cfg.model.architecture, s.parameters / 1e6, s.trainable_parameters / 1e6,
+            cfg.objective.name, world, world > 1 ? "s" : "", s.device.str(), s.comm->backend(),
+            cfg.distributed.sharding, data,
+            !resume_from.empty()   ? fmt::format("resuming at step {}", s.step)
+            : started_from.empty() ? std::string("fresh start")
+                                   : "fresh start from the weights of " +
+                                         starting_point(started_from));
+}
 
-  // The acceptance evaluation (training.eval_every): every rank measures an equal share of the
-  // held-out samples (zero3 gathers need every rank in each forward) and the counts are summed.
-  // It measures DSpine drafts only: other drafts (the default configuration switched to
-  // model.architecture: simple) train without it, with a warning.
-  const int64_t eval_every = s.built.acceptance ? cfg.training.eval_every : 0;
+// The acceptance evaluation (training.eval_every): every rank measures an equal share of the
+// held-out samples (zero3 gathers need every rank in each forward) and the counts are summed.
+// It measures DSpine drafts only: other drafts (the default configuration switched to
+// model.architecture: simple) train without it, with a warning.
+void Trainer::Run::prepare_evaluation() {
+  eval_every = s.built.acceptance ? cfg.training.eval_every : 0;
   if (leader && eval_every != cfg.training.eval_every) {
     log::warn("training.eval_every = {} is ignored: the acceptance evaluation measures DSpine "
               "drafts, not model.architecture {}", cfg.training.eval_every,
               cfg.model.architecture);
   }
-  const int64_t eval_share = cfg.data.eval_samples / world;
+  eval_share = cfg.data.eval_samples / world;
   if (eval_every > 0 && eval_share * world != cfg.data.eval_samples) {
     fail("data.eval_samples = {} must be a multiple of the {} ranks: each rank measures an equal "
          "share", cfg.data.eval_samples, world);
   }
-  const int64_t eval_start = core::eval_offset(cfg, world);
-  data::BatchSource& eval_source = s.held_out ? *s.held_out : *s.source;
+  eval_start = core::eval_offset(cfg, world);
+  eval_source = s.held_out ? s.held_out.get() : s.source.get();
   if (eval_every > 0) {
     const auto held_out = data::held_out_rows(*s.source, s.held_out.get(),
                                               core::training_rows(cfg, world), eval_start,
@@ -266,167 +290,256 @@ TrainResult Trainer::run(int64_t stop_after) {
       log::info("acceptance evaluation every {} steps on {}", eval_every, held_out.describe());
     }
   }
-  // The eval/... metrics of the model as it is now (logged with the step's record).
-  const auto verifier = objectives::make_verifier(eval_source);
-  auto evaluate = [&]() {
-    auto batches = objectives::held_out_batches(eval_source, eval_start + rank * eval_share,
-                                                eval_share, rows, s.device);
-    const auto stats = s.built.acceptance->measure(batches, *s.comm, *verifier);
-    std::map<std::string, double> record = {
-        {"eval/offset", static_cast<double>(eval_start)},
-        {"eval/samples", static_cast<double>(cfg.data.eval_samples)}};
-    for (const auto& [name, value] : objectives::acceptance_metrics(stats)) {
-      record["eval/" + name] = value;
-    }
-    if (leader) {
-      log::info("step {} eval: tau {:.3f} (refinement walk {:.3f}), accuracy {:.4f} on {} blocks",
-                s.step, stats.backbone_length, stats.refinement_length, stats.accuracy,
-                stats.blocks);
-    }
-    return record;
-  };
+  verifier = objectives::make_verifier(*eval_source);
+}
 
-  TrainResult result;
+// The eval/... metrics of the model as it is now (logged with the step's record).
+std::map<std::string, double> Trainer::Run::evaluate() {
+  auto batches = objectives::held_out_batches(*eval_source, eval_start + rank * eval_share,
+                                              eval_share, rows, s.device);
+  const auto stats = s.built.acceptance->measure(batches, *s.comm, *verifier);
+  std::map<std::string, double> record = {
+      {"eval/offset", static_cast<double>(eval_start)},
+      {"eval/samples", static_cast<double>(cfg.data.eval_samples)}};
+  for (const auto& [name, value] : objectives::acceptance_metrics(stats)) {
+    record["eval/" + name] = value;
+  }
+  if (leader) {
+    log::info("step {} eval: tau {:.3f} (refinement walk {:.3f}), accuracy {:.4f} on {} blocks",
+              s.step, stats.backbone_length, stats.refinement_length, stats.accuracy,
+              stats.blocks);
+  }
+  return record;
+}
+
+std::string Trainer::Run::save(int64_t step) {
+  CheckpointContents contents;
+  s.sharded->gather_all();  // collective: every rank, though only the leader writes the model
+  if (leader) {
+    contents.model = model::module_state(*s.built.module);
+    // zero3 frees the weights again below; keep a copy of what is saved.
+    if (s.sharded->mode() == dist::ShardingMode::kZero3) {
+      for (auto& item : contents.model) item.second = item.second.to(torch::kCPU, false, true);
+    }
+  }
+  s.sharded->release_all();
+  contents.model_config = s.built.hf_config;
+  contents.optimizer = s.optimizer->state();
+  // No generator state: the draws are keyed by (training.seed, step, global row). The file
+  // records the seed that keys them.
+  contents.rng.emplace_back("row_streams.seed", torch::tensor({cfg.training.seed}, torch::kInt64));
+  contents.trainer_state = {
+      {"step", step}, {"data_cursor", s.cursor}, {"config", core::to_yaml(cfg)}};
+  const std::string path = checkpoints.save(step, contents);
+  if (leader) log::info("saved {}", path);
+  return path;
+}
+
+// A checkpoint of the state before the current step: the one save_every or the resume already
+// made, else a new one. s.cursor must already be back at the step's first window.
+std::string Trainer::Run::save_state_before_step() {
+  if (saved_at == s.step) return result.last_checkpoint;
+  if (s.step == result.first_step && !resume_from.empty()) return resume_from;
+  return save(s.step);
+}
+
+// An update whose loss or gradient is not finite (every rank agrees, nothing was applied): warn,
+// then skip it or save the state before it and stop (training.on_nonfinite).
+void Trainer::Run::reject_update(double loss, double grad_norm, double local_loss,
+                                 int64_t bad_micro) {
+  const bool stop = cfg.training.on_nonfinite == "stop";
+  if (!stop) ++result.nonfinite_skipped;
+  if (leader || !std::isfinite(local_loss)) {
+    log::warn("step {}: loss {} (summed over ranks), gradient norm {}; on rank {} {}: {}",
+              s.step + 1, loss, grad_norm, rank,
+              nonfinite_culprit(local_loss, bad_micro, *s.optimizer),
+              stop ? std::string("stopping (training.on_nonfinite: stop)")
+                   : fmt::format("update skipped, {} so far (training.on_nonfinite: skip)",
+                                 result.nonfinite_skipped));
+  }
+  if (!stop) return;
+  s.optimizer->zero_grad();
+  progress->finish();
+  s.cursor -= accumulation * world * rows;  // resuming reads this window again
+  const std::string path = save_state_before_step();
+  fail("step {}: the loss or gradient is not finite (loss {}, gradient norm {}); stopped by "
+       "training.on_nonfinite: stop, the state before this step is saved in {}",
+       s.step + 1, loss, grad_norm, path);
+}
+
+// This rank's micro-batches of the window. Data checked at start-up can still fail here (a file
+// changed since): every rank learns of it, saves the state before this window and stops, so
+// nothing trained so far is lost.
+std::vector<data::DraftBatch> Trainer::Run::read_window() {
+  std::vector<data::DraftBatch> window;
+  const int64_t window_cursor = s.cursor;
+  std::string read_error;  // why this rank could not read its share of the window
+  try {
+    for (int64_t micro = 0; micro < accumulation; ++micro) {
+      s.source->seek(s.cursor + rank * rows);
+      window.push_back(s.source->next(rows).to(s.device));
+      if (s.batch_hook) s.batch_hook(s.step, micro, window.back());
+      s.cursor += world * rows;
+    }
+  } catch (const Error& e) {
+    read_error = e.what();
+  }
+  auto read_failed = torch::tensor({read_error.empty() ? 0.0 : 1.0}, torch::kDouble);
+  if (world > 1) s.comm->all_reduce(read_failed);
+  if (read_failed.item<double>() > 0) {
+    progress->finish();
+    s.cursor = window_cursor;
+    const std::string path = save_state_before_step();
+    fail("step {}: {}; the state before this step is saved in {}", s.step + 1,
+         read_error.empty() ? "another rank could not read its data" : read_error, path);
+  }
+  return window;
+}
+
+std::chrono::steady_clock::time_point Trainer::Run::phase(const char* name) const {
+  if (s.phase_hook) s.phase_hook(name);
+  return std::chrono::steady_clock::now();
+}
+
+// The objective's window: begin_window, then updates_per_window updates of `accumulation`
+// micro-steps each, the last one applied after end_window's metrics and the ranks' loss sum.
+Trainer::Run::Window Trainer::Run::train_window(const std::vector<data::DraftBatch>& window,
+                                                std::chrono::steady_clock::time_point data_start) {
+  const auto prepass_start = phase("prepass");
+  s.built.objective->begin_window(window, context);
+  const auto replay_start = phase("replay");
+  Window w;
+  double local_loss = 0;
+  int64_t local_tokens = 0;
+  w.lr = schedule.at(s.step);
+  const int64_t updates = s.built.objective->updates_per_window();
+  int64_t bad_micro = -1;  // the first micro-batch of the update whose local loss is not finite
+  // Applies the update unless its loss (`loss`: summed over ranks) or the global gradient norm
+  // is not finite, a decision every rank takes alike (training.on_nonfinite).
+  auto apply_update = [&](double loss) {
+    w.grad_norm = s.optimizer->gradient_norm();
+    if (std::isfinite(loss) && std::isfinite(w.grad_norm)) {
+      s.optimizer->step(w.lr, w.grad_norm);
+    } else {
+      reject_update(loss, w.grad_norm, local_loss, bad_micro);
+    }
+    s.optimizer->zero_grad();
+  };
+  for (int64_t update = 0; update < updates; ++update) {
+    context.update = update;
+    local_loss = 0;
+    bad_micro = -1;
+    for (int64_t micro = 0; micro < accumulation; ++micro) {
+      auto out = s.built.objective->micro_step(window[micro], micro, context);
+      // Gradients are reduced over ranks once per update, during its last backward.
+      s.sharded->begin_backward(micro + 1 == accumulation);
+      out.loss.backward();
+      const double micro_loss = out.loss.detach().item<double>();
+      if (!std::isfinite(micro_loss) && bad_micro < 0) bad_micro = micro;
+      local_loss += micro_loss;
+    }
+    if (update + 1 == updates) break;  // the last update steps after end_window, below
+    auto reduced = torch::tensor({local_loss}, torch::kDouble);
+    s.comm->all_reduce(reduced);
+    apply_update(reduced.item<double>());
+  }
+  for (const auto& batch : window) local_tokens += batch.input_ids.numel();
+  w.terms = s.built.objective->end_window(context);
+  // Reduced before the step: a non-finite sum is some rank's non-finite loss.
+  auto totals = torch::tensor(
+      {local_loss, static_cast<double>(local_tokens), static_cast<double>(stop_signal.load())},
+      torch::kDouble);
+  s.comm->all_reduce(totals);
+  w.loss = totals[0].item<double>();
+  const auto optimizer_start = phase("optimizer");
+  apply_update(w.loss);
+  const auto window_end = phase("end");
+  auto seconds_between = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
+  auto& terms = w.terms;
+  terms["time/data_s"] = seconds_between(data_start, prepass_start);
+  terms["time/prepass_s"] = seconds_between(prepass_start, replay_start);
+  terms["time/replay_s"] = seconds_between(replay_start, optimizer_start);
+  terms["time/optimizer_s"] = seconds_between(optimizer_start, window_end);
+  terms["time/step_s"] = seconds_between(data_start, window_end);
+  // An objective that times a part of its step (GSPO: the seam) also gets that part's share.
+  if (terms.count("time/seam_s")) terms["time/seam_share"] = terms["time/seam_s"] / terms["time/step_s"];
+  w.tokens = totals[1].item<double>();
+  w.stop_requested = totals[2].item<double>() > 0;
+  return w;
+}
+
+// The step's record in the metrics file (every logging.every steps and at the last; an
+// evaluation between them gets a record of its own), the log line and the progress line.
+void Trainer::Run::log_window(const Window& w, std::map<std::string, double> eval_record) {
+  const bool log_now = s.step % cfg.logging.every == 0 || s.step == last;
+  if (!log_now && !eval_record.empty()) {
+    eval_record["step"] = static_cast<double>(s.step);
+    metrics->write(eval_record);
+  }
+  if (log_now) {
+    const auto now = std::chrono::steady_clock::now();
+    const double seconds = std::chrono::duration<double>(now - window_started).count();
+    tokens_per_second = tokens_since_log / std::max(seconds, 1e-9);
+    window_started = now;
+    tokens_since_log = 0;
+    std::map<std::string, double> record = w.terms;
+    record["step"] = static_cast<double>(s.step);
+    record["loss"] = w.loss;
+    record["lr"] = w.lr;
+    record["grad_norm"] = w.grad_norm;
+    record["tokens_per_s"] = tokens_per_second;
+    record["nonfinite_skipped"] = static_cast<double>(result.nonfinite_skipped);
+    record["memory_bytes"] = static_cast<double>(peak_memory_bytes(s.device));
+    record.insert(eval_record.begin(), eval_record.end());
+    metrics->write(record);
+    if (leader && !progress->enabled()) {
+      log::info("step {}/{} loss {:.4f} lr {:.3g} grad_norm {:.3f} {:.0f} tok/s", s.step, total,
+                w.loss, w.lr, w.grad_norm, tokens_per_second);
+    }
+  }
+  const double interval_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - window_started).count();
+  // Until the first logging interval ends, the rate so far (not 0).
+  progress->update(s.step, w.loss,
+                   tokens_per_second > 0 ? tokens_per_second
+                                         : tokens_since_log / std::max(interval_s, 1e-9));
+}
+
+TrainResult Trainer::Run::train() {
+  resume_or_start();
+  log_start();
+  last = stop_after >= 0 ? std::min(total, s.step + stop_after) : total;
+  if (leader && !cfg.logging.metrics_file.empty()) {
+    fs::create_directories(fs::absolute(cfg.logging.metrics_file).parent_path());
+  }
+  // A resumed run drops the records its predecessor wrote after the checkpoint it resumes from.
+  metrics = std::make_unique<MetricsLog>(leader ? cfg.logging.metrics_file : "",
+                                         resume_from.empty() ? -1 : s.step);
+  progress = std::make_unique<ProgressLine>(leader ? cfg.logging.progress : "false", s.step, total);
+  prepare_evaluation();
+
   result.first_step = s.step;
-  objectives::StepContext context;
   context.total_steps = total;
   context.comm = s.comm.get();
   // Row r of this rank's micro-batch i is global row i·world·B + rank·B + r of the window: the
   // trainer reads sample cursor + i·world·B + rank·B + r there, so one process at batch world·B
   // gives every sample the same row number.
   context.seed = static_cast<uint64_t>(cfg.training.seed);
-  context.row_offset = rank * cfg.training.batch_size;
-  context.row_stride = world * cfg.training.batch_size;
+  context.row_offset = rank * rows;
+  context.row_stride = world * rows;
   context.training = true;
-  const auto started = std::chrono::steady_clock::now();
-  auto window_started = started;
-  double tokens_since_log = 0;
-  double tokens_per_second = 0;  // over the last logging interval
-  int64_t saved_at = -1;
-  // A checkpoint of the state before the current step: the one save_every or the resume already
-  // made, else a new one. s.cursor must already be back at the step's first window.
-  auto save_state_before_step = [&]() {
-    if (saved_at == s.step) return result.last_checkpoint;
-    if (s.step == result.first_step && !resume_from.empty()) return resume_from;
-    return save(s.step);
-  };
-  // An update whose loss or gradient is not finite (every rank agrees, nothing was applied):
-  // warn, then skip it or save the state before it and stop (training.on_nonfinite).
-  auto reject_update = [&](double loss, double grad_norm, double local_loss, int64_t bad_micro) {
-    const bool stop = cfg.training.on_nonfinite == "stop";
-    if (!stop) ++result.nonfinite_skipped;
-    if (leader || !std::isfinite(local_loss)) {
-      log::warn("step {}: loss {} (summed over ranks), gradient norm {}; on rank {} {}: {}",
-                s.step + 1, loss, grad_norm, rank,
-                nonfinite_culprit(local_loss, bad_micro, *s.optimizer),
-                stop ? std::string("stopping (training.on_nonfinite: stop)")
-                     : fmt::format("update skipped, {} so far (training.on_nonfinite: skip)",
-                                   result.nonfinite_skipped));
-    }
-    if (!stop) return;
-    s.optimizer->zero_grad();
-    progress.finish();
-    s.cursor -= accumulation * world * rows;  // resuming reads this window again
-    const std::string path = save_state_before_step();
-    fail("step {}: the loss or gradient is not finite (loss {}, gradient norm {}); stopped by "
-         "training.on_nonfinite: stop, the state before this step is saved in {}",
-         s.step + 1, loss, grad_norm, path);
-  };
+  started = std::chrono::steady_clock::now();
+  window_started = started;
   while (s.step < last) {
     context.step = s.step;
     if (s.phase_hook) s.phase_hook("data");
     const auto data_start = std::chrono::steady_clock::now();
-    std::vector<data::DraftBatch> window;
-    const int64_t window_cursor = s.cursor;
-    std::string read_error;  // why this rank could not read its share of the window
-    try {
-      for (int64_t micro = 0; micro < accumulation; ++micro) {
-        s.source->seek(s.cursor + rank * rows);
-        window.push_back(s.source->next(rows).to(s.device));
-        if (s.batch_hook) s.batch_hook(s.step, micro, window.back());
-        s.cursor += world * rows;
-      }
-    } catch (const Error& e) {
-      read_error = e.what();
-    }
-    // Data checked at start-up can still fail here (a file changed since): every rank learns of
-    // it, saves the state before this window and stops, so nothing trained so far is lost.
-    auto read_failed = torch::tensor({read_error.empty() ? 0.0 : 1.0}, torch::kDouble);
-    if (world > 1) s.comm->all_reduce(read_failed);
-    if (read_failed.item<double>() > 0) {
-      progress.finish();
-      s.cursor = window_cursor;
-      const std::string path = save_state_before_step();
-      fail("step {}: {}; the state before this step is saved in {}", s.step + 1,
-           read_error.empty() ? "another rank could not read its data" : read_error, path);
-    }
-    auto phase = [&](const char* name) {
-      if (s.phase_hook) s.phase_hook(name);
-      return std::chrono::steady_clock::now();
-    };
-    const auto prepass_start = phase("prepass");
-    s.built.objective->begin_window(window, context);
-    const auto replay_start = phase("replay");
-    double local_loss = 0;
-    int64_t local_tokens = 0;
-    const double lr = schedule.at(s.step);
-    const int64_t updates = s.built.objective->updates_per_window();
-    double grad_norm = 0;
-    int64_t bad_micro = -1;  // the first micro-batch of the update whose local loss is not finite
-    // Applies the update unless its loss (`loss`: summed over ranks) or the global gradient norm
-    // is not finite, a decision every rank takes alike (training.on_nonfinite).
-    auto apply_update = [&](double loss) {
-      grad_norm = s.optimizer->gradient_norm();
-      const bool finite = std::isfinite(loss) && std::isfinite(grad_norm);
-      if (finite) {
-        s.optimizer->step(lr, grad_norm);
-      } else {
-        reject_update(loss, grad_norm, local_loss, bad_micro);
-      }
-      s.optimizer->zero_grad();
-    };
-    for (int64_t update = 0; update < updates; ++update) {
-      context.update = update;
-      local_loss = 0;
-      bad_micro = -1;
-      for (int64_t micro = 0; micro < accumulation; ++micro) {
-        auto out = s.built.objective->micro_step(window[micro], micro, context);
-        // Gradients are reduced over ranks once per update, during its last backward.
-        s.sharded->begin_backward(micro + 1 == accumulation);
-        out.loss.backward();
-        const double micro_loss = out.loss.detach().item<double>();
-        if (!std::isfinite(micro_loss) && bad_micro < 0) bad_micro = micro;
-        local_loss += micro_loss;
-      }
-      if (update + 1 == updates) break;  // the last update steps after end_window, below
-      auto reduced = torch::tensor({local_loss}, torch::kDouble);
-      s.comm->all_reduce(reduced);
-      apply_update(reduced.item<double>());
-    }
-    for (const auto& batch : window) local_tokens += batch.input_ids.numel();
-    auto terms = s.built.objective->end_window(context);
-    // Reduced before the step: a non-finite sum is some rank's non-finite loss.
-    auto totals = torch::tensor(
-        {local_loss, static_cast<double>(local_tokens), static_cast<double>(stop_signal.load())},
-        torch::kDouble);
-    s.comm->all_reduce(totals);
-    const double loss = totals[0].item<double>();
-    const auto optimizer_start = phase("optimizer");
-    apply_update(loss);
-    const auto window_end = phase("end");
-    auto seconds_between = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
-    terms["time/data_s"] = seconds_between(data_start, prepass_start);
-    terms["time/prepass_s"] = seconds_between(prepass_start, replay_start);
-    terms["time/replay_s"] = seconds_between(replay_start, optimizer_start);
-    terms["time/optimizer_s"] = seconds_between(optimizer_start, window_end);
-    terms["time/step_s"] = seconds_between(data_start, window_end);
-    // An objective that times a part of its step (GSPO: the seam) also gets that part's share.
-    if (terms.count("time/seam_s")) terms["time/seam_share"] = terms["time/seam_s"] / terms["time/step_s"];
-    tokens_since_log += totals[1].item<double>();
-    const bool stop_requested = totals[2].item<double>() > 0;
+    const auto window = read_window();
+    const Window w = train_window(window, data_start);
+    tokens_since_log += w.tokens;
     ++s.step;
-    result.losses.push_back(loss);
-    result.terms.push_back(terms);
+    result.losses.push_back(w.loss);
+    result.terms.push_back(w.terms);
 
     std::map<std::string, double> eval_record;
     if (eval_every > 0 && (s.step % eval_every == 0 || s.step == total)) {
@@ -436,49 +549,18 @@ TrainResult Trainer::run(int64_t stop_after) {
       eval_record["eval/time_s"] = std::chrono::duration<double>(eval_time).count();
       window_started += eval_time;  // throughput counts training time only
     }
-    const bool log_now = s.step % cfg.logging.every == 0 || s.step == last;
-    if (!log_now && !eval_record.empty()) {
-      eval_record["step"] = static_cast<double>(s.step);
-      metrics.write(eval_record);
-    }
-    if (log_now) {
-      const auto now = std::chrono::steady_clock::now();
-      const double seconds = std::chrono::duration<double>(now - window_started).count();
-      tokens_per_second = tokens_since_log / std::max(seconds, 1e-9);
-      window_started = now;
-      tokens_since_log = 0;
-      std::map<std::string, double> record = terms;
-      record["step"] = static_cast<double>(s.step);
-      record["loss"] = loss;
-      record["lr"] = lr;
-      record["grad_norm"] = grad_norm;
-      record["tokens_per_s"] = tokens_per_second;
-      record["nonfinite_skipped"] = static_cast<double>(result.nonfinite_skipped);
-      record["memory_bytes"] = static_cast<double>(peak_memory_bytes(s.device));
-      record.insert(eval_record.begin(), eval_record.end());
-      metrics.write(record);
-      if (leader && !progress.enabled()) {
-        log::info("step {}/{} loss {:.4f} lr {:.3g} grad_norm {:.3f} {:.0f} tok/s", s.step,
-                     total, loss, lr, grad_norm, tokens_per_second);
-      }
-    }
-    const double interval_s = std::chrono::duration<double>(std::chrono::steady_clock::now() -
-                                                            window_started).count();
-    // Until the first logging interval ends, the rate so far (not 0).
-    progress.update(s.step, loss,
-                    tokens_per_second > 0 ? tokens_per_second
-                                          : tokens_since_log / std::max(interval_s, 1e-9));
+    log_window(w, std::move(eval_record));
     if (cfg.checkpoint.save_every > 0 && s.step % cfg.checkpoint.save_every == 0) {
       result.last_checkpoint = save(s.step);
       saved_at = s.step;
     }
-    if (stop_requested) {
+    if (w.stop_requested) {
       // A rank that was not signalled itself stops for another's preemption: SIGTERM.
       result.stop_signal = stop_signal.load() != 0 ? stop_signal.load() : SIGTERM;
       break;
     }
   }
-  progress.finish();
+  progress->finish();
   if (saved_at != s.step && s.step > result.first_step) result.last_checkpoint = save(s.step);
   if (result.stop_signal != 0 && leader) {
     log::warn("stopped by signal {} after step {}: saved {}; run again with checkpoint.resume: "
@@ -491,5 +573,7 @@ TrainResult Trainer::run(int64_t stop_after) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   return result;
 }
+
+TrainResult Trainer::run(int64_t stop_after) { return Run(*state_, stop_after).train(); }
 
 }  // namespace dspine::train

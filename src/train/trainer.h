@@ -68,6 +68,7 @@ class Trainer {
 
  private:
   struct State;
+  class Run;  // one call of run()
   std::unique_ptr<State> state_;
 };
 
