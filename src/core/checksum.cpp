@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <vector>
 
@@ -44,6 +45,18 @@ FileDigest digest_file(const std::string& path) {
   EVP_DigestFinal_ex(context.get(), hash, &length);
   for (unsigned int i = 0; i < length; ++i) digest.sha256 += fmt::format("{:02x}", hash[i]);
   return digest;
+}
+
+DigestComparison compare_file_digest(const std::string& path, const FileDigest& recorded) {
+  DigestComparison out;
+  out.found.bytes = static_cast<int64_t>(std::filesystem::file_size(path));
+  if (out.found.bytes != recorded.bytes) {
+    out.result = DigestCheck::kSizeDiffers;
+    return out;
+  }
+  out.found = digest_file(path);
+  if (out.found.sha256 != recorded.sha256) out.result = DigestCheck::kHashDiffers;
+  return out;
 }
 
 }  // namespace dspine::core

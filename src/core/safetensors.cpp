@@ -12,9 +12,9 @@
 
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
-#include <unistd.h>
 
 #include "core/error.h"
+#include "core/files.h"
 
 // Tensor bytes are copied to and from memory as they are; the format is little-endian.
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
@@ -76,10 +76,8 @@ void write_file(const std::string& temp_path, const std::string& header,
   for (const at::Tensor& tensor : contiguous) {
     write_all(file.get(), tensor.data_ptr(), tensor.nbytes(), temp_path);
   }
-  // Flushed and synced before the rename, so the final name never points at partial data.
-  if (std::fflush(file.get()) != 0 || ::fsync(fileno(file.get())) != 0) {
-    fail("cannot write '{}': {}", temp_path, std::strerror(errno));
-  }
+  // write_file_atomically syncs the file before its rename.
+  if (std::fflush(file.get()) != 0) fail("cannot write '{}': {}", temp_path, std::strerror(errno));
   std::FILE* raw = file.release();
   if (std::fclose(raw) != 0) fail("cannot write '{}': {}", temp_path, std::strerror(errno));
 }
@@ -173,6 +171,34 @@ class Loader {
   }
 
   Entry parse_entry(const std::string& name, const Json& value) const {
+    check_fields(name, value);
+    Entry entry;
+    entry.name = name;
+    const std::string dtype_text = parse_dtype(name, value["dtype"], entry);
+    const Extent extent = parse_shape(name, value["shape"], entry);
+    const Json& offsets = value["data_offsets"];
+    if (!offsets.is_array() || offsets.size() != 2) {
+      fail("{}: tensor '{}': data_offsets must be [begin, end], got {}", path_, name,
+           offsets.dump());
+    }
+    entry.begin = read_size(offsets[0], "data_offsets", name);
+    entry.end = read_size(offsets[1], "data_offsets", name);
+    if (entry.begin > entry.end) {
+      fail("{}: tensor '{}': data_offsets [{}, {}] end before they begin", path_, name,
+           entry.begin, entry.end);
+    }
+    const uint64_t element_size = c10::elementSize(entry.type);
+    if (extent.overflow || extent.numel > std::numeric_limits<uint64_t>::max() / element_size ||
+        extent.numel * element_size != entry.end - entry.begin) {
+      fail("{}: tensor '{}': shape {} of dtype {} does not match data_offsets [{}, {}] ({} bytes)",
+           path_, name, join_shape(entry.shape), dtype_text, entry.begin, entry.end,
+           entry.end - entry.begin);
+    }
+    return entry;
+  }
+
+  // An entry is an object of exactly dtype, shape and data_offsets.
+  void check_fields(const std::string& name, const Json& value) const {
     if (name.empty()) fail("{}: a tensor has an empty name", path_);
     if (!value.is_object()) fail("{}: tensor '{}': entry must be an object", path_, name);
     for (const auto& [field, item] : value.items()) {
@@ -183,9 +209,10 @@ class Loader {
     if (!value.contains("dtype") || !value.contains("shape") || !value.contains("data_offsets")) {
       fail("{}: tensor '{}': entry needs dtype, shape and data_offsets", path_, name);
     }
-    Entry entry;
-    entry.name = name;
-    const Json& dtype = value["dtype"];
+  }
+
+  // Sets entry.type from the dtype field; returns the field as written, for messages.
+  std::string parse_dtype(const std::string& name, const Json& dtype, Entry& entry) const {
     const std::string dtype_text = dtype.is_string() ? dtype.get<std::string>() : dtype.dump();
     const DtypeName* found = std::find_if(std::begin(kDtypes), std::end(kDtypes),
                                           [&](const DtypeName& d) { return dtype_text == d.name; });
@@ -195,8 +222,17 @@ class Loader {
            path_, name, dtype_text);
     }
     entry.type = found->type;
+    return dtype_text;
+  }
 
-    const Json& shape = value["shape"];
+  // The element count of a shape, and whether the product of its nonzero sizes overflows.
+  struct Extent {
+    uint64_t numel = 0;
+    bool overflow = false;
+  };
+
+  // Sets entry.shape from the shape field.
+  Extent parse_shape(const std::string& name, const Json& shape, Entry& entry) const {
     if (!shape.is_array()) fail("{}: tensor '{}': shape must be a list", path_, name);
     // The product of the nonzero sizes must fit int64_t even when another size is 0: torch
     // computes strides from it, and an empty [0, 2^62, 2^62] would throw c10::Error.
@@ -210,26 +246,7 @@ class Loader {
       overflow = overflow || dim > kMaxExtent || (dim != 0 && extent > kMaxExtent / dim);
       if (!overflow && dim != 0) extent *= dim;
     }
-    const uint64_t numel = empty ? 0 : extent;
-    const Json& offsets = value["data_offsets"];
-    if (!offsets.is_array() || offsets.size() != 2) {
-      fail("{}: tensor '{}': data_offsets must be [begin, end], got {}", path_, name,
-           offsets.dump());
-    }
-    entry.begin = read_size(offsets[0], "data_offsets", name);
-    entry.end = read_size(offsets[1], "data_offsets", name);
-    if (entry.begin > entry.end) {
-      fail("{}: tensor '{}': data_offsets [{}, {}] end before they begin", path_, name,
-           entry.begin, entry.end);
-    }
-    const uint64_t element_size = c10::elementSize(entry.type);
-    if (overflow || numel > std::numeric_limits<uint64_t>::max() / element_size ||
-        numel * element_size != entry.end - entry.begin) {
-      fail("{}: tensor '{}': shape {} of dtype {} does not match data_offsets [{}, {}] ({} bytes)",
-           path_, name, join_shape(entry.shape), dtype_text, entry.begin, entry.end,
-           entry.end - entry.begin);
-    }
-    return entry;
+    return {empty ? 0 : extent, overflow};
   }
 
   // The tensors must tile the data section exactly: no overlap, no gap, nothing past the end.
@@ -309,13 +326,10 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');
 
-  const std::string temp_path = path + ".tmp";
   try {
-    write_file(temp_path, text, contiguous);
-    std::filesystem::rename(temp_path, path);
+    write_file_atomically(path,
+                          [&](const std::string& temp) { write_file(temp, text, contiguous); });
   } catch (const std::exception& e) {
-    std::error_code ignored;
-    std::filesystem::remove(temp_path, ignored);
     fail("cannot save safetensors file '{}': {}", path, e.what());
   }
 }

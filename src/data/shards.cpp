@@ -82,15 +82,14 @@ nlohmann::json digest_json(const core::FileDigest& digest) {
 
 void verify_file(const fs::path& path, const core::FileDigest& recorded) {
   if (!fs::is_regular_file(path)) fail("{}: file listed in {} is missing", path.string(), kIndexFile);
-  const auto bytes = static_cast<int64_t>(fs::file_size(path));
-  if (bytes != recorded.bytes) {
+  const auto check = core::compare_file_digest(path.string(), recorded);
+  if (check.result == core::DigestCheck::kSizeDiffers) {
     fail("{}: {} bytes, but {} records {} (truncated or rewritten); regenerate the shards",
-         path.string(), bytes, kIndexFile, recorded.bytes);
+         path.string(), check.found.bytes, kIndexFile, recorded.bytes);
   }
-  const core::FileDigest found = core::digest_file(path.string());
-  if (found.sha256 != recorded.sha256) {
+  if (check.result == core::DigestCheck::kHashDiffers) {
     fail("{}: SHA-256 {} differs from {} recorded in {} (corrupt file); regenerate the shards",
-         path.string(), found.sha256, recorded.sha256, kIndexFile);
+         path.string(), check.found.sha256, recorded.sha256, kIndexFile);
   }
 }
 

@@ -139,17 +139,16 @@ void verify_file(const fs::path& dir, const std::string& name, const nlohmann::j
       !(*entry)["sha256"].is_string()) {
     fail("checkpoint file {}: the manifest (trainer_state.json) has no valid entry for it", where);
   }
-  const int64_t bytes = (*entry)["bytes"].get<int64_t>();
-  const auto size = static_cast<int64_t>(fs::file_size(path));
-  if (size != bytes) {
+  const core::FileDigest recorded{(*entry)["bytes"].get<int64_t>(),
+                                  (*entry)["sha256"].get<std::string>()};
+  const auto check = core::compare_file_digest(where, recorded);
+  if (check.result == core::DigestCheck::kSizeDiffers) {
     fail("checkpoint file {} has {} bytes, the manifest records {} (truncated or replaced)", where,
-         size, bytes);
+         check.found.bytes, recorded.bytes);
   }
-  const std::string expected = (*entry)["sha256"].get<std::string>();
-  const std::string actual = core::digest_file(where).sha256;
-  if (actual != expected) {
+  if (check.result == core::DigestCheck::kHashDiffers) {
     fail("checkpoint file {} is corrupt: its SHA-256 is {}, the manifest records {}", where,
-         actual, expected);
+         check.found.sha256, recorded.sha256);
   }
 }
 

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/files.h"
 #include "core/terminal.h"
 
 namespace dspine::train {
@@ -30,13 +31,12 @@ void keep_records_up_to(const std::string& path, int64_t last_step) {
       kept += line + "\n";
     }
   }
-  const std::string temp = path + ".tmp";
-  {
+  core::write_file_atomically(path, [&](const std::string& temp) {
     std::ofstream out(temp, std::ios::trunc);
     out << kept;
+    out.close();
     if (!out) fail("cannot rewrite metrics file {} (logging.metrics_file)", path);
-  }
-  std::filesystem::rename(temp, path);
+  });
 }
 
 }  // namespace
