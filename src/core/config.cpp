@@ -695,79 +695,86 @@ void validate_held_out_source(const Context& ctx, const DataConfig& data) {
   }
 }
 
-// Range and cross-key checks on a fully read configuration.
-void validate(const Context& ctx, const Config& c) {
-  auto at_least = [&](const std::string& key, int64_t value, int64_t low) {
+// The range rules of validate(): each records its rule for the key and fails a value outside.
+struct RangeRules {
+  const Context& ctx;
+  void at_least(const std::string& key, int64_t value, int64_t low) const {
     const std::string rule = fmt::format("integer >= {}", low);
     ctx.allow(key, rule);
     if (value < low) ctx.fail_range(key, show(value), rule);
-  };
-  auto positive = [&](const std::string& key, double value) {
+  }
+  void positive(const std::string& key, double value) const {
     ctx.allow(key, "number > 0");
     if (!(value > 0)) ctx.fail_range(key, show(value), "number > 0");
-  };
-  auto nonnegative = [&](const std::string& key, double value) {
+  }
+  void nonnegative(const std::string& key, double value) const {
     ctx.allow(key, "number >= 0");
     if (!(value >= 0)) ctx.fail_range(key, show(value), "number >= 0");
-  };
-  auto fraction = [&](const std::string& key, double value) {  // [0, 1)
+  }
+  void fraction(const std::string& key, double value) const {  // [0, 1)
     ctx.allow(key, "number in [0, 1)");
     if (!(value >= 0 && value < 1)) ctx.fail_range(key, show(value), "number in [0, 1)");
-  };
-  auto non_empty = [&](const std::string& key, const std::string& value) {
+  }
+  void non_empty(const std::string& key, const std::string& value) const {
     ctx.allow(key, "not empty");
     if (value.empty()) ctx.fail_value(key, show(value), "must not be empty");
-  };
+  }
+};
 
+void validate_model(const RangeRules& r, const Config& c) {
   const ModelConfig& m = c.model;
-  at_least("model.hidden_size", m.hidden_size, 1);
-  at_least("model.intermediate_size", m.intermediate_size, 1);
-  at_least("model.num_hidden_layers", m.num_hidden_layers, 1);
-  at_least("model.num_attention_heads", m.num_attention_heads, 1);
-  at_least("model.num_key_value_heads", m.num_key_value_heads, 1);
-  at_least("model.head_dim", m.head_dim, 1);
-  at_least("model.vocab_size", m.vocab_size, 1);
-  ctx.allow("model.num_attention_heads", "integer >= 1, a multiple of model.num_key_value_heads");
+  r.at_least("model.hidden_size", m.hidden_size, 1);
+  r.at_least("model.intermediate_size", m.intermediate_size, 1);
+  r.at_least("model.num_hidden_layers", m.num_hidden_layers, 1);
+  r.at_least("model.num_attention_heads", m.num_attention_heads, 1);
+  r.at_least("model.num_key_value_heads", m.num_key_value_heads, 1);
+  r.at_least("model.head_dim", m.head_dim, 1);
+  r.at_least("model.vocab_size", m.vocab_size, 1);
+  r.ctx.allow("model.num_attention_heads", "integer >= 1, a multiple of model.num_key_value_heads");
   if (m.num_attention_heads % m.num_key_value_heads != 0) {
-    ctx.fail_range("model.num_attention_heads", show(m.num_attention_heads),
-                   fmt::format("a multiple of model.num_key_value_heads = {}",
-                               m.num_key_value_heads));
+    r.ctx.fail_range(
+        "model.num_attention_heads", show(m.num_attention_heads),
+        fmt::format("a multiple of model.num_key_value_heads = {}", m.num_key_value_heads));
   }
-  positive("model.rms_norm_eps", m.rms_norm_eps);
-  positive("model.rope_theta", m.rope_theta);
-  nonnegative("model.initializer_range", m.initializer_range);
-  at_least("model.block_size", m.block_size, 2);
-  ctx.allow("model.mask_token_id", "-1 (the last vocabulary id) or an id in [0, model.vocab_size)");
+  r.positive("model.rms_norm_eps", m.rms_norm_eps);
+  r.positive("model.rope_theta", m.rope_theta);
+  r.nonnegative("model.initializer_range", m.initializer_range);
+  r.at_least("model.block_size", m.block_size, 2);
+  r.ctx.allow("model.mask_token_id",
+              "-1 (the last vocabulary id) or an id in [0, model.vocab_size)");
   if (m.mask_token_id < -1 || m.mask_token_id >= m.vocab_size) {
-    ctx.fail_range("model.mask_token_id", show(m.mask_token_id),
-                   fmt::format("-1 (the last vocabulary id) or an id in [0, model.vocab_size = {})",
-                               m.vocab_size));
+    r.ctx.fail_range(
+        "model.mask_token_id", show(m.mask_token_id),
+        fmt::format("-1 (the last vocabulary id) or an id in [0, model.vocab_size = {})",
+                    m.vocab_size));
   }
-  ctx.allow("model.target_layer_ids",
-            "at least one layer id >= 0; with data.source synthetic, each < "
-            "data.synthetic.num_layers");
+  r.ctx.allow("model.target_layer_ids",
+              "at least one layer id >= 0; with data.source synthetic, each < "
+              "data.synthetic.num_layers");
   if (m.target_layer_ids.empty()) {
-    ctx.fail_value("model.target_layer_ids", "[]", "must list at least one target layer");
+    r.ctx.fail_value("model.target_layer_ids", "[]", "must list at least one target layer");
   }
   const bool synthetic = c.data.source == "synthetic";
-  at_least("model.num_target_layers", m.num_target_layers, 0);
+  r.at_least("model.num_target_layers", m.num_target_layers, 0);
   for (size_t i = 0; i < m.target_layer_ids.size(); ++i) {
     const int64_t id = m.target_layer_ids[i];
     const std::string key = fmt::format("model.target_layer_ids[{}]", i);
-    if (id < 0) ctx.fail_range(key, show(id), "integer >= 0");
+    if (id < 0) r.ctx.fail_range(key, show(id), "integer >= 0");
     if (m.num_target_layers > 0 && id >= m.num_target_layers) {
-      ctx.fail_range(key, show(id),
-                     fmt::format("a layer of the target, in [0, model.num_target_layers = {})",
-                                 m.num_target_layers));
+      r.ctx.fail_range(key, show(id),
+                       fmt::format("a layer of the target, in [0, model.num_target_layers = {})",
+                                   m.num_target_layers));
     }
     if (synthetic && id >= c.data.synthetic.num_layers) {
-      ctx.fail_range(key, show(id),
-                     fmt::format("a layer of the synthetic target, in [0, "
-                                 "data.synthetic.num_layers = {})",
-                                 c.data.synthetic.num_layers));
+      r.ctx.fail_range(key, show(id),
+                       fmt::format("a layer of the synthetic target, in [0, "
+                                   "data.synthetic.num_layers = {})",
+                                   c.data.synthetic.num_layers));
     }
   }
+}
 
+void validate_dspine(const RangeRules& r, const ModelConfig& m) {
   // The reference's DSpine checks, in its order (integer and finiteness checks happened while
   // reading); the training settings are objective.dspine's (objectives/dspine_settings.cpp). The
   // bounds that involve hidden_size / vocab_size apply when the model is a DSpine model: the simple
@@ -775,108 +782,127 @@ void validate(const Context& ctx, const Config& c) {
   const DSpineConfig& d = m.dspine;
   const bool dspine = m.architecture == "dspine";
   const int64_t max_rank = std::min(m.hidden_size, m.vocab_size - 1);
-  ctx.allow("model.dspine.transfer_rank", "integer in [1, min(hidden_size, vocab_size - 1)]");
-  ctx.allow("model.dspine.message_size", "integer >= 1");
-  ctx.allow("model.dspine.top_k", "integer in [1, vocab_size]");
-  ctx.allow("model.dspine.replacement_layers", "integer >= 0");
+  r.ctx.allow("model.dspine.transfer_rank", "integer in [1, min(hidden_size, vocab_size - 1)]");
+  r.ctx.allow("model.dspine.message_size", "integer >= 1");
+  r.ctx.allow("model.dspine.top_k", "integer in [1, vocab_size]");
+  r.ctx.allow("model.dspine.replacement_layers", "integer >= 0");
   if (d.transfer_rank < 1 || (dspine && d.transfer_rank > max_rank)) {
-    ctx.fail_dspine("model.dspine.transfer_rank", show(d.transfer_rank),
-                    fmt::format("transfer_rank must be in [1, min(hidden_size, vocab_size - 1)] "
-                                "= [1, {}]",
-                                max_rank));
+    r.ctx.fail_dspine("model.dspine.transfer_rank", show(d.transfer_rank),
+                      fmt::format("transfer_rank must be in [1, min(hidden_size, vocab_size - 1)] "
+                                  "= [1, {}]",
+                                  max_rank));
   }
   if (d.message_size < 1) {
-    ctx.fail_dspine("model.dspine.message_size", show(d.message_size),
-                    "requires message_size > 0 and top_k in [1, vocab_size]");
+    r.ctx.fail_dspine("model.dspine.message_size", show(d.message_size),
+                      "requires message_size > 0 and top_k in [1, vocab_size]");
   }
   if (d.top_k < 1 || (dspine && d.top_k > m.vocab_size)) {
-    ctx.fail_dspine("model.dspine.top_k", show(d.top_k),
-                    fmt::format("requires message_size > 0 and top_k in [1, vocab_size] "
-                                "(vocab_size = {})",
-                                m.vocab_size));
+    r.ctx.fail_dspine("model.dspine.top_k", show(d.top_k),
+                      fmt::format("requires message_size > 0 and top_k in [1, vocab_size] "
+                                  "(vocab_size = {})",
+                                  m.vocab_size));
   }
   if (d.replacement_layers < 0) {
-    ctx.fail_dspine("model.dspine.replacement_layers", show(d.replacement_layers),
-                    "warmup steps and replacement layers must be nonnegative");
+    r.ctx.fail_dspine("model.dspine.replacement_layers", show(d.replacement_layers),
+                      "warmup steps and replacement layers must be nonnegative");
   }
+}
 
-  const DataConfig& data = c.data;
-  ctx.allow("data.shards_dir",
-            "a directory written by dspine-data generate; needed when data.source is shards");
-  ctx.allow("data.target.path", "a Hugging Face Qwen3 directory; needed by target and specforge");
-  ctx.allow("data.samples", "a token-sample JSONL file; needed by target unless target.random");
-  ctx.allow("data.specforge_dir", "a directory of SpecForge samples; needed by specforge");
+void validate_data(const RangeRules& r, const DataConfig& data) {
+  r.ctx.allow("data.shards_dir",
+              "a directory written by dspine-data generate; needed when data.source is shards");
+  r.ctx.allow("data.target.path", "a Hugging Face Qwen3 directory; needed by target and specforge");
+  r.ctx.allow("data.samples", "a token-sample JSONL file; needed by target unless target.random");
+  r.ctx.allow("data.specforge_dir", "a directory of SpecForge samples; needed by specforge");
   if (data.source == "shards" && data.shards_dir.empty()) {
-    ctx.fail_value("data.shards_dir", show(data.shards_dir),
-                   "data.source is shards, which needs the directory written by dspine-data "
-                   "generate");
+    r.ctx.fail_value("data.shards_dir", show(data.shards_dir),
+                     "data.source is shards, which needs the directory written by dspine-data "
+                     "generate");
   }
   if ((data.source == "target" || data.source == "specforge") && data.target.path.empty()) {
-    ctx.fail_value("data.target.path", show(data.target.path),
-                   fmt::format("data.source is {}, which needs the target's Hugging Face "
-                               "directory", data.source));
+    r.ctx.fail_value("data.target.path", show(data.target.path),
+                     fmt::format("data.source is {}, which needs the target's Hugging Face "
+                                 "directory",
+                                 data.source));
   }
   if (data.source == "target" && data.samples.empty() && !data.target.random) {
-    ctx.fail_value("data.samples", show(data.samples),
-                   "data.source is target, which needs a token-sample JSONL file (random token "
-                   "ids only with data.target.random: true)");
+    r.ctx.fail_value("data.samples", show(data.samples),
+                     "data.source is target, which needs a token-sample JSONL file (random token "
+                     "ids only with data.target.random: true)");
   }
   if (data.source == "specforge" && data.specforge_dir.empty()) {
-    ctx.fail_value("data.specforge_dir", show(data.specforge_dir),
-                   "data.source is specforge, which needs a directory of SpecForge samples");
+    r.ctx.fail_value("data.specforge_dir", show(data.specforge_dir),
+                     "data.source is specforge, which needs a directory of SpecForge samples");
   }
-  at_least("data.target.seed", data.target.seed, 0);
-  at_least("data.seq_len", data.seq_len, 2);
-  at_least("data.eval_samples", data.eval_samples, 1);
-  ctx.allow("data.eval_offset", "integer >= 0, or -1 for the first sample past the training data");
+  r.at_least("data.target.seed", data.target.seed, 0);
+  r.at_least("data.seq_len", data.seq_len, 2);
+  r.at_least("data.eval_samples", data.eval_samples, 1);
+  r.ctx.allow("data.eval_offset",
+              "integer >= 0, or -1 for the first sample past the training data");
   if (data.eval_offset < -1) {
-    ctx.fail_range("data.eval_offset", show(data.eval_offset),
-                   "integer >= 0, or -1 for the first sample past the training data");
+    r.ctx.fail_range("data.eval_offset", show(data.eval_offset),
+                     "integer >= 0, or -1 for the first sample past the training data");
   }
-  validate_held_out_source(ctx, data);
+  validate_held_out_source(r.ctx, data);
+}
+
+void validate_synthetic(const RangeRules& r, const DataConfig& data) {
   const SyntheticTargetConfig& s = data.synthetic;
-  at_least("data.synthetic.seed", s.seed, 0);
-  at_least("data.synthetic.num_layers", s.num_layers, 1);
-  at_least("data.synthetic.num_attention_heads", s.num_attention_heads, 1);
-  at_least("data.synthetic.num_key_value_heads", s.num_key_value_heads, 1);
-  at_least("data.synthetic.head_dim", s.head_dim, 1);
-  at_least("data.synthetic.intermediate_size", s.intermediate_size, 1);
-  ctx.allow("data.synthetic.num_attention_heads",
-            "integer >= 1, a multiple of data.synthetic.num_key_value_heads");
+  r.at_least("data.synthetic.seed", s.seed, 0);
+  r.at_least("data.synthetic.num_layers", s.num_layers, 1);
+  r.at_least("data.synthetic.num_attention_heads", s.num_attention_heads, 1);
+  r.at_least("data.synthetic.num_key_value_heads", s.num_key_value_heads, 1);
+  r.at_least("data.synthetic.head_dim", s.head_dim, 1);
+  r.at_least("data.synthetic.intermediate_size", s.intermediate_size, 1);
+  r.ctx.allow("data.synthetic.num_attention_heads",
+              "integer >= 1, a multiple of data.synthetic.num_key_value_heads");
   if (s.num_attention_heads % s.num_key_value_heads != 0) {
-    ctx.fail_range("data.synthetic.num_attention_heads", show(s.num_attention_heads),
-                   fmt::format("a multiple of data.synthetic.num_key_value_heads = {}",
-                               s.num_key_value_heads));
+    r.ctx.fail_range("data.synthetic.num_attention_heads", show(s.num_attention_heads),
+                     fmt::format("a multiple of data.synthetic.num_key_value_heads = {}",
+                                 s.num_key_value_heads));
   }
-  positive("data.synthetic.logit_scale", s.logit_scale);
-  positive("data.synthetic.temperature", s.temperature);
-  ctx.allow("data.synthetic.prompt_length", "integer in [0, data.seq_len)");
+  r.positive("data.synthetic.logit_scale", s.logit_scale);
+  r.positive("data.synthetic.temperature", s.temperature);
+  r.ctx.allow("data.synthetic.prompt_length", "integer in [0, data.seq_len)");
   if (s.prompt_length < 0 || s.prompt_length >= data.seq_len) {
-    ctx.fail_range("data.synthetic.prompt_length", show(s.prompt_length),
-                   fmt::format("integer in [0, data.seq_len = {})", data.seq_len));
+    r.ctx.fail_range("data.synthetic.prompt_length", show(s.prompt_length),
+                     fmt::format("integer in [0, data.seq_len = {})", data.seq_len));
   }
+}
 
+void validate_run(const RangeRules& r, const Config& c) {
   const TrainingConfig& t = c.training;
-  at_least("training.batch_size", t.batch_size, 1);
-  at_least("training.accumulation_steps", t.accumulation_steps, 1);
-  at_least("training.total_steps", t.total_steps, 1);
-  positive("training.learning_rate", t.learning_rate);
-  fraction("training.warmup_ratio", t.warmup_ratio);
-  nonnegative("training.max_grad_norm", t.max_grad_norm);
-  nonnegative("training.weight_decay", t.weight_decay);
-  fraction("training.adam_beta1", t.adam_beta1);
-  fraction("training.adam_beta2", t.adam_beta2);
-  positive("training.adam_eps", t.adam_eps);
-  at_least("training.seed", t.seed, 0);
-  at_least("training.cpu_threads", t.cpu_threads, 0);
-  at_least("training.eval_every", t.eval_every, 0);
+  r.at_least("training.batch_size", t.batch_size, 1);
+  r.at_least("training.accumulation_steps", t.accumulation_steps, 1);
+  r.at_least("training.total_steps", t.total_steps, 1);
+  r.positive("training.learning_rate", t.learning_rate);
+  r.fraction("training.warmup_ratio", t.warmup_ratio);
+  r.nonnegative("training.max_grad_norm", t.max_grad_norm);
+  r.nonnegative("training.weight_decay", t.weight_decay);
+  r.fraction("training.adam_beta1", t.adam_beta1);
+  r.fraction("training.adam_beta2", t.adam_beta2);
+  r.positive("training.adam_eps", t.adam_eps);
+  r.at_least("training.seed", t.seed, 0);
+  r.at_least("training.cpu_threads", t.cpu_threads, 0);
+  r.at_least("training.eval_every", t.eval_every, 0);
 
-  non_empty("checkpoint.dir", c.checkpoint.dir);
-  at_least("checkpoint.save_every", c.checkpoint.save_every, 0);
-  at_least("checkpoint.keep_last", c.checkpoint.keep_last, 0);
-  non_empty("checkpoint.resume", c.checkpoint.resume);
-  at_least("logging.every", c.logging.every, 1);
-  positive("distributed.timeout_s", c.distributed.timeout_s);
+  r.non_empty("checkpoint.dir", c.checkpoint.dir);
+  r.at_least("checkpoint.save_every", c.checkpoint.save_every, 0);
+  r.at_least("checkpoint.keep_last", c.checkpoint.keep_last, 0);
+  r.non_empty("checkpoint.resume", c.checkpoint.resume);
+  r.at_least("logging.every", c.logging.every, 1);
+  r.positive("distributed.timeout_s", c.distributed.timeout_s);
+}
+
+// Range and cross-key checks on a fully read configuration, section by section (the first
+// failure is reported, so the order is the order of the file's sections).
+void validate(const Context& ctx, const Config& c) {
+  const RangeRules rules{ctx};
+  validate_model(rules, c);
+  validate_dspine(rules, c.model);
+  validate_data(rules, c.data);
+  validate_synthetic(rules, c.data);
+  validate_run(rules, c);
 }
 
 }  // namespace
