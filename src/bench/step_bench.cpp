@@ -17,13 +17,13 @@
 #include <vector>
 
 #include <CLI/CLI.hpp>
-#include <c10/cuda/CUDACachingAllocator.h>
 #include <torch/torch.h>
 
 #include "bench/bench.h"
 #include "bench/cpu_memory.h"
 #include "bench/cuda_timing.h"
 #include "bench/kernel_profile.h"
+#include "bench/phase_meter.h"
 #include "bench/step_flops.h"
 #include "core/config.h"
 #include "core/error.h"
@@ -49,150 +49,8 @@ struct StepOptions {
 };
 
 constexpr const char* kPhases[] = {"data", "prepass", "replay", "optimizer"};
-// Sub-phases of "replay" an objective may announce (objectives/objective.h).
-constexpr const char* kReplayPhases[] = {"forward", "objective", "backward"};
 constexpr double kPeakTflops = 989.0;  // H200 dense bf16 tensor-core peak
 constexpr size_t kPrintedKernels = 25;
-
-bool is_replay_phase(const std::string& phase) {
-  return std::find(std::begin(kReplayPhases), std::end(kReplayPhases), phase) !=
-         std::end(kReplayPhases);
-}
-
-double mib(int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
-double gib(int64_t bytes) { return static_cast<double>(bytes) / (int64_t(1) << 30); }
-
-// An open phase: when it began, the bytes held then and the highest absolute peak since.
-struct Span {
-  std::string name;
-  std::chrono::steady_clock::time_point started;
-  int64_t base = 0;
-  int64_t peak = 0;
-};
-
-// Fed by the trainer's phase hook. The whole-window peak is taken from the first window's
-// prepass on (model set-up and the final checkpoint are not a training step); collective
-// counters are read at every prepass, so the per-step figures span whole windows, including
-// the metrics all-reduce that follows "end". Replay sub-phases nest inside "replay" and are
-// summed over a window's micro-batches. The profiled window (the last) is kept out of the
-// timings and peaks.
-struct PhaseMeter {
-  const dist::Communicator* comm = nullptr;
-  bool cuda = false;
-  int device = 0;
-  int64_t profile_window = -1;  // window index run under the profiler; -1: none
-  std::string trace_path;       // where the profiled window's Chrome trace goes ("": nowhere)
-  int64_t windows = 0;          // windows begun
-  bool profiling = false;
-  KernelProfile kernel_profile;
-  int64_t window_peak = 0;  // bytes, absolute
-  int64_t total_peak = 0;   // bytes, absolute, since the process started
-  Span phase, sub_phase;
-  std::map<std::string, double> window_sub_seconds;
-  std::map<std::string, int64_t> window_sub_extra, window_sub_peak;  // bytes, max over micros
-  std::map<std::string, std::vector<double>> seconds, peak_mib, peak_gib;
-  std::vector<double> window_seconds;
-  std::vector<int64_t> bytes_at_prepass, collectives_at_prepass;
-  std::vector<int64_t> kind_bytes_at_prepass[dist::kCollectiveKinds];
-
-  int64_t current_bytes() const {
-    if (!cuda) return CpuMemoryTracker::install().current_bytes();
-    return c10::cuda::CUDACachingAllocator::getDeviceStats(device).allocated_bytes[0].current;
-  }
-  int64_t peak_bytes() const {
-    if (!cuda) return CpuMemoryTracker::install().peak_bytes();
-    return c10::cuda::CUDACachingAllocator::getDeviceStats(device).allocated_bytes[0].peak;
-  }
-  void reset_peak() {
-    if (!cuda) {
-      CpuMemoryTracker::install().reset_peak();
-    } else {
-      c10::cuda::CUDACachingAllocator::resetPeakStats(device);
-    }
-  }
-
-  void record(const std::string& name, double elapsed_s, double extra_mib, double peak) {
-    seconds[name].push_back(elapsed_s);
-    peak_mib[name].push_back(extra_mib);
-    peak_gib[name].push_back(peak);
-  }
-
-  void on_phase(const std::string& next) {
-    if (cuda) torch::cuda::synchronize(device);
-    const auto now = std::chrono::steady_clock::now();
-    const int64_t peak = peak_bytes();
-    total_peak = std::max(total_peak, peak);
-    if (!bytes_at_prepass.empty() && !profiling) window_peak = std::max(window_peak, peak);
-    phase.peak = std::max(phase.peak, peak);
-    sub_phase.peak = std::max(sub_phase.peak, peak);
-    auto elapsed = [&](const Span& span) {
-      return std::chrono::duration<double>(now - span.started).count();
-    };
-    if (!sub_phase.name.empty()) {
-      const auto& name = sub_phase.name;
-      window_sub_seconds[name] += elapsed(sub_phase);
-      window_sub_extra[name] = std::max(window_sub_extra[name], sub_phase.peak - sub_phase.base);
-      window_sub_peak[name] = std::max(window_sub_peak[name], sub_phase.peak);
-      sub_phase.name.clear();
-    }
-    const bool nested = is_replay_phase(next);
-    if (!nested && !phase.name.empty() && !profiling) {
-      record(phase.name, elapsed(phase), mib(phase.peak - phase.base), gib(phase.peak));
-      if (phase.name == "data") window_seconds.push_back(0);  // a window: data, prepass, ...
-      window_seconds.back() += elapsed(phase);
-    }
-    if (next == "data") begin_window();
-    if (next == "end") end_window();
-    if (next == "prepass") {
-      bytes_at_prepass.push_back(comm->bytes_moved());
-      collectives_at_prepass.push_back(comm->collective_count());
-      for (int kind = 0; kind < dist::kCollectiveKinds; ++kind) {
-        const auto collective = static_cast<dist::Collective>(kind);
-        kind_bytes_at_prepass[kind].push_back(comm->bytes_moved(collective));
-      }
-    }
-    Span& opened = nested ? sub_phase : phase;
-    opened.name = next == "end" ? std::string() : next;
-    opened.base = current_bytes();
-    opened.peak = opened.base;
-    reset_peak();
-    opened.started = std::chrono::steady_clock::now();
-  }
-
-  void begin_window() {
-    if (windows++ != profile_window) return;
-    profiling = true;
-    start_kernel_profile(cuda);
-  }
-
-  // Sub-phases become one sample per window: the sums over its micro-batches.
-  void end_window() {
-    if (profiling) {
-      profiling = false;
-      kernel_profile = stop_kernel_profile(trace_path);
-    } else {
-      for (const auto& [name, total] : window_sub_seconds) {
-        record(name, total, mib(window_sub_extra[name]), gib(window_sub_peak[name]));
-      }
-    }
-    window_sub_seconds.clear();
-    window_sub_extra.clear();
-    window_sub_peak.clear();
-  }
-
-  // Mean over the windows between the first and the last prepass (every one complete).
-  double per_step(const std::vector<int64_t>& at_prepass) const {
-    if (at_prepass.size() < 2) return 0.0;
-    return static_cast<double>(at_prepass.back() - at_prepass.front()) /
-           static_cast<double>(at_prepass.size() - 1);
-  }
-};
-
-double median_after_first(std::vector<double> values) {
-  if (values.size() > 1) values.erase(values.begin());  // the first window warms caches up
-  std::sort(values.begin(), values.end());
-  return values.empty() ? 0.0 : values[values.size() / 2];
-}
 
 // Where `comm` takes its tensors: NCCL reduces device tensors, MPI host tensors.
 torch::TensorOptions collective_options(const dist::Communicator& comm, const c10::Device& device,
@@ -242,22 +100,21 @@ std::string shared_id(dist::Communicator& comm, const c10::Device& device) {
   return std::to_string(id.item<int64_t>());
 }
 
-void run_step_bench(const StepOptions& options) {
-  auto config = core::load_config(options.config_path, options.overrides);
-  const c10::Device device =
-      dist::training_device(config.training.device, dist::rank_layout().local_rank);
-  auto comm = dist::make_communicator(config.distributed, device);
-  const std::string scratch = "/tmp/dspine-bench-step-" + shared_id(*comm, device);
-  const bool profile =
-      options.profile || !options.profile_out.empty() || !options.profile_trace.empty();
-  // Output files fail before the run, not after it.
+// Output files fail before the run, not after it.
+void check_output_files(const StepOptions& options) {
   for (const auto& [flag, path] : {std::pair{"--profile-out", &options.profile_out},
                                    std::pair{"--profile-trace", &options.profile_trace}}) {
-    if (path->empty() || comm->rank() != 0) continue;
+    if (path->empty()) continue;
     std::FILE* out = std::fopen(path->c_str(), "w");
     if (out == nullptr) fail("{} {}: cannot write the file", flag, *path);
     std::fclose(out);
   }
+}
+
+// The run the benchmark measures: its steps (+ the profiled window), a scratch checkpoint
+// directory, no metrics file, no progress line, warnings only (this report alone on stdout).
+void for_benchmark(core::Config& config, const StepOptions& options, const std::string& scratch,
+                   bool profile) {
   config.training.total_steps = options.steps + (profile ? 1 : 0);  // + the profiled window
   config.checkpoint.dir = scratch;
   config.checkpoint.resume = "none";
@@ -266,6 +123,103 @@ void run_step_bench(const StepOptions& options) {
   config.logging.progress = "false";
   config.logging.level = "warn";
   log::set_level(config.logging.level);  // only this report on stdout
+}
+
+// The phase table (an RL window is a rollout followed by its updates, in the trainer's prepass
+// and replay phases), the window and the separate seam's share.
+void print_phases(PhaseMeter& meter, bool rl, double window_s, const train::TrainResult& result) {
+  std::printf("%-10s %12s %16s %10s\n", "phase", "time_ms", "peak_extra_MiB", "peak_GiB");
+  auto phase_row = [&](const std::string& label, const std::string& phase) {
+    std::printf("%-10s %12.2f %16.2f %10.3f\n", label.c_str(),
+                1e3 * median_after_first(meter.seconds[phase]),
+                median_after_first(meter.peak_mib[phase]),
+                median_after_first(meter.peak_gib[phase]));
+  };
+  for (const char* phase : kPhases) {
+    const std::string name = !rl                           ? phase
+                             : std::string(phase) == "prepass" ? "rollout"
+                             : std::string(phase) == "replay"  ? "update"
+                                                               : phase;
+    phase_row(name, phase);
+    if (std::string(phase) != "replay") continue;
+    for (const char* sub : kReplayPhases) {
+      if (meter.seconds.count(sub)) phase_row(sub, sub);  // summed over the micro-batches
+    }
+  }
+  std::printf("%-10s %12.2f\n", "window", 1e3 * window_s);
+  std::vector<double> seam_seconds;
+  for (const auto& terms : result.terms) {
+    if (terms.count("time/seam_s")) seam_seconds.push_back(terms.at("time/seam_s"));
+  }
+  if (!seam_seconds.empty()) {
+    const double seam_s = median_after_first(seam_seconds);
+    std::printf("%-10s %12.2f   (share of the window: %.3f)\n", "seam", 1e3 * seam_s,
+                window_s > 0 ? seam_s / window_s : 0.0);
+  }
+}
+
+// Proposals per second and the analytic FLOPs of a DSpine replay with its MFU (one rank's replay:
+// accumulation_steps forward + backward micro-steps).
+void print_dspine_rates(const core::Config& config, int world, const AnchorStats& anchor_stats,
+                        PhaseMeter& meter, double window_s) {
+  const auto& t = config.training;
+  auto per_second = [](double count, double s) { return s > 0 ? count / s : 0.0; };
+  const auto settings = objectives::read_dspine_settings(config);
+  const int64_t rows = t.batch_size * t.accumulation_steps * world;
+  const double proposals =
+      static_cast<double>(rows * settings.num_anchors * (config.model.block_size - 1));
+  std::printf("proposals_per_window: %.0f\n", proposals);
+  std::printf("proposals_per_s: %.1f\n", per_second(proposals, window_s));
+  // One rank's replay: accumulation_steps forward + backward micro-steps.
+  const StepShape shape{t.batch_size, config.data.seq_len, settings.num_anchors,
+                        anchor_stats.mean(anchor_stats.anchor_sum),
+                        anchor_stats.mean(anchor_stats.teacher_sum)};
+  const auto parts = dspine_step_flops(config.model, shape);
+  const double micro = static_cast<double>(t.accumulation_steps);
+  const double flop = micro * total_flops(parts);
+  const double replay_s = median_after_first(meter.seconds["replay"]);
+  const double achieved = per_second(flop, replay_s) / 1e12;
+  std::printf("mean_anchor: %.1f\n", shape.mean_anchor);
+  std::printf("teacher_positions_per_row: %.1f\n", shape.teacher_positions);
+  std::printf("step_tflop: %.6g\n", flop / 1e12);
+  for (const auto& part : parts) {
+    std::printf("step_tflop.%s: %.6g\n", part.name.c_str(),
+                micro * (part.forward + part.backward) / 1e12);
+  }
+  std::printf("replay_tflops: %.4g\n", achieved);
+  std::printf("mfu_vs_peak: %.3f (of %.0f TFLOP/s dense bf16)\n", achieved / kPeakTflops,
+              kPeakTflops);
+  if (meter.cuda) {
+    const double gemm = bf16_gemm_tflops();  // [16384, 4096] × [4096, 12288]
+    std::printf("gemm_tflops_measured: %.1f\n", gemm);
+    std::printf("mfu_vs_gemm: %.3f\n", gemm > 0 ? achieved / gemm : 0.0);
+  } else {
+    std::printf("gemm_tflops_measured: n/a (cpu)\n");
+  }
+}
+
+void print_profile(PhaseMeter& meter, const StepOptions& options, double window_s) {
+  meter.kernel_profile.wall_ms = 1e3 * window_s;
+  std::printf("\n");
+  print_kernel_profile(meter.kernel_profile, stdout, kPrintedKernels);
+  if (options.profile_out.empty()) return;
+  std::FILE* out = std::fopen(options.profile_out.c_str(), "w");
+  if (out == nullptr) fail("--profile-out {}: cannot write the file", options.profile_out);
+  print_kernel_profile(meter.kernel_profile, out, 0);
+  std::fclose(out);
+  std::printf("profile_table: %s\n", options.profile_out.c_str());
+}
+
+void run_step_bench(const StepOptions& options) {
+  auto config = core::load_config(options.config_path, options.overrides);
+  const c10::Device device =
+      dist::training_device(config.training.device, dist::rank_layout().local_rank);
+  auto comm = dist::make_communicator(config.distributed, device);
+  const std::string scratch = "/tmp/dspine-bench-step-" + shared_id(*comm, device);
+  const bool profile =
+      options.profile || !options.profile_out.empty() || !options.profile_trace.empty();
+  if (comm->rank() == 0) check_output_files(options);
+  for_benchmark(config, options, scratch, profile);
 
   PhaseMeter meter;
   meter.comm = comm.get();
@@ -315,74 +269,12 @@ void run_step_bench(const StepOptions& options) {
   std::printf("accumulation_steps: %lld\n", static_cast<long long>(t.accumulation_steps));
   std::printf("steps: %lld (medians over steps 2..)%s\n", static_cast<long long>(options.steps),
               profile ? ", then one profiled step" : "");
-  // An RL window is a rollout followed by its updates, in the trainer's prepass/replay phases.
-  const bool rl = config.objective.name == "gspo";
-  std::printf("%-10s %12s %16s %10s\n", "phase", "time_ms", "peak_extra_MiB", "peak_GiB");
-  auto phase_row = [&](const std::string& label, const std::string& phase) {
-    std::printf("%-10s %12.2f %16.2f %10.3f\n", label.c_str(),
-                1e3 * median_after_first(meter.seconds[phase]),
-                median_after_first(meter.peak_mib[phase]),
-                median_after_first(meter.peak_gib[phase]));
-  };
-  for (const char* phase : kPhases) {
-    const std::string name = !rl                           ? phase
-                             : std::string(phase) == "prepass" ? "rollout"
-                             : std::string(phase) == "replay"  ? "update"
-                                                               : phase;
-    phase_row(name, phase);
-    if (std::string(phase) != "replay") continue;
-    for (const char* sub : kReplayPhases) {
-      if (meter.seconds.count(sub)) phase_row(sub, sub);  // summed over the micro-batches
-    }
-  }
-  std::printf("%-10s %12.2f\n", "window", 1e3 * window_s);
-  std::vector<double> seam_seconds;
-  for (const auto& terms : result.terms) {
-    if (terms.count("time/seam_s")) seam_seconds.push_back(terms.at("time/seam_s"));
-  }
-  if (!seam_seconds.empty()) {
-    const double seam_s = median_after_first(seam_seconds);
-    std::printf("%-10s %12.2f   (share of the window: %.3f)\n", "seam", 1e3 * seam_s,
-                window_s > 0 ? seam_s / window_s : 0.0);
-  }
+  print_phases(meter, config.objective.name == "gspo", window_s, result);
   auto per_second = [](double count, double s) { return s > 0 ? count / s : 0.0; };
   std::printf("tokens_per_window: %.0f\n", tokens);
   std::printf("tokens_per_s: %.1f\n", per_second(tokens, window_s));
   std::printf("tokens_per_s_per_gpu: %.1f\n", per_second(tokens, window_s) / world);
-  if (dspine) {
-    const auto settings = objectives::read_dspine_settings(config);
-    const int64_t rows = t.batch_size * t.accumulation_steps * world;
-    const double proposals =
-        static_cast<double>(rows * settings.num_anchors * (config.model.block_size - 1));
-    std::printf("proposals_per_window: %.0f\n", proposals);
-    std::printf("proposals_per_s: %.1f\n", per_second(proposals, window_s));
-    // One rank's replay: accumulation_steps forward + backward micro-steps.
-    const StepShape shape{t.batch_size, config.data.seq_len, settings.num_anchors,
-                          anchor_stats.mean(anchor_stats.anchor_sum),
-                          anchor_stats.mean(anchor_stats.teacher_sum)};
-    const auto parts = dspine_step_flops(config.model, shape);
-    const double micro = static_cast<double>(t.accumulation_steps);
-    const double flop = micro * total_flops(parts);
-    const double replay_s = median_after_first(meter.seconds["replay"]);
-    const double achieved = per_second(flop, replay_s) / 1e12;
-    std::printf("mean_anchor: %.1f\n", shape.mean_anchor);
-    std::printf("teacher_positions_per_row: %.1f\n", shape.teacher_positions);
-    std::printf("step_tflop: %.6g\n", flop / 1e12);
-    for (const auto& part : parts) {
-      std::printf("step_tflop.%s: %.6g\n", part.name.c_str(),
-                  micro * (part.forward + part.backward) / 1e12);
-    }
-    std::printf("replay_tflops: %.4g\n", achieved);
-    std::printf("mfu_vs_peak: %.3f (of %.0f TFLOP/s dense bf16)\n", achieved / kPeakTflops,
-                kPeakTflops);
-    if (meter.cuda) {
-      const double gemm = bf16_gemm_tflops();  // [16384, 4096] × [4096, 12288]
-      std::printf("gemm_tflops_measured: %.1f\n", gemm);
-      std::printf("mfu_vs_gemm: %.3f\n", gemm > 0 ? achieved / gemm : 0.0);
-    } else {
-      std::printf("gemm_tflops_measured: n/a (cpu)\n");
-    }
-  }
+  if (dspine) print_dspine_rates(config, world, anchor_stats, meter, window_s);
   std::printf("peak_allocated_gib_max_rank: %.3f\n", peak_gib);
   std::printf("peak_allocated_gib_total_max_rank: %.3f\n", total_peak_gib);
   std::printf("collective_bytes_per_rank_per_step: %.0f\n", bytes_per_step);
@@ -394,16 +286,7 @@ void run_step_bench(const StepOptions& options) {
   }
   std::printf("final_loss: %.4f\n", result.losses.back());
   std::printf("final_step: %lld\n", static_cast<long long>(result.final_step));
-  if (!profile) return;
-  meter.kernel_profile.wall_ms = 1e3 * window_s;
-  std::printf("\n");
-  print_kernel_profile(meter.kernel_profile, stdout, kPrintedKernels);
-  if (options.profile_out.empty()) return;
-  std::FILE* out = std::fopen(options.profile_out.c_str(), "w");
-  if (out == nullptr) fail("--profile-out {}: cannot write the file", options.profile_out);
-  print_kernel_profile(meter.kernel_profile, out, 0);
-  std::fclose(out);
-  std::printf("profile_table: %s\n", options.profile_out.c_str());
+  if (profile) print_profile(meter, options, window_s);
 }
 
 }  // namespace

@@ -1,0 +1,122 @@
+#include "bench/phase_meter.h"
+
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <torch/cuda.h>
+
+#include <algorithm>
+
+#include "bench/cpu_memory.h"
+#include "bench/kernel_profile.h"
+
+namespace dspine::bench {
+namespace {
+
+bool is_replay_phase(const std::string& phase) {
+  return std::find(std::begin(kReplayPhases), std::end(kReplayPhases), phase) !=
+         std::end(kReplayPhases);
+}
+
+}  // namespace
+
+double mib(int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
+double gib(int64_t bytes) { return static_cast<double>(bytes) / (int64_t(1) << 30); }
+
+double median_after_first(std::vector<double> values) {
+  if (values.size() > 1) values.erase(values.begin());  // the first window warms caches up
+  std::sort(values.begin(), values.end());
+  return values.empty() ? 0.0 : values[values.size() / 2];
+}
+
+int64_t PhaseMeter::current_bytes() const {
+  if (!cuda) return CpuMemoryTracker::install().current_bytes();
+  return c10::cuda::CUDACachingAllocator::getDeviceStats(device).allocated_bytes[0].current;
+}
+
+int64_t PhaseMeter::peak_bytes() const {
+  if (!cuda) return CpuMemoryTracker::install().peak_bytes();
+  return c10::cuda::CUDACachingAllocator::getDeviceStats(device).allocated_bytes[0].peak;
+}
+
+void PhaseMeter::reset_peak() {
+  if (!cuda) {
+    CpuMemoryTracker::install().reset_peak();
+  } else {
+    c10::cuda::CUDACachingAllocator::resetPeakStats(device);
+  }
+}
+
+void PhaseMeter::record(const std::string& name, double elapsed_s, double extra_mib, double peak) {
+  seconds[name].push_back(elapsed_s);
+  peak_mib[name].push_back(extra_mib);
+  peak_gib[name].push_back(peak);
+}
+
+void PhaseMeter::on_phase(const std::string& next) {
+  if (cuda) torch::cuda::synchronize(device);
+  const auto now = std::chrono::steady_clock::now();
+  const int64_t peak = peak_bytes();
+  total_peak = std::max(total_peak, peak);
+  if (!bytes_at_prepass.empty() && !profiling) window_peak = std::max(window_peak, peak);
+  phase.peak = std::max(phase.peak, peak);
+  sub_phase.peak = std::max(sub_phase.peak, peak);
+  auto elapsed = [&](const Span& span) {
+    return std::chrono::duration<double>(now - span.started).count();
+  };
+  if (!sub_phase.name.empty()) {
+    const auto& name = sub_phase.name;
+    window_sub_seconds[name] += elapsed(sub_phase);
+    window_sub_extra[name] = std::max(window_sub_extra[name], sub_phase.peak - sub_phase.base);
+    window_sub_peak[name] = std::max(window_sub_peak[name], sub_phase.peak);
+    sub_phase.name.clear();
+  }
+  const bool nested = is_replay_phase(next);
+  if (!nested && !phase.name.empty() && !profiling) {
+    record(phase.name, elapsed(phase), mib(phase.peak - phase.base), gib(phase.peak));
+    if (phase.name == "data") window_seconds.push_back(0);  // a window: data, prepass, ...
+    window_seconds.back() += elapsed(phase);
+  }
+  if (next == "data") begin_window();
+  if (next == "end") end_window();
+  if (next == "prepass") {
+    bytes_at_prepass.push_back(comm->bytes_moved());
+    collectives_at_prepass.push_back(comm->collective_count());
+    for (int kind = 0; kind < dist::kCollectiveKinds; ++kind) {
+      const auto collective = static_cast<dist::Collective>(kind);
+      kind_bytes_at_prepass[kind].push_back(comm->bytes_moved(collective));
+    }
+  }
+  Span& opened = nested ? sub_phase : phase;
+  opened.name = next == "end" ? std::string() : next;
+  opened.base = current_bytes();
+  opened.peak = opened.base;
+  reset_peak();
+  opened.started = std::chrono::steady_clock::now();
+}
+
+void PhaseMeter::begin_window() {
+  if (windows++ != profile_window) return;
+  profiling = true;
+  start_kernel_profile(cuda);
+}
+
+void PhaseMeter::end_window() {
+  if (profiling) {
+    profiling = false;
+    kernel_profile = stop_kernel_profile(trace_path);
+  } else {
+    for (const auto& [name, total] : window_sub_seconds) {
+      record(name, total, mib(window_sub_extra[name]), gib(window_sub_peak[name]));
+    }
+  }
+  window_sub_seconds.clear();
+  window_sub_extra.clear();
+  window_sub_peak.clear();
+}
+
+double PhaseMeter::per_step(const std::vector<int64_t>& at_prepass) const {
+  if (at_prepass.size() < 2) return 0.0;
+  return static_cast<double>(at_prepass.back() - at_prepass.front()) /
+         static_cast<double>(at_prepass.size() - 1);
+}
+
+}  // namespace dspine::bench
