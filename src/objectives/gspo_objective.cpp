@@ -311,8 +311,7 @@ MicroStepResult GspoObjective::micro_step(const data::DraftBatch& batch, int64_t
   return {result.loss, result.tokens};
 }
 
-GspoObjective::Update GspoObjective::row_pass_update(const DraftPass& p,
-                                                     const GspoRollout& rollout,
+GspoObjective::Update GspoObjective::row_pass_update(const DraftPass& p, const GspoRollout& rollout,
                                                      DSpineForwardOptions& options) {
   const bool supervised = settings_.ce_weight > 0;
   // Without the supervised terms only the kept blocks are projected; with them, all M blocks
@@ -328,11 +327,12 @@ GspoObjective::Update GspoObjective::row_pass_update(const DraftPass& p,
   const auto counts = rollout.supervised.sum(1);
   if (supervised) {
     const auto& kept = rollout.kept;
-    policy.targets = at::full({blocks, group, slots}, -100, targets.options()).index_copy_(0, kept, targets);
-    policy.old_logprobs =
-        at::zeros({blocks, group, slots}, rollout.old_logprobs.options()).index_copy_(0, kept, rollout.old_logprobs);
-    policy.advantages =
-        at::zeros({blocks, group}, rollout.advantages.options()).index_copy_(0, kept, rollout.advantages);
+    policy.targets =
+        at::full({blocks, group, slots}, -100, targets.options()).index_copy_(0, kept, targets);
+    policy.old_logprobs = at::zeros({blocks, group, slots}, rollout.old_logprobs.options())
+                              .index_copy_(0, kept, rollout.old_logprobs);
+    policy.advantages = at::zeros({blocks, group}, rollout.advantages.options())
+                            .index_copy_(0, kept, rollout.advantages);
     policy.label_counts = at::zeros({blocks}, counts.options()).index_copy_(0, kept, counts);
     // ρ = D_dspine / ce_weight: the op's numerator scaled back by ce_weight / D_dspine leaves the
     // policy loss with weight 1.
@@ -356,8 +356,8 @@ GspoObjective::Update GspoObjective::row_pass_update(const DraftPass& p,
     ops::VocabObjectiveOptions vocab;
     vocab.policy = &policy;
     const auto hidden = p.hidden_rows.index_select(0, rollout.kept);
-    auto rows = ops::vocab_policy_objective(hidden.reshape({-1, hidden.size(-1)}), model_.lm_head(),
-                                            vocab);
+    auto rows =
+        ops::vocab_policy_objective(hidden.reshape({-1, hidden.size(-1)}), model_.lm_head(), vocab);
     out.policy = rows.policy;
     out.loss = rows.loss;
   }

@@ -192,8 +192,10 @@ VocabObjectiveResult run_chunks(const at::Tensor& hidden, const at::Tensor& teac
       at::mm_out(rows_grad, z, lm_head);
     }
   }
-  out.loss = supervised ? (weights * (options.ce_weight * out.ce + (1.0 - options.ce_weight) * out.l1)).sum()
-                        : at::zeros({}, f32);
+  out.loss =
+      supervised
+          ? (weights * (options.ce_weight * out.ce + (1.0 - options.ce_weight) * out.l1)).sum()
+          : at::zeros({}, f32);
   if (policy) {
     out.loss = out.loss + policy->scaled_loss();
     out.policy = policy->result();

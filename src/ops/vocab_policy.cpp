@@ -35,7 +35,8 @@ void check_vocab_policy(const VocabPolicy& p, int64_t rows, int64_t vocab) {
          p.targets.defined() ? c10::str(p.targets.sizes()) : "none");
   const int64_t blocks = p.targets.size(0), group = p.targets.size(1), slots = p.targets.size(2);
   if (blocks * slots != rows)
-    fail("vocab policy: {} blocks of {} slots do not cover the {} hidden rows", blocks, slots, rows);
+    fail("vocab policy: {} blocks of {} slots do not cover the {} hidden rows", blocks, slots,
+         rows);
   check_tensor(p.targets, "targets", {blocks, group, slots}, at::kLong);
   check_tensor(p.old_logprobs, "old_logprobs", {blocks, group, slots}, at::kFloat);
   check_tensor(p.advantages, "advantages", {blocks, group}, at::kFloat);
@@ -62,7 +63,8 @@ at::Tensor policy_row_logsumexp(const at::Tensor& z, const at::Tensor& first_tar
   auto lse = at::empty({rows}, z.options().dtype(at::kFloat));
   for (int64_t begin = 0; begin < rows; begin += chunk) {
     const int64_t n = std::min(chunk, rows - begin);
-    lse.narrow(0, begin, n).copy_((z.narrow(0, begin, n).to(at::kFloat) * logits_scale).logsumexp(1));
+    lse.narrow(0, begin, n)
+        .copy_((z.narrow(0, begin, n).to(at::kFloat) * logits_scale).logsumexp(1));
   }
   return lse;
 }
@@ -74,8 +76,8 @@ void write_policy_gradient(const at::Tensor& z, const at::Tensor& targets, const
   const auto total = coefficient.sum(1);  // C_r
   if (fused) {
     at::Tensor out = grad;
-    gspo_vocab_backward(z, targets.select(1, 0).contiguous(), lse, total.contiguous(),
-                        logits_scale, out, /*accumulate=*/false);
+    gspo_vocab_backward(z, targets.select(1, 0).contiguous(), lse, total.contiguous(), logits_scale,
+                        out, /*accumulate=*/false);
   } else {
     const int64_t rows = z.size(0), chunk = reference_rows(z.size(1));
     for (int64_t begin = 0; begin < rows; begin += chunk) {
@@ -123,7 +125,8 @@ void VocabPolicyChunks::chunk(const at::Tensor& z, int64_t first_block, const at
   const auto row_targets = targets.permute({0, 2, 1}).reshape({rows, group_});  // [(c, T), G]
   const auto mask = row_targets.ge(0);
   const auto lse = policy_row_logsumexp(z, row_targets.select(1, 0).contiguous(), scale, fused);
-  auto row_logprobs = z.gather(1, row_targets.clamp_min(0)).to(at::kFloat) * scale - lse.unsqueeze(1);
+  auto row_logprobs =
+      z.gather(1, row_targets.clamp_min(0)).to(at::kFloat) * scale - lse.unsqueeze(1);
   row_logprobs = at::where(mask, row_logprobs, at::zeros({}, row_logprobs.options()));
   const auto logprobs = row_logprobs.view({blocks, slots_, group_}).permute({0, 2, 1});
   result_.logprobs.narrow(0, first_block, blocks).copy_(logprobs);
@@ -132,13 +135,14 @@ void VocabPolicyChunks::chunk(const at::Tensor& z, int64_t first_block, const at
   GspoTokens tokens;
   tokens.target = tokens_of(targets);
   tokens.old_logprobs = tokens_of(policy_.old_logprobs.narrow(0, first_block, blocks));
-  tokens.advantages =
-      tokens_of(policy_.advantages.narrow(0, first_block, blocks).unsqueeze(2).expand(
-          {blocks, group_, slots_}));
-  tokens.segment = at::arange(blocks * group_ * slots_, tokens.target.options()).div(slots_, "floor");
-  tokens.label_counts =
-      tokens_of(policy_.label_counts.narrow(0, first_block, blocks).view({blocks, 1, 1}).expand(
-          {blocks, group_, slots_}));
+  tokens.advantages = tokens_of(policy_.advantages.narrow(0, first_block, blocks)
+                                    .unsqueeze(2)
+                                    .expand({blocks, group_, slots_}));
+  tokens.segment =
+      at::arange(blocks * group_ * slots_, tokens.target.options()).div(slots_, "floor");
+  tokens.label_counts = tokens_of(policy_.label_counts.narrow(0, first_block, blocks)
+                                      .view({blocks, 1, 1})
+                                      .expand({blocks, group_, slots_}));
   GspoSeamParams params;
   params.num_segments = blocks * group_;
   params.logits_scale = scale;

@@ -454,7 +454,9 @@ Trainer::Run::Window Trainer::Run::train_window(const std::vector<data::DraftBat
   const auto optimizer_start = phase("optimizer");
   apply_update(w.loss);
   const auto window_end = phase("end");
-  auto seconds_between = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
+  auto seconds_between = [](auto a, auto b) {
+    return std::chrono::duration<double>(b - a).count();
+  };
   auto& terms = w.terms;
   terms["time/data_s"] = seconds_between(data_start, prepass_start);
   terms["time/prepass_s"] = seconds_between(prepass_start, replay_start);
@@ -462,7 +464,8 @@ Trainer::Run::Window Trainer::Run::train_window(const std::vector<data::DraftBat
   terms["time/optimizer_s"] = seconds_between(optimizer_start, window_end);
   terms["time/step_s"] = seconds_between(data_start, window_end);
   // An objective that times a part of its step (GSPO: the seam) also gets that part's share.
-  if (terms.count("time/seam_s")) terms["time/seam_share"] = terms["time/seam_s"] / terms["time/step_s"];
+  if (terms.count("time/seam_s"))
+    terms["time/seam_share"] = terms["time/seam_s"] / terms["time/step_s"];
   w.tokens = totals[1].item<double>();
   w.stop_requested = totals[2].item<double>() > 0;
   return w;

@@ -43,7 +43,9 @@ inline ops::VocabPolicy policy_case(int64_t blocks, int64_t slots, int64_t group
 inline objectives::GspoPolicySamples shared_rows(const ops::VocabPolicy& p) {
   const int64_t blocks = p.targets.size(0), group = p.targets.size(1), slots = p.targets.size(2);
   const int64_t rows = blocks * slots;
-  auto per_row = [&](const torch::Tensor& t) { return t.permute({0, 2, 1}).reshape({rows, group}); };
+  auto per_row = [&](const torch::Tensor& t) {
+    return t.permute({0, 2, 1}).reshape({rows, group});
+  };
   auto spread = [&](const torch::Tensor& t) {  // [M, G] or [M, 1] → [M, G, T]
     return t.unsqueeze(2).expand({blocks, group, slots});
   };
@@ -95,9 +97,12 @@ inline std::pair<PolicySide, PolicySide> policy_alone(const ops::VocabPolicy& po
     options.policy = &policy;
     auto out = ops::vocab_policy_objective(h, lm_head, options);
     out.loss.backward();
-    row = {out.loss.item<double>(), out.policy.clipped_fraction.item<double>(),
-           out.policy.ratio_mean.item<double>(), out.policy.new_logprobs.item<double>(),
-           out.policy.logprobs, h.grad().to(torch::kFloat32)};
+    row = {out.loss.item<double>(),
+           out.policy.clipped_fraction.item<double>(),
+           out.policy.ratio_mean.item<double>(),
+           out.policy.new_logprobs.item<double>(),
+           out.policy.logprobs,
+           h.grad().to(torch::kFloat32)};
   }
   {
     auto comm = dist::make_single_process_communicator();
@@ -106,8 +111,10 @@ inline std::pair<PolicySide, PolicySide> policy_alone(const ops::VocabPolicy& po
     auto out = objectives::gspo_policy_loss(logits, shared_rows(policy), seam_params(policy), *comm,
                                             reference);
     out.loss.backward();
-    ref = {out.loss.item<double>(), out.seam.clipped_fraction.item<double>(),
-           out.seam.ratio_mean.item<double>(), out.seam.new_logprobs.item<double>(),
+    ref = {out.loss.item<double>(),
+           out.seam.clipped_fraction.item<double>(),
+           out.seam.ratio_mean.item<double>(),
+           out.seam.new_logprobs.item<double>(),
            out.logprobs.view({blocks, slots, group}).permute({0, 2, 1}),
            h.grad().to(torch::kFloat32)};
   }

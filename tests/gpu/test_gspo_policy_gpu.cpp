@@ -126,7 +126,8 @@ TEST(GspoPolicyGpu, RowPassPolicyMatchesReference) {
     torch::manual_seed(3);
     auto hidden = (torch::randn({blocks * slots, width}) * 0.5).to(cuda, dtype);
     auto head = (torch::randn({vocab, width}) * 0.2).to(cuda, dtype);
-    auto [row, ref] = testing::policy_alone(policy, hidden, head, 5 * slots, GspoBackend::kReference);
+    auto [row, ref] =
+        testing::policy_alone(policy, hidden, head, 5 * slots, GspoBackend::kReference);
     const double tol = dtype == torch::kFloat32 ? 2e-5 : 1e-2;
     const std::string what = dtype == torch::kFloat32 ? "fp32" : "bf16";
     EXPECT_NEAR(row.loss, ref.loss, tol * (1 + std::abs(ref.loss))) << what;
@@ -137,9 +138,10 @@ TEST(GspoPolicyGpu, RowPassPolicyMatchesReference) {
     const double scale = ref.grad.abs().max().item<double>();
     const double grad_error = (row.grad - ref.grad).abs().max().item<double>();
     EXPECT_LT(grad_error, tol * scale) << what;
-    std::printf("row pass vs reference %s: loss %.3e, log-prob max diff %.3e, grad max diff "
-                "%.3e of %.3e\n", what.c_str(), std::abs(row.loss - ref.loss), logprob_error,
-                grad_error, scale);
+    std::printf(
+        "row pass vs reference %s: loss %.3e, log-prob max diff %.3e, grad max diff "
+        "%.3e of %.3e\n",
+        what.c_str(), std::abs(row.loss - ref.loss), logprob_error, grad_error, scale);
   }
 }
 

@@ -396,7 +396,8 @@ TEST(GspoRowPass, PolicyAloneMatchesTheSeparateSeam) {
   auto hidden = torch::randn({blocks * slots, width});
   auto head = torch::randn({vocab, width});
   for (int64_t chunk_rows : {int64_t(9), int64_t(0)}) {
-    auto [row, ref] = testing::policy_alone(policy, hidden, head, chunk_rows, GspoBackend::kReference);
+    auto [row, ref] =
+        testing::policy_alone(policy, hidden, head, chunk_rows, GspoBackend::kReference);
     EXPECT_NEAR(row.loss, ref.loss, 1e-6) << chunk_rows;
     EXPECT_NEAR(row.clipped_fraction, ref.clipped_fraction, 1e-6) << chunk_rows;
     EXPECT_NEAR(row.ratio_mean, ref.ratio_mean, 1e-6) << chunk_rows;
