@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The trainer's eval/... metrics at its last step equal dspine-eval --acceptance --json on the
 # checkpoint it saved there, same samples: in one process, or (with an mpirun) on two zero3 ranks
-# that each measure half of the samples.
+# that each measure half of the samples. And dspine-eval's stdout is JSON alone, also with a
+# deprecated key in the configuration.
 # Usage: eval_matches_cli.sh <bin dir> <source dir> <work dir> [mpirun]
 set -uo pipefail
 BIN=$1 SRC=$2 WORK=$3 MPIRUN=${4:-}
@@ -21,6 +22,13 @@ offset=$(python3 -c 'import json,sys; print(int(json.loads(open(sys.argv[1]).rea
 "$BIN/dspine-eval" --config "$SRC/configs/tiny.yaml" --weights "$WORK/checkpoints/step-000004" \
   --acceptance --json --samples 8 --offset "$offset" >"$WORK/eval.json" 2>"$WORK/eval.log" ||
   fail "dspine-eval failed"
+# stdout carries only the report: with a deprecated key in the configuration (its warning goes to
+# stderr), the output still parses as JSON.
+"$BIN/dspine-eval" --config "$SRC/configs/tiny.yaml" --set model.dspine.ce_weight=0.5 \
+  --weights "$WORK/checkpoints/step-000004" --acceptance --json --samples 8 \
+  2>"$WORK/deprecated.log" | python3 -m json.tool >/dev/null ||
+  fail "dspine-eval --json with a deprecated key is not JSON"
+grep -q "is deprecated" "$WORK/deprecated.log" || fail "no deprecation warning on stderr"
 python3 - "$WORK/metrics.jsonl" "$WORK/eval.json" <<'PY' || fail "the figures differ"
 import json, sys
 logged = json.loads(open(sys.argv[1]).readlines()[-1])
