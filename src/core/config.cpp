@@ -715,6 +715,14 @@ struct RangeRules {
     ctx.allow(key, "number in [0, 1)");
     if (!(value >= 0 && value < 1)) ctx.fail_range(key, show(value), "number in [0, 1)");
   }
+  // `key` (>= 1 by its own rule) must be a multiple of `divisor_key` (the grouped-query heads).
+  void multiple_of(const std::string& key, int64_t value, const std::string& divisor_key,
+                   int64_t divisor) const {
+    ctx.allow(key, "integer >= 1, a multiple of " + divisor_key);
+    if (value % divisor != 0) {
+      ctx.fail_range(key, show(value), fmt::format("a multiple of {} = {}", divisor_key, divisor));
+    }
+  }
   void non_empty(const std::string& key, const std::string& value) const {
     ctx.allow(key, "not empty");
     if (value.empty()) ctx.fail_value(key, show(value), "must not be empty");
@@ -730,12 +738,8 @@ void validate_model(const RangeRules& r, const Config& c) {
   r.at_least("model.num_key_value_heads", m.num_key_value_heads, 1);
   r.at_least("model.head_dim", m.head_dim, 1);
   r.at_least("model.vocab_size", m.vocab_size, 1);
-  r.ctx.allow("model.num_attention_heads", "integer >= 1, a multiple of model.num_key_value_heads");
-  if (m.num_attention_heads % m.num_key_value_heads != 0) {
-    r.ctx.fail_range(
-        "model.num_attention_heads", show(m.num_attention_heads),
-        fmt::format("a multiple of model.num_key_value_heads = {}", m.num_key_value_heads));
-  }
+  r.multiple_of("model.num_attention_heads", m.num_attention_heads, "model.num_key_value_heads",
+                m.num_key_value_heads);
   r.positive("model.rms_norm_eps", m.rms_norm_eps);
   r.positive("model.rope_theta", m.rope_theta);
   r.nonnegative("model.initializer_range", m.initializer_range);
@@ -854,13 +858,8 @@ void validate_synthetic(const RangeRules& r, const DataConfig& data) {
   r.at_least("data.synthetic.num_key_value_heads", s.num_key_value_heads, 1);
   r.at_least("data.synthetic.head_dim", s.head_dim, 1);
   r.at_least("data.synthetic.intermediate_size", s.intermediate_size, 1);
-  r.ctx.allow("data.synthetic.num_attention_heads",
-              "integer >= 1, a multiple of data.synthetic.num_key_value_heads");
-  if (s.num_attention_heads % s.num_key_value_heads != 0) {
-    r.ctx.fail_range("data.synthetic.num_attention_heads", show(s.num_attention_heads),
-                     fmt::format("a multiple of data.synthetic.num_key_value_heads = {}",
-                                 s.num_key_value_heads));
-  }
+  r.multiple_of("data.synthetic.num_attention_heads", s.num_attention_heads,
+                "data.synthetic.num_key_value_heads", s.num_key_value_heads);
   r.positive("data.synthetic.logit_scale", s.logit_scale);
   r.positive("data.synthetic.temperature", s.temperature);
   r.ctx.allow("data.synthetic.prompt_length", "integer in [0, data.seq_len)");

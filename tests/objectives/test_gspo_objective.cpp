@@ -227,6 +227,34 @@ struct TinyPolicy {
   }
 };
 
+// One window of `updates` SGD updates (lr 0.5) on the policy's batch: the window's metrics and
+// the parameter gradients of its last update.
+struct WindowRun {
+  std::map<std::string, double> metrics;
+  std::vector<torch::Tensor> last_grads;
+};
+WindowRun run_window(TinyPolicy& policy, int64_t updates) {
+  auto comm = dist::make_single_process_communicator();
+  StepContext context;
+  context.comm = comm.get();
+  context.seed = 99;
+  torch::optim::SGD sgd(policy.objective->module()->parameters(), 0.5);
+  policy.objective->begin_window({policy.batch}, context);
+  WindowRun out;
+  for (int64_t update = 0; update < updates; ++update) {
+    context.update = update;
+    auto step = policy.objective->micro_step(policy.batch, 0, context);
+    step.loss.backward();
+    out.last_grads.clear();
+    for (const auto& p : policy.objective->module()->parameters())
+      out.last_grads.push_back(p.grad().defined() ? p.grad().clone() : torch::zeros_like(p));
+    sgd.step();
+    sgd.zero_grad();
+  }
+  out.metrics = policy.objective->end_window(context);
+  return out;
+}
+
 TEST(GspoRollout, SameSeedSameBlocksOtherSeedOtherBlocks) {
   for (auto sampling : {GspoSampling::kBackbone, GspoSampling::kRefinement}) {
     TinyPolicy policy(sampling, GspoReward::kExpectedAcceptance);
@@ -292,21 +320,7 @@ TEST(GspoObjective, FirstUpdateIsOnPolicyAndLaterUpdatesClip) {
                                            torch::randn({32, 16}),
                                            torch::randn({32, 16}), torch::kCPU, torch::kFloat32);
     policy.objective->on_fresh_start("");
-    auto comm = dist::make_single_process_communicator();
-    StepContext context;
-    context.comm = comm.get();
-    context.seed = 99;
-    torch::optim::SGD sgd(policy.objective->module()->parameters(), 0.5);
-    policy.objective->begin_window({policy.batch}, context);
-    std::vector<double> ratio, clipped, kl;
-    for (int64_t update = 0; update < 2; ++update) {
-      context.update = update;
-      auto out = policy.objective->micro_step(policy.batch, 0, context);
-      out.loss.backward();
-      sgd.step();
-      sgd.zero_grad();
-    }
-    auto metrics = policy.objective->end_window(context);
+    auto metrics = run_window(policy, 2).metrics;
     // The first update is on-policy (ratio 1, nothing clipped, KL 0); the second sees the moved
     // policy: the mean over the two updates shows ratios away from 1 and clipped segments.
     EXPECT_GT(metrics["gspo/clipped_fraction"], 0.0) << int(sampling);
@@ -457,25 +471,9 @@ TEST(GspoObjective, RowPassUpdateMatchesTheSeparateSeam) {
                                              torch::kCPU, torch::kFloat32);
       policy.objective->on_fresh_start("");
       policy.objective->training_model().use_fused_vocabulary(row_pass);
-      auto comm = dist::make_single_process_communicator();
-      StepContext context;
-      context.comm = comm.get();
-      context.seed = 99;
-      torch::optim::SGD sgd(policy.objective->module()->parameters(), 0.5);
-      policy.objective->begin_window({policy.batch}, context);
-      std::vector<torch::Tensor> last;
-      for (int64_t update = 0; update < 2; ++update) {
-        context.update = update;
-        auto out = policy.objective->micro_step(policy.batch, 0, context);
-        out.loss.backward();
-        last.clear();
-        for (const auto& p : policy.objective->module()->parameters())
-          last.push_back(p.grad().defined() ? p.grad().clone() : torch::zeros_like(p));
-        sgd.step();
-        sgd.zero_grad();
-      }
-      metrics.push_back(policy.objective->end_window(context));
-      grads.push_back(last);
+      auto window = run_window(policy, 2);
+      metrics.push_back(window.metrics);
+      grads.push_back(window.last_grads);
     }
     for (const char* key : {"loss", "gspo/loss", "gspo/clipped_fraction", "gspo/ratio_mean",
                             "gspo/kl", "gspo/new_logprobs"}) {
