@@ -317,7 +317,6 @@ GspoObjective::Update GspoObjective::row_pass_update(const DraftPass& p, const G
   // Without the supervised terms only the kept blocks are projected; with them, all M blocks
   // are, and the dropped ones carry masked samples.
   const int64_t blocks = supervised ? p.hidden_rows.size(0) : rollout.kept.size(0);
-  const int64_t group = rollout.tokens.size(1), slots = rollout.tokens.size(2);
   const auto targets = masked_targets(rollout.choices, rollout.supervised.unsqueeze(1));
   ops::VocabPolicy policy;
   policy.logits_scale = settings_.rollout.logits_scale;
@@ -326,14 +325,16 @@ GspoObjective::Update GspoObjective::row_pass_update(const DraftPass& p, const G
   policy.divisor = divisor_;
   const auto counts = rollout.supervised.sum(1);
   if (supervised) {
-    const auto& kept = rollout.kept;
-    policy.targets =
-        at::full({blocks, group, slots}, -100, targets.options()).index_copy_(0, kept, targets);
-    policy.old_logprobs = at::zeros({blocks, group, slots}, rollout.old_logprobs.options())
-                              .index_copy_(0, kept, rollout.old_logprobs);
-    policy.advantages = at::zeros({blocks, group}, rollout.advantages.options())
-                            .index_copy_(0, kept, rollout.advantages);
-    policy.label_counts = at::zeros({blocks}, counts.options()).index_copy_(0, kept, counts);
+    // Kept block k's values at row kept[k] of all M blocks, `fill` elsewhere.
+    auto over_all_blocks = [&](const at::Tensor& values, double fill) {
+      auto sizes = values.sizes().vec();
+      sizes[0] = blocks;
+      return at::full(sizes, fill, values.options()).index_copy_(0, rollout.kept, values);
+    };
+    policy.targets = over_all_blocks(targets, -100);
+    policy.old_logprobs = over_all_blocks(rollout.old_logprobs, 0);
+    policy.advantages = over_all_blocks(rollout.advantages, 0);
+    policy.label_counts = over_all_blocks(counts, 0);
     // ρ = D_dspine / ce_weight: the op's numerator scaled back by ce_weight / D_dspine leaves the
     // policy loss with weight 1.
     policy.loss_scale = dspine_denominator_ / settings_.ce_weight;

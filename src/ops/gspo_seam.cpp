@@ -50,7 +50,9 @@ void check_finite(const at::Tensor& values, const at::Tensor& mask, const char* 
          values[t].item<double>(), t);
 }
 
-bool use_fused(GspoBackend backend, const at::Tensor& on) {
+}  // namespace
+
+bool gspo_fused_backend(GspoBackend backend, const at::Tensor& on) {
   switch (backend) {
     case GspoBackend::kReference: return false;
     case GspoBackend::kFused:
@@ -60,6 +62,8 @@ bool use_fused(GspoBackend backend, const at::Tensor& on) {
   }
   return false;
 }
+
+namespace {
 
 // Reference seam: docs/gspo.md ("The seam") op by op, in fp32; masking by select so that non-finite
 // values at masked positions never reach a sum.
@@ -281,7 +285,7 @@ GspoSeamResult gspo_segment_seam(const at::Tensor& logprobs, const GspoTokens& t
                                  const GspoSeamParams& params, dist::Communicator& comm,
                                  GspoBackend backend) {
   validate_seam_shapes(logprobs, tokens, params);
-  if (use_fused(backend, logprobs)) {
+  if (gspo_fused_backend(backend, logprobs)) {
     GspoFusedSeam seam(logprobs.size(0), params.num_segments, logprobs.device());
     return seam_fused(seam, fused_args(logprobs, tokens, params), params, comm);
   }
@@ -295,7 +299,7 @@ GspoVocabResult gspo_vocab_seam(const at::Tensor& logits, const GspoTokens& toke
                                 int64_t chunk_rows) {
   check_logits(logits, tokens);
   if (grad_logits != nullptr && params.grad_output) check_grad(logits, *grad_logits);
-  if (use_fused(backend, logits))
+  if (gspo_fused_backend(backend, logits))
     return vocab_fused(logits, tokens, params, comm, grad_logits, accumulate);
   return vocab_reference(logits, tokens, params, comm, grad_logits, accumulate, chunk_rows);
 }

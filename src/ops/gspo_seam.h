@@ -41,6 +41,10 @@ enum class GspoBackend {
   kFused,      // CUDA kernels (ops/gspo_ops.h)
 };
 
+// Whether `backend` runs the fused kernels on tensors like `on`; kFused on a CPU tensor is an
+// error.
+bool gspo_fused_backend(GspoBackend backend, const at::Tensor& on);
+
 // Scalars are 0-dim fp32 tensors holding this rank's share: summed over ranks they give the
 // global value (loss = Σ_t m_t·ℓ_t / D). clipped_fraction and ratio_mean weight each token by
 // w_t = m_t / max(N_t, 1), so every labelled segment counts once however it is split.

@@ -117,8 +117,7 @@ at::Tensor VocabPolicyChunks::scaled_loss() const { return result_.loss * policy
 void VocabPolicyChunks::chunk(const at::Tensor& z, int64_t first_block, const at::Tensor& grad) {
   const int64_t blocks = z.size(0) / slots_, rows = z.size(0);
   if (blocks * slots_ != rows) fail("vocab policy: a chunk of {} rows splits a block", rows);
-  const bool fused = policy_.backend == GspoBackend::kFused ||
-                     (policy_.backend == GspoBackend::kAuto && z.is_cuda());
+  const bool fused = gspo_fused_backend(policy_.backend, z);
   const double scale = policy_.logits_scale;
   // Token order [c, G, T]: each segment (block, sample) is one contiguous run of T slots.
   const auto targets = policy_.targets.narrow(0, first_block, blocks);
