@@ -54,7 +54,8 @@ double peak_above_gib(const std::function<void()>& fn, int64_t output_bytes) {
   return double(stats().allocated_bytes[0].peak - before - output_bytes) / double(int64_t(1) << 30);
 }
 
-void run(const Options& o) {
+// Anchors per sequence: --rows must split into --batch x anchors x --proposals.
+int64_t anchors_per_row(const Options& o) {
   if (o.rows % o.proposals != 0) {
     fail("dspine-bench vocab: --rows ({}) must be a multiple of --proposals ({})", o.rows,
          o.proposals);
@@ -65,110 +66,151 @@ void run(const Options& o) {
          "at most --seq-len - 1 ({}) anchors per row",
          o.rows, o.batch, o.proposals, o.seq_len - 1);
   }
-  torch::manual_seed(0);
+  return anchors;
+}
+
+// The objective's inputs on the GPU; `teacher` is `states` gathered per proposal row by
+// `teacher_index`.
+struct VocabInputs {
+  at::Tensor lm_head, hidden, states, teacher_index, teacher, labels, weights, supervised;
+};
+
+VocabInputs make_inputs(const Options& o, int64_t anchors) {
   const auto cuda = torch::TensorOptions().device(torch::kCUDA);
   const auto bf16 = cuda.dtype(torch::kBFloat16);
-  const auto lm_head = (torch::randn({o.vocab, o.hidden}, cuda) * 0.02).to(torch::kBFloat16);
-  auto hidden = torch::randn({o.rows, o.hidden}, bf16).requires_grad_(true);
-  const auto states = torch::randn({o.batch * o.seq_len, o.hidden}, bf16);
+  VocabInputs in;
+  in.lm_head = (torch::randn({o.vocab, o.hidden}, cuda) * 0.02).to(torch::kBFloat16);
+  in.hidden = torch::randn({o.rows, o.hidden}, bf16).requires_grad_(true);
+  in.states = torch::randn({o.batch * o.seq_len, o.hidden}, bf16);
   // Distinct anchors, sorted per row, as objectives::sample_anchors draws them.
   const auto shuffled = std::get<1>(torch::rand({o.batch, o.seq_len - 1}, cuda).sort(1));
   const auto anchor_starts = std::get<0>(shuffled.slice(1, 0, anchors).sort(1));
   const auto source_index =
       (anchor_starts.unsqueeze(-1) + torch::arange(o.proposals + 1, anchor_starts.options()))
           .clamp_max(o.seq_len - 1);
-  const auto teacher_index = objectives::teacher_positions(source_index, o.seq_len).reshape({-1});
-  const auto teacher = states.index_select(0, teacher_index);
-  const auto labels = torch::randint(o.vocab, {o.rows}, cuda.dtype(torch::kInt64));
-  const auto weights = torch::rand({o.rows}, cuda);
-  const auto supervised = torch::ones({o.rows}, cuda.dtype(torch::kBool));
-  const int64_t grad_bytes = hidden.numel() * 2;
-  const double cw = o.ce_weight;
+  in.teacher_index = objectives::teacher_positions(source_index, o.seq_len).reshape({-1});
+  in.teacher = in.states.index_select(0, in.teacher_index);
+  in.labels = torch::randint(o.vocab, {o.rows}, cuda.dtype(torch::kInt64));
+  in.weights = torch::rand({o.rows}, cuda);
+  in.supervised = torch::ones({o.rows}, cuda.dtype(torch::kBool));
+  return in;
+}
 
-  const double tflops = bf16_gemm_tflops(o.rows, o.hidden, o.vocab);
-  const double gemm_ms = 2.0 * o.rows * o.hidden * o.vocab / (tflops * 1e12) * 1e3;
+// `t` with its rows grouped in blocks of `proposals`: [rows, ...] -> [rows / proposals, proposals,
+// ...], the layout the reference chunks take.
+at::Tensor as_blocks(const at::Tensor& t, int64_t proposals) {
+  auto sizes = t.sizes().vec();
+  sizes[0] = proposals;
+  sizes.insert(sizes.begin(), -1);
+  return t.view(sizes);
+}
 
-  ops::VocabObjectiveOptions fused_options;
-  fused_options.ce_weight = cw;
-  fused_options.top_k = o.top_k;
-  fused_options.use_kernel = true;
-  at::Tensor fused_loss, per_row_loss, reference_loss;
-  auto fused = [&] {
-    hidden.mutable_grad() = at::Tensor();
-    auto r = ops::vocab_objective(hidden, states, labels, weights, lm_head, fused_options,
-                                  teacher_index);
-    r.loss.backward();
-    fused_loss = r.loss.detach();
-  };
-  auto fused_per_row = [&] {
-    hidden.mutable_grad() = at::Tensor();
-    auto r = ops::vocab_objective(hidden, teacher, labels, weights, lm_head, fused_options);
-    r.loss.backward();
-    per_row_loss = r.loss.detach();
-  };
-  const int64_t chunk = ops::vocab_chunk_rows(o.vocab, 2, 2);
-  const int64_t teacher_rows = ops::vocab_teacher_rows(teacher_index, states.size(0), chunk);
-  const auto blocks = [&](const at::Tensor& t) {
-    auto sizes = t.sizes().vec();
-    sizes[0] = o.proposals;
-    sizes.insert(sizes.begin(), -1);
-    return t.view(sizes);
-  };
-  auto reference = [&] {
-    hidden.mutable_grad() = at::Tensor();
-    auto sums = objectives::checkpointed_chunk_reduce(
-        [&](const std::vector<at::Tensor>& c) {
-          auto b = objectives::backbone_terms(c[0], c[1], c[2], c[3], c[4], lm_head, o.top_k);
-          return std::vector<at::Tensor>{b.ce, b.l1, b.correct};
-        },
-        {blocks(hidden), blocks(teacher), blocks(labels), blocks(weights), blocks(supervised)},
-        o.chunk_blocks, {});
-    auto loss = cw * sums[0] + (1.0 - cw) * sums[1];
-    loss.backward();
-    reference_loss = loss.detach();
-  };
+// One forward + backward of the reference chunk function under checkpointed chunks, as the
+// objective runs it; returns the loss.
+at::Tensor reference_chunks_loss(VocabInputs& in, const Options& o) {
+  in.hidden.mutable_grad() = at::Tensor();
+  auto sums = objectives::checkpointed_chunk_reduce(
+      [&](const std::vector<at::Tensor>& c) {
+        auto b = objectives::backbone_terms(c[0], c[1], c[2], c[3], c[4], in.lm_head, o.top_k);
+        return std::vector<at::Tensor>{b.ce, b.l1, b.correct};
+      },
+      {as_blocks(in.hidden, o.proposals), as_blocks(in.teacher, o.proposals),
+       as_blocks(in.labels, o.proposals), as_blocks(in.weights, o.proposals),
+       as_blocks(in.supervised, o.proposals)},
+      o.chunk_blocks, {});
+  auto loss = o.ce_weight * sums[0] + (1.0 - o.ce_weight) * sums[1];
+  loss.backward();
+  return loss.detach();
+}
 
-  // Each peak is measured from a state without a gradient, which the call then creates.
-  const double fused_ms = cuda_median_ms(fused, 1, o.iterations);
+// One forward + backward of the fused objective; `teacher_index` undefined: `teacher_hidden`
+// holds one row per proposal row.
+at::Tensor fused_loss(VocabInputs& in, const at::Tensor& teacher_hidden,
+                      const ops::VocabObjectiveOptions& options, const at::Tensor& teacher_index) {
+  in.hidden.mutable_grad() = at::Tensor();
+  auto r = ops::vocab_objective(in.hidden, teacher_hidden, in.labels, in.weights, in.lm_head,
+                                options, teacher_index);
+  r.loss.backward();
+  return r.loss.detach();
+}
+
+struct PathResult {
+  double ms = 0, peak_gib = 0;
+  at::Tensor loss;  // of the last call
+};
+
+// The median time of `call` over `iterations`, then its peak from a state without a gradient,
+// which the call then creates.
+PathResult measure_path(const std::function<at::Tensor()>& call, at::Tensor& hidden,
+                        int iterations) {
+  PathResult out;
+  const auto keep_loss = [&] { out.loss = call(); };
+  out.ms = cuda_median_ms(keep_loss, 1, iterations);
   hidden.mutable_grad() = at::Tensor();
-  const double fused_gib = peak_above_gib(fused, grad_bytes);
-  const auto fused_grad = hidden.grad().clone();
-  const double per_row_ms = cuda_median_ms(fused_per_row, 1, o.iterations);
-  hidden.mutable_grad() = at::Tensor();
-  const double per_row_gib = peak_above_gib(fused_per_row, grad_bytes);
-  const double reference_ms = cuda_median_ms(reference, 1, o.iterations);
-  hidden.mutable_grad() = at::Tensor();
-  const double reference_gib = peak_above_gib(reference, grad_bytes);
-  const double cosine =
-      torch::cosine_similarity(fused_grad.flatten().to(torch::kFloat32),
-                               hidden.grad().flatten().to(torch::kFloat32), 0)
-          .item<double>();
+  out.peak_gib = peak_above_gib(keep_loss, hidden.numel() * 2);
+  return out;
+}
 
-  std::printf("\nDSpine backbone vocabulary terms, bf16, rows %ld, H %ld, V %ld, top-k %ld, "
-              "ce_weight %.2f (forward + backward; peak GiB above inputs and dX)\n",
-              long(o.rows), long(o.hidden), long(o.vocab), long(o.top_k), cw);
-  std::printf("one logits GEMM [%ld, %ld] x [%ld, %ld]: %.2f ms (%.0f TFLOP/s)\n", long(o.rows),
-              long(o.hidden), long(o.hidden), long(o.vocab), gemm_ms, tflops);
-  std::printf("teacher states: %ld positions; the fused objective projects %ld teacher rows "
-              "(chunks of %ld rows) for %ld proposal rows\n",
-              long(states.size(0)), long(teacher_rows), long(chunk), long(o.rows));
-  std::printf("%-36s %10s %9s %10s %12s\n", "path", "ms", "x GEMM", "peak GiB", "loss");
-  std::printf("%-36s %10.2f %9.2f %10.3f %12.6g\n", "fused, teacher by position", fused_ms,
-              fused_ms / gemm_ms, fused_gib, fused_loss.item<double>());
-  std::printf("%-36s %10.2f %9.2f %10.3f %12.6g\n", "fused, teacher gathered per row",
-              per_row_ms, per_row_ms / gemm_ms, per_row_gib, per_row_loss.item<double>());
-  std::printf("%-36s %10.2f %9.2f %10.3f %12.6g\n", "reference chunks (checkpointed)",
-              reference_ms, reference_ms / gemm_ms, reference_gib, reference_loss.item<double>());
-  std::printf("speedup %.2fx; hidden gradient cosine (fused vs reference) %.6f\n",
-              reference_ms / fused_ms, cosine);
+void print_path(const char* name, const PathResult& path, double gemm_ms) {
+  std::printf("%-36s %10.2f %9.2f %10.3f %12.6g\n", name, path.ms, path.ms / gemm_ms, path.peak_gib,
+              path.loss.item<double>());
+}
 
+// One more fused call under the kernel profiler; its wall time is the median measured before.
+void profile_fused_call(const std::function<at::Tensor()>& fused, double wall_ms) {
   start_kernel_profile(true);
   fused();
   torch::cuda::synchronize();
   KernelProfile profile = stop_kernel_profile();
-  profile.wall_ms = fused_ms;
+  profile.wall_ms = wall_ms;
   std::printf("\nfused vocabulary objective, one call profiled (wall: the median above)\n");
   print_kernel_profile(profile, stdout, 8);
+}
+
+void run(const Options& o) {
+  const int64_t anchors = anchors_per_row(o);
+  torch::manual_seed(0);
+  VocabInputs in = make_inputs(o, anchors);
+  const double tflops = bf16_gemm_tflops(o.rows, o.hidden, o.vocab);
+  const double gemm_ms = 2.0 * o.rows * o.hidden * o.vocab / (tflops * 1e12) * 1e3;
+  const int64_t chunk = ops::vocab_chunk_rows(o.vocab, 2, 2);
+  const int64_t teacher_rows = ops::vocab_teacher_rows(in.teacher_index, in.states.size(0), chunk);
+
+  ops::VocabObjectiveOptions fused_options;
+  fused_options.ce_weight = o.ce_weight;
+  fused_options.top_k = o.top_k;
+  fused_options.use_kernel = true;
+  const std::function<at::Tensor()> fused = [&] {
+    return fused_loss(in, in.states, fused_options, in.teacher_index);
+  };
+  const PathResult by_position = measure_path(fused, in.hidden, o.iterations);
+  const auto fused_grad = in.hidden.grad().clone();
+  const PathResult per_row = measure_path(
+      [&] { return fused_loss(in, in.teacher, fused_options, {}); }, in.hidden, o.iterations);
+  const PathResult reference =
+      measure_path([&] { return reference_chunks_loss(in, o); }, in.hidden, o.iterations);
+  const double cosine = torch::cosine_similarity(fused_grad.flatten().to(torch::kFloat32),
+                                                 in.hidden.grad().flatten().to(torch::kFloat32), 0)
+                            .item<double>();
+
+  std::printf(
+      "\nDSpine backbone vocabulary terms, bf16, rows %ld, H %ld, V %ld, top-k %ld, "
+      "ce_weight %.2f (forward + backward; peak GiB above inputs and dX)\n",
+      long(o.rows), long(o.hidden), long(o.vocab), long(o.top_k), o.ce_weight);
+  std::printf("one logits GEMM [%ld, %ld] x [%ld, %ld]: %.2f ms (%.0f TFLOP/s)\n", long(o.rows),
+              long(o.hidden), long(o.hidden), long(o.vocab), gemm_ms, tflops);
+  std::printf(
+      "teacher states: %ld positions; the fused objective projects %ld teacher rows "
+      "(chunks of %ld rows) for %ld proposal rows\n",
+      long(in.states.size(0)), long(teacher_rows), long(chunk), long(o.rows));
+  std::printf("%-36s %10s %9s %10s %12s\n", "path", "ms", "x GEMM", "peak GiB", "loss");
+  print_path("fused, teacher by position", by_position, gemm_ms);
+  print_path("fused, teacher gathered per row", per_row, gemm_ms);
+  print_path("reference chunks (checkpointed)", reference, gemm_ms);
+  std::printf("speedup %.2fx; hidden gradient cosine (fused vs reference) %.6f\n",
+              reference.ms / by_position.ms, cosine);
+
+  profile_fused_call(fused, by_position.ms);
 }
 
 }  // namespace
