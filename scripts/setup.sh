@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 
 TORCH_VERSION=2.11.0
 TRANSFORMERS_VERSION=5.24.0
+LIZARD_VERSION=1.24.3
 CACHE_ROOT="${DSPINE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/dspine}"
 VENV="$CACHE_ROOT/venv-torch-$TORCH_VERSION"
 BUILD_DIR="${DSPINE_BUILD_DIR:-build}"
@@ -87,10 +88,21 @@ ensure_python_packages() {
   "$VENV/bin/pip" install -q "transformers==$TRANSFORMERS_VERSION" "matplotlib==3.11.2"
 }
 
+# lizard, for ctest `function_size` (function length and complexity limits), only into our own
+# venv; CMake finds it beside the venv's python.
+ensure_lizard() {
+  local py=$1
+  [[ $py == "$VENV/bin/python" ]] || return 0
+  [[ $("$VENV/bin/lizard" --version 2>/dev/null) == "$LIZARD_VERSION" ]] && return
+  log "installing lizard==$LIZARD_VERSION into $VENV"
+  "$VENV/bin/pip" install -q "lizard==$LIZARD_VERSION"
+}
+
 install_system_packages
 PY=$(torch_python)
 ensure_nccl "$PY"
 ensure_python_packages "$PY"
+ensure_lizard "$PY"
 TORCH_PREFIX=$("$PY" -W ignore -c 'import torch; print(torch.utils.cmake_prefix_path)')
 log "torch from $PY ($TORCH_PREFIX)"
 
