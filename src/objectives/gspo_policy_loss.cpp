@@ -10,12 +10,6 @@
 namespace dspine::objectives {
 namespace {
 
-bool fused_on(GspoBackend backend, const at::Tensor& logits) {
-  if (backend == GspoBackend::kFused && !logits.is_cuda())
-    fail("gspo policy loss: the fused back end needs CUDA logits, got {}", logits.device().str());
-  return backend == GspoBackend::kFused || (backend == GspoBackend::kAuto && logits.is_cuda());
-}
-
 void check_samples(const at::Tensor& logits, const GspoPolicySamples& s) {
   if (!logits.defined() || logits.dim() != 2)
     fail("gspo policy loss: logits must be [R, V], got {}",
@@ -41,7 +35,7 @@ struct Computed {
 Computed compute(const at::Tensor& logits, const GspoPolicySamples& s, GspoSeamParams params,
                  dist::Communicator& comm, GspoBackend backend) {
   check_samples(logits, s);
-  const bool fused = fused_on(backend, logits);
+  const bool fused = ops::gspo_fused_backend(backend, logits);
   const double scale = params.logits_scale;
   const auto mask = s.targets.ge(0);
   const auto columns = s.targets.clamp_min(0);

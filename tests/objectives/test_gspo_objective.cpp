@@ -7,6 +7,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include "common/dspine_tiny.h"
+#include "common/expect_error.h"
 #include "common/policy_case.h"
 #include "dist/communicator.h"
 #include "objectives/gspo_objective.h"
@@ -188,6 +189,16 @@ TEST(GspoPolicyLoss, GradientMatchesFiniteDifferences) {
     }
   }
   EXPECT_LT(worst, 2e-4);
+}
+
+// The back end resolves as the seam's (ops::gspo_fused_backend): kFused on CPU logits is refused.
+TEST(GspoPolicyLoss, FusedBackEndRefusesCpuLogits) {
+  auto comm = dist::make_single_process_communicator();
+  auto s = shared_samples(2, 3, 2, 7, 9);
+  auto logits = torch::randn({6, 7}, torch::requires_grad());
+  testing::expect_error(
+      [&] { gspo_policy_loss(logits, s, wide_clip(4.0), *comm, GspoBackend::kFused); },
+      "the fused back end needs CUDA tensors, got cpu");
 }
 
 // The tiny DSpine draft as the policy.
