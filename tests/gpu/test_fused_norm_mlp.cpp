@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <vector>
 
+#include "common/parity.h"
 #include "common/require_cuda.h"
 #include "core/safetensors.h"
 #include "model/norm_mlp.h"
@@ -29,24 +30,16 @@ const std::vector<Shape> kNormShapes = {{1, 123},   {7, 4095},  {4096, 64},  {3,
                                         {257, 130}, {16, 8192}, {2048, 123}, {5, 16384},
                                         {33, 1},    {9, 1000},  {3, 65537},  {2, 131072}};
 
-double relative_error(const torch::Tensor& actual, const torch::Tensor& expected) {
-  const auto a = actual.to(torch::kFloat64);
-  const auto e = expected.to(torch::kFloat64);
-  return ((a - e).norm() / e.norm().clamp_min(1e-30)).item<double>();
-}
-
-// fp32 results are checked elementwise at 1e-5 against an fp64 evaluation of the reference;
-// bf16 results by the relative error of the whole tensor against the fp32 reference.
-void expect_close(const torch::Tensor& actual, const torch::Tensor& expected, torch::Dtype dtype,
-                  const std::string& what) {
-  ASSERT_EQ(actual.sizes(), expected.sizes()) << what;
+// fp32 results are checked elementwise at 1e-5 (of the reference's scale, at least 1) against an
+// fp64 evaluation of the reference; bf16 results by the relative error of the whole tensor against
+// the fp32 reference.
+void expect_matches(const torch::Tensor& actual, const torch::Tensor& expected, torch::Dtype dtype,
+                    const std::string& what) {
   if (dtype == torch::kFloat32) {
-    const double max_error =
-        (actual.to(torch::kFloat64) - expected.to(torch::kFloat64)).abs().max().item<double>();
-    const double scale = expected.abs().max().item<double>();
-    EXPECT_LE(max_error, 1e-5 * std::max(1.0, scale)) << what;
+    testing::expect_close(actual, expected, 1e-5, what);
   } else {
-    EXPECT_LE(relative_error(actual, expected), 1e-2) << what;
+    ASSERT_EQ(actual.sizes(), expected.sizes()) << what;
+    EXPECT_LE(testing::norm_relative_error(actual, expected), 1e-2) << what;
   }
 }
 
@@ -99,9 +92,9 @@ TEST_P(FusedNorm, RMSNormForwardAndGradientsMatchReference) {
     y.backward(dy.to(kCuda, dtype));
     y_ref.backward(as_reference(dy, dtype));
     const std::string what = label("rms_norm", s, dtype);
-    expect_close(y, y_ref, dtype, what + " y");
-    expect_close(fused[0].grad(), ref[0].grad(), dtype, what + " dx");
-    expect_close(fused[1].grad(), ref[1].grad(), dtype, what + " dweight");
+    expect_matches(y, y_ref, dtype, what + " y");
+    expect_matches(fused[0].grad(), ref[0].grad(), dtype, what + " dx");
+    expect_matches(fused[1].grad(), ref[1].grad(), dtype, what + " dweight");
   }
 }
 
@@ -129,11 +122,11 @@ TEST_P(FusedNorm, AddRMSNormForwardAndGradientsMatchReference) {
     torch::autograd::backward({sum, y}, {dsum.to(kCuda, dtype), dy.to(kCuda, dtype)});
     torch::autograd::backward({sum_ref, y_ref}, {as_reference(dsum, dtype), as_reference(dy, dtype)});
     const std::string what = label("add_rms_norm", s, dtype);
-    expect_close(sum, sum_ref, dtype, what + " sum");
-    expect_close(y, y_ref, dtype, what + " y");
-    expect_close(fused[0].grad(), ref[0].grad(), dtype, what + " dx");
-    expect_close(fused[1].grad(), ref[1].grad(), dtype, what + " dresidual");
-    expect_close(fused[2].grad(), ref[2].grad(), dtype, what + " dweight");
+    expect_matches(sum, sum_ref, dtype, what + " sum");
+    expect_matches(y, y_ref, dtype, what + " y");
+    expect_matches(fused[0].grad(), ref[0].grad(), dtype, what + " dx");
+    expect_matches(fused[1].grad(), ref[1].grad(), dtype, what + " dresidual");
+    expect_matches(fused[2].grad(), ref[2].grad(), dtype, what + " dweight");
   }
 }
 
@@ -152,9 +145,9 @@ TEST_P(FusedNorm, SwiGLUForwardAndGradientsMatchReference) {
     out.backward(dout.to(kCuda, dtype));
     out_ref.backward(as_reference(dout, dtype));
     const std::string what = label("swiglu", s, dtype);
-    expect_close(out, out_ref, dtype, what + " out");
-    expect_close(fused[0].grad(), ref[0].grad(), dtype, what + " dgate");
-    expect_close(fused[1].grad(), ref[1].grad(), dtype, what + " dup");
+    expect_matches(out, out_ref, dtype, what + " out");
+    expect_matches(fused[0].grad(), ref[0].grad(), dtype, what + " dgate");
+    expect_matches(fused[1].grad(), ref[1].grad(), dtype, what + " dup");
   }
 }
 
@@ -174,8 +167,8 @@ TEST_P(FusedNorm, PackedSwiGLUMatchesReferenceOnBothHalves) {
     out.backward(dout.to(kCuda, dtype));
     out_ref.backward(as_reference(dout, dtype));
     const std::string what = label("swiglu_packed", s, dtype);
-    expect_close(out, out_ref, dtype, what + " out");
-    expect_close(fused[0].grad(), ref[0].grad(), dtype, what + " dgate_up");
+    expect_matches(out, out_ref, dtype, what + " out");
+    expect_matches(fused[0].grad(), ref[0].grad(), dtype, what + " dgate_up");
   }
 }
 
@@ -218,11 +211,11 @@ TEST(FusedNormModules, SwiGLUMLPFusedMatchesReferenceIncludingWeightGradients) {
   const auto y_ref = reference(x);
   y.backward(dy);
   y_ref.backward(dy);
-  EXPECT_LE((y - y_ref).abs().max().item<float>(), 1e-5);
+  EXPECT_LE(testing::max_abs_diff(y, y_ref), 1e-5);
   for (const auto& name : {"gate_proj.weight", "up_proj.weight", "down_proj.weight"}) {
     const auto g = fused->named_parameters()[name].grad();
     const auto g_ref = reference->named_parameters()[name].grad();
-    EXPECT_LE((g - g_ref).abs().max().item<float>(), 1e-5) << name;
+    EXPECT_LE(testing::max_abs_diff(g, g_ref), 1e-5) << name;
   }
 }
 
@@ -262,7 +255,7 @@ TEST(FusedNormModules, CheckpointsLoadAcrossFusedAndReferenceModules) {
   const auto x = torch::randn({5, 64}, kCuda);
   const auto y_fused = mlp_fused(norm_fused(x));
   const auto y_ref = mlp_ref(norm_ref(x));
-  EXPECT_LE((y_fused - y_ref).abs().max().item<float>(), 1e-5);
+  EXPECT_LE(testing::max_abs_diff(y_fused, y_ref), 1e-5);
 }
 
 }  // namespace

@@ -8,12 +8,16 @@
 #include <algorithm>
 #include <string>
 
+#include "common/parity.h"
 #include "common/require_cuda.h"
 #include "model/adjacent_injection.h"
 #include "ops/injection_residual_ops.h"
 
 namespace dspine {
 namespace {
+
+using testing::cosine;
+using testing::norm_relative_error;
 
 const torch::Device kCuda(torch::kCUDA, 0);
 
@@ -28,16 +32,6 @@ Result run(const torch::Tensor& h0, const torch::Tensor& delta0, const torch::Te
                    : ops::injection_residual_reference(h, delta, skip_first);
   out.backward(grad.to(out.scalar_type()));
   return {out.detach(), h.grad(), delta.grad()};
-}
-
-double relative_error(const torch::Tensor& a, const torch::Tensor& b) {
-  auto a64 = a.to(torch::kFloat64), b64 = b.to(torch::kFloat64);
-  return ((a64 - b64).norm() / b64.norm().clamp_min(1e-30)).item<double>();
-}
-
-double cosine(const torch::Tensor& a, const torch::Tensor& b) {
-  auto a64 = a.to(torch::kFloat64).flatten(), b64 = b.to(torch::kFloat64).flatten();
-  return (a64.dot(b64) / (a64.norm() * b64.norm()).clamp_min(1e-30)).item<double>();
 }
 
 struct Shape {
@@ -64,7 +58,7 @@ void check(const Shape& s, torch::Dtype dtype, bool skip_first, uint64_t seed) {
       {"dh", {fused.dh, ref.dh}},
       {"ddelta", {fused.ddelta, ref.ddelta}}};
   for (const auto& [name, tensors] : pairs) {
-    EXPECT_LE(relative_error(tensors.first, tensors.second), tolerance) << what << " " << name;
+    EXPECT_LE(norm_relative_error(tensors.first, tensors.second), tolerance) << what << " " << name;
     EXPECT_GE(cosine(tensors.first, tensors.second), 0.9999) << what << " " << name;
   }
   if (skip_first) {  // slot 0 passes through exactly, value and gradient
@@ -138,7 +132,7 @@ TEST(InjectionResidualGpu, FusedModuleMatchesReferenceModule) {
   auto [out_oracle, grads_oracle] = run_module(oracle, torch::kFloat32);
   auto [out_ref, grads_ref] = run_module(reference, torch::kBFloat16);
   auto [out_fused, grads_fused] = run_module(fused, torch::kBFloat16);
-  EXPECT_LE(relative_error(out_fused, out_oracle), 1e-2);
+  EXPECT_LE(norm_relative_error(out_fused, out_oracle), 1e-2);
   // Each gradient of the fused bf16 module is as close to the fp32 oracle as the reference bf16
   // module's is (gradients summed over many rows lose digits to bf16 in either path).
   for (size_t i = 0; i < grads_oracle.size(); ++i) {
@@ -149,8 +143,8 @@ TEST(InjectionResidualGpu, FusedModuleMatchesReferenceModule) {
     const double floor = cosine(grads_ref[i], grads_oracle[i]);
     EXPECT_GE(cosine(grads_fused[i], grads_oracle[i]), std::min(0.9999, floor - 1e-3))
         << "gradient " << i << ", reference bf16 cosine " << floor;
-    EXPECT_LE(relative_error(grads_fused[i], grads_oracle[i]),
-              std::max(1e-2, 1.5 * relative_error(grads_ref[i], grads_oracle[i])))
+    EXPECT_LE(norm_relative_error(grads_fused[i], grads_oracle[i]),
+              std::max(1e-2, 1.5 * norm_relative_error(grads_ref[i], grads_oracle[i])))
         << "gradient " << i;
   }
 }

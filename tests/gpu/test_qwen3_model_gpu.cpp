@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "common/parity.h"
 #include "core/files.h"
 #include "core/safetensors.h"
 #include "data/qwen3_model.h"
@@ -49,12 +50,6 @@ std::string write_checkpoint() {
   return dir.string();
 }
 
-double relative_diff(const torch::Tensor& a, const torch::Tensor& reference) {
-  const auto ref = reference.cpu().to(torch::kFloat);
-  return (a.cpu().to(torch::kFloat) - ref).abs().max().item<double>() /
-         std::max(1.0, ref.abs().max().item<double>());
-}
-
 TEST(Qwen3ModelGpu, CudaForwardMatchesCpuInFp32AndBf16) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   const std::string dir = write_checkpoint();
@@ -67,8 +62,9 @@ TEST(Qwen3ModelGpu, CudaForwardMatchesCpuInFp32AndBf16) {
     const auto out = model.forward(ids, layers);
     EXPECT_TRUE(out.hidden_states.is_cuda());
     const double tolerance = dtype == torch::kFloat ? 1e-4 : 5e-2;
-    EXPECT_LE(relative_diff(out.hidden_states, cpu.hidden_states), tolerance) << dtype;
-    EXPECT_LE(relative_diff(out.last_hidden_state, cpu.last_hidden_state), tolerance) << dtype;
+    const std::string what = c10::toString(dtype);
+    testing::expect_close(out.hidden_states, cpu.hidden_states, tolerance, what);
+    testing::expect_close(out.last_hidden_state, cpu.last_hidden_state, tolerance, what);
 
     auto cache = model.new_cache(2, 37);
     std::vector<torch::Tensor> last;
@@ -76,7 +72,7 @@ TEST(Qwen3ModelGpu, CudaForwardMatchesCpuInFp32AndBf16) {
     last.push_back(model.step(ids.narrow(1, 30, 5), cache).last_hidden_state);
     last.push_back(model.step(ids.narrow(1, 35, 1), cache).last_hidden_state);
     last.push_back(model.step(ids.narrow(1, 36, 1), cache).last_hidden_state);
-    EXPECT_LE(relative_diff(torch::cat(last, 1), out.last_hidden_state), tolerance) << dtype;
+    testing::expect_close(torch::cat(last, 1), out.last_hidden_state, tolerance, what + " cached");
   }
   core::remove_tree(dir);
 }
@@ -104,7 +100,9 @@ TEST(Qwen3ModelGpu, CacheBranchesMatchTheCpuForward) {
         const int64_t prefix = context[r][n].item<int64_t>();
         const auto sequence = torch::cat({ids[r].narrow(0, 0, prefix), drafted[r][n]}).unsqueeze(0);
         const auto reference = cpu.forward(sequence, {}).last_hidden_state[0].narrow(0, prefix, 5);
-        EXPECT_LE(relative_diff(states[r][n], reference), tolerance) << dtype << " " << r << n;
+        testing::expect_close(
+            states[r][n], reference, tolerance,
+            std::string(c10::toString(dtype)) + " " + std::to_string(r) + std::to_string(n));
       }
     }
   }

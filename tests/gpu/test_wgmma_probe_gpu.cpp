@@ -9,6 +9,7 @@
 
 #include <cstdio>
 
+#include "common/parity.h"
 #include "kernels/wgmma_probe.h"
 
 namespace dspine {
@@ -30,10 +31,6 @@ Products probe(const torch::Tensor& q, const torch::Tensor& k, const torch::Tens
   return out;
 }
 
-double max_error(const torch::Tensor& got, const torch::Tensor& expected) {
-  return ((got - expected).abs().max() / expected.abs().max()).item<double>();
-}
-
 TEST(WgmmaProbeGpu, DescriptorsOfTheAttentionTilesMatchMatmul) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "needs CUDA";
   if (!kernels::wgmma_available()) GTEST_SKIP() << "no sm_90a code or not an sm_90 device";
@@ -45,7 +42,9 @@ TEST(WgmmaProbeGpu, DescriptorsOfTheAttentionTilesMatchMatmul) {
   const auto o_expected = torch::matmul(p.to(torch::kFloat32), v.to(torch::kFloat32));
 
   const auto got = probe(q, k, p, v);
-  const double s_error = max_error(got.s, s_expected), o_error = max_error(got.o, o_expected);
+  // The largest error relative to the product's largest magnitude (floor 0: purely relative).
+  const double s_error = testing::max_relative_diff(got.s, s_expected, 0.0);
+  const double o_error = testing::max_relative_diff(got.o, o_expected, 0.0);
   std::printf("S = Q·Kᵀ (K-major B): max error %.3g; O = P·V (MN-major B): max error %.3g\n",
               s_error, o_error);
   EXPECT_LT(s_error, 1e-5);

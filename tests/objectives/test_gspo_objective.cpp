@@ -8,6 +8,7 @@
 
 #include "common/dspine_tiny.h"
 #include "common/expect_error.h"
+#include "common/parity.h"
 #include "common/policy_case.h"
 #include "dist/communicator.h"
 #include "objectives/gspo_objective.h"
@@ -408,10 +409,6 @@ TEST(GspoPolicyLoss, UpdatesRaiseTheProbabilityOfRewardedTokens) {
 namespace dspine::objectives {
 namespace {
 
-double max_difference(const torch::Tensor& a, const torch::Tensor& b) {
-  return (a.to(torch::kFloat32) - b.to(torch::kFloat32)).abs().max().item<double>();
-}
-
 // The policy term in the vocabulary row pass (ATen on the CPU) equals projecting the logits and
 // the separate seam: loss, metrics, log-probs and the hidden states' gradient, for chunks of
 // whole blocks (3 chunks of 2, 2, 1 blocks) and one chunk.
@@ -427,9 +424,8 @@ TEST(GspoRowPass, PolicyAloneMatchesTheSeparateSeam) {
     EXPECT_NEAR(row.clipped_fraction, ref.clipped_fraction, 1e-6) << chunk_rows;
     EXPECT_NEAR(row.ratio_mean, ref.ratio_mean, 1e-6) << chunk_rows;
     EXPECT_NEAR(row.new_logprobs, ref.new_logprobs, 1e-5) << chunk_rows;
-    EXPECT_LT(max_difference(row.logprobs, ref.logprobs), 1e-5) << chunk_rows;
-    EXPECT_LT(max_difference(row.grad, ref.grad), 1e-5 * ref.grad.abs().max().item<double>())
-        << chunk_rows;
+    EXPECT_LT(testing::max_abs_diff(row.logprobs, ref.logprobs), 1e-5) << chunk_rows;
+    EXPECT_LT(testing::max_relative_diff(row.grad, ref.grad, 0.0), 1e-5) << chunk_rows;
     EXPECT_GT(ref.clipped_fraction, 0.0);  // the clip acts on some segment
     EXPECT_GT(ref.grad.abs().max().item<double>(), 0.0);
   }
@@ -463,7 +459,7 @@ TEST(GspoRowPass, SupervisedAndPolicyShareOneGradient) {
   auto [row, ref] = testing::policy_alone(policy, hidden, head, 9, GspoBackend::kReference);
   EXPECT_NEAR(both_loss, supervised_loss + 2.5 * ref.loss, 1e-5);
   const auto expected = supervised_grad + 2.5 * ref.grad;
-  EXPECT_LT(max_difference(both_grad, expected), 1e-5 * expected.abs().max().item<double>());
+  EXPECT_LT(testing::max_relative_diff(both_grad, expected, 0.0), 1e-5);
 }
 
 // GspoObjective's update through the row pass (use_fused_vocabulary) equals the separate seam's,
@@ -496,8 +492,7 @@ TEST(GspoObjective, RowPassUpdateMatchesTheSeparateSeam) {
     }
     EXPECT_GT(metrics[0].at("gspo/clipped_fraction"), 0.0);
     for (size_t i = 0; i < grads[0].size(); ++i) {
-      const double scale = grads[0][i].abs().max().item<double>();
-      EXPECT_LE(max_difference(grads[1][i], grads[0][i]), 1e-5 * std::max(scale, 1e-6))
+      EXPECT_LE(testing::max_relative_diff(grads[1][i], grads[0][i], 1e-6), 1e-5)
           << "parameter " << i << " ce_weight " << ce_weight;
     }
   }

@@ -1,0 +1,58 @@
+// Comparators of the parity tests (a fused kernel or another path against its reference). Each
+// measures in fp64, exact for fp32 and bf16 inputs, with `expected` moved to `actual`'s device.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <string>
+#include <utility>
+
+namespace dspine::testing {
+
+// Both tensors in fp64 on `actual`'s device.
+inline std::pair<at::Tensor, at::Tensor> in_fp64(const at::Tensor& actual,
+                                                 const at::Tensor& expected) {
+  return {actual.to(torch::kFloat64), expected.to(actual.device(), torch::kFloat64)};
+}
+
+// max |actual − expected| over the elements.
+inline double max_abs_diff(const at::Tensor& actual, const at::Tensor& expected) {
+  const auto [a, e] = in_fp64(actual, expected);
+  return (a - e).abs().max().item<double>();
+}
+
+// max |actual − expected| over the reference's scale, max(floor, max |expected|): floor 1 keeps
+// an absolute tolerance near zero; floor 0 is purely relative (the reference must not be all 0).
+inline double max_relative_diff(const at::Tensor& actual, const at::Tensor& expected,
+                                double floor) {
+  const auto [a, e] = in_fp64(actual, expected);
+  return (a - e).abs().max().item<double>() / std::max(floor, e.abs().max().item<double>());
+}
+
+// ‖actual − expected‖₂ / ‖expected‖₂ over the whole tensor (the bf16 kernels' measure), the
+// reference's norm floored at 1e-30.
+inline double norm_relative_error(const at::Tensor& actual, const at::Tensor& expected) {
+  const auto [a, e] = in_fp64(actual, expected);
+  return ((a - e).norm() / e.norm().clamp_min(1e-30)).item<double>();
+}
+
+// The cosine of the angle between the two tensors as vectors, the norms' product floored at 1e-30.
+inline double cosine(const at::Tensor& actual, const at::Tensor& expected) {
+  const auto [a, e] = in_fp64(actual, expected);
+  return (a.flatten().dot(e.flatten()) / (a.norm() * e.norm()).clamp_min(1e-30)).item<double>();
+}
+
+// Same shape, and every element within `tolerance` of the reference's scale (its largest
+// magnitude, at least 1): max_relative_diff(actual, expected, 1) ≤ tolerance.
+inline void expect_close(const at::Tensor& actual, const at::Tensor& expected, double tolerance,
+                         const std::string& what) {
+  ASSERT_EQ(actual.sizes(), expected.sizes()) << what;
+  const double diff = max_relative_diff(actual, expected, 1.0);
+  EXPECT_LE(diff, tolerance) << what
+                             << ": max |actual - expected| / max(1, max |expected|) = " << diff
+                             << ", tolerance " << tolerance;
+}
+
+}  // namespace dspine::testing
