@@ -2,7 +2,8 @@
 # Builds and runs every GPU test and benchmark on the GPU machine in one go; logs under $OUT.
 # Uses the machine's torch 2.11 and packages (installs nothing); carry .whl for Liger-Kernel.
 # Usage: scripts/device_check.sh [all|tests|gspo|target|attention|vocab|train|step|profile|testbed]
-# (tests: every GPU test binary of `all`, test_trainer included, and no benchmark; gspo: only the GSPO policy test and the RL step; target: only the Qwen3 target test and the
+# (tests: every GPU test binary of `all`, test_trainer included, and no benchmark; gspo: the GSPO
+# policy and logit-row tests and the RL step; target: only the Qwen3 target test and the
 # online-target step, scripts/bench_online_target.sh; attention: the block attention test, the
 # fused step test, `dspine-bench attention` and attention-check at the recipe's shapes; vocab: the
 # fused vocabulary objective's tests, the fused step test and `dspine-bench vocab`; train: only
@@ -32,8 +33,8 @@ if compgen -G ".whl/liger_kernel-*.whl" >/dev/null; then
 fi
 command -v nvcc >/dev/null || export PATH="/usr/local/cuda/bin:$PATH"
 TORCH_PREFIX=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null)
-targets=(test_fused_norm_mlp test_gspo_gpu test_gspo_policy_gpu test_dspine_fused_step
-  test_random_source_gpu test_qwen3_model_gpu test_block_attention_gpu test_kernel_profile_gpu
+targets=(test_fused_norm_mlp test_gspo_gpu test_gspo_policy_gpu test_logit_rows_gpu
+  test_dspine_fused_step test_random_source_gpu test_qwen3_model_gpu test_block_attention_gpu test_kernel_profile_gpu
   test_dspine_objective test_trainer test_trainer_start test_vocab_objective_gpu test_fused_vocabulary
   test_injection_residual_gpu test_qk_norm_rope_gpu test_master_adamw_gpu test_wgmma_probe_gpu
   dspine-bench attention-check)
@@ -75,11 +76,11 @@ gspo_rl_step() {
   scripts/bench_gspo_step.sh "$BUILD_DIR" > "$OUT/bench_gspo_step.md" 2>&1 || status=1
   cat "$OUT/bench_gspo_step.md"
 }
-tests=(test_fused_norm_mlp test_gspo_gpu test_gspo_policy_gpu test_dspine_fused_step
-  test_random_source_gpu test_qwen3_model_gpu test_block_attention_gpu test_kernel_profile_gpu
+tests=(test_fused_norm_mlp test_gspo_gpu test_gspo_policy_gpu test_logit_rows_gpu
+  test_dspine_fused_step test_random_source_gpu test_qwen3_model_gpu test_block_attention_gpu test_kernel_profile_gpu
   test_dspine_objective test_trainer test_trainer_start test_vocab_objective_gpu test_fused_vocabulary
   test_injection_residual_gpu test_qk_norm_rope_gpu test_master_adamw_gpu test_wgmma_probe_gpu)
-[[ $PHASE == gspo ]] && tests=(test_gspo_policy_gpu)
+[[ $PHASE == gspo ]] && tests=(test_gspo_policy_gpu test_logit_rows_gpu)
 [[ $PHASE == target || $PHASE == testbed ]] && tests=(test_qwen3_model_gpu)
 [[ $PHASE == attention ]] && tests=(test_wgmma_probe_gpu test_block_attention_gpu
   test_qk_norm_rope_gpu test_dspine_fused_step)

@@ -62,6 +62,10 @@ variant() {
     gspo-g16) gspo --set objective.gspo.group_size=16 ;;
     gspo-mean-adv) gspo --set objective.gspo.advantage_norm=group_mean ;;
     gspo-refinement) gspo --set objective.gspo.sampling=refinement ;;
+    gspo-ce1-refinement) gspo --set objective.gspo.ce_weight=1 \
+      --set objective.gspo.sampling=refinement ;;
+    gspo-ce1-expected) gspo --set objective.gspo.ce_weight=1 \
+      --set objective.gspo.reward=expected_acceptance ;;
     *) echo "unknown variant $1" >&2; exit 2 ;;
   esac
 }

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "objectives/dspine_terms.h"
+#include "ops/logit_rows_ops.h"
 
 namespace dspine::objectives {
 namespace {
@@ -20,7 +21,8 @@ at::Tensor cat_or_empty(const std::vector<at::Tensor>& parts, const at::TensorOp
 }
 
 // The target's greedy token (and the probability of the drafted token) at final-norm states
-// [K, G, T, H], from its head in row chunks.
+// [K, G, T, H], from its head in row chunks. On CUDA the argmax and log-sum-exp come from the
+// row kernel (ops/logit_rows_ops.h) in one pass over the logits, without an fp32 copy.
 BlockVerdict verdict_from_states(const data::Qwen3Model& target, const at::Tensor& states,
                                  const at::Tensor& tokens, bool with_probs) {
   const int64_t hidden = states.size(-1), vocab = target.dims().vocab_size;
@@ -31,11 +33,12 @@ BlockVerdict verdict_from_states(const data::Qwen3Model& target, const at::Tenso
   std::vector<at::Tensor> choices, probs;
   for (int64_t begin = 0; begin < rows; begin += chunk) {
     const int64_t n = std::min(chunk, rows - begin);
-    auto logits = target.logits(flat.narrow(0, begin, n)).to(torch::kFloat32);
-    choices.push_back(logits.argmax(-1));
+    auto logits = target.logits(flat.narrow(0, begin, n));
+    auto [argmax, lse] = ops::logit_row_argmax_lse(logits, logits.is_cuda());
+    choices.push_back(argmax);
     if (with_probs) {
-      auto chosen = logits.gather(1, drafted.narrow(0, begin, n)).squeeze(1);
-      probs.push_back((chosen - torch::logsumexp(logits, 1)).exp());
+      auto chosen = logits.gather(1, drafted.narrow(0, begin, n)).squeeze(1).to(torch::kFloat32);
+      probs.push_back((chosen - lse).exp());
     }
   }
   BlockVerdict verdict;
@@ -84,13 +87,15 @@ BlockVerdict TeacherVerifier::verify(const data::DraftBatch& /*batch*/, const Dr
   std::vector<at::Tensor> choices, probs;
   for (int64_t begin = 0; begin < blocks; begin += chunk) {
     const int64_t n = std::min(chunk, blocks - begin);
-    auto logits =
-        project_logits(teacher.narrow(0, begin, n), lm_head_).to(torch::kFloat32);  // [n, T, V]
-    choices.push_back(logits.argmax(-1));
+    auto logits = project_logits(teacher.narrow(0, begin, n), lm_head_);  // [n, T, V]
+    const int64_t slots = logits.size(1);
+    auto rows = logits.reshape({n * slots, -1});
+    auto [argmax, lse] = ops::logit_row_argmax_lse(rows, rows.is_cuda());
+    choices.push_back(argmax.view({n, slots}));
     if (with_probs) {
-      auto drafted = tokens.narrow(0, begin, n).permute({0, 2, 1});  // [n, T, G]
-      auto log_p = logits.gather(2, drafted) - torch::logsumexp(logits, -1, /*keepdim=*/true);
-      probs.push_back(log_p.exp().permute({0, 2, 1}));
+      auto drafted = tokens.narrow(0, begin, n).permute({0, 2, 1}).reshape({n * slots, -1});
+      auto log_p = rows.gather(1, drafted).to(torch::kFloat32) - lse.unsqueeze(1);  // [n·T, G]
+      probs.push_back(log_p.exp().view({n, slots, -1}).permute({0, 2, 1}));
     }
   }
   BlockVerdict verdict;

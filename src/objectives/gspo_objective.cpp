@@ -242,13 +242,20 @@ DraftPass GspoObjective::pass(const data::DraftBatch& batch, const RowStreams& s
   return model_.draft_pass(batch, streams, options, full_rows);
 }
 
+GspoRolloutSettings GspoObjective::rollout_settings() const {
+  auto r = settings_.rollout;
+  // The row pass also runs on the CPU (through the seam's reference); the row kernel needs CUDA.
+  r.fused_sampling = model_.fused_vocabulary() && model_.lm_head().is_cuda();
+  return r;
+}
+
 void GspoObjective::begin_window(const std::vector<data::DraftBatch>& micro_batches,
                                  StepContext& context) {
   if (static_cast<int64_t>(micro_batches.size()) != config_.training.accumulation_steps)
     fail("gspo: the window has {} micro-batches, training.accumulation_steps is {}",
          micro_batches.size(), config_.training.accumulation_steps);
   torch::NoGradGuard no_grad;
-  const auto& r = settings_.rollout;
+  const auto r = rollout_settings();
   const bool full = r.sampling == GspoSampling::kRefinement || verifier_->needs_teacher_states();
   std::vector<GspoRollout> rollouts;
   for (size_t i = 0; i < micro_batches.size(); ++i) {
@@ -429,7 +436,7 @@ std::map<std::string, double> GspoObjective::end_window(StepContext& context) {
 std::map<std::string, double> GspoObjective::evaluate(const data::DraftBatch& batch,
                                                       StepContext& context) {
   torch::NoGradGuard no_grad;
-  const auto& r = settings_.rollout;
+  const auto r = rollout_settings();
   const auto streams = context.streams(0, batch.input_ids.size(0));
   auto p = pass(batch, streams, context, nullptr, true);
   auto rollout = gspo_rollout(batch, p, *draft_, model_.lm_head(), r, *verifier_, streams);

@@ -78,6 +78,9 @@ class GspoObjective final : public Objective {
                                          StepContext& context) override;
 
  private:
+  // The rollout's settings, sampling through the fused row kernel where the vocabulary terms are
+  // fused.
+  GspoRolloutSettings rollout_settings() const;
   DraftPass pass(const data::DraftBatch& batch, const RowStreams& streams, StepContext& context,
                  const BlockOverrides* blocks, bool full_rows);
 

@@ -3,10 +3,10 @@
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <functional>
 
 #include "core/error.h"
 #include "objectives/dspine_terms.h"
+#include "ops/logit_rows_ops.h"
 
 namespace dspine::objectives {
 namespace {
@@ -27,10 +27,14 @@ KeptRows kept_rows(const DraftPass& pass, const at::Tensor& kept, bool need_pre)
   return rows;
 }
 
-// Chooses indices [R, G] from unnormalised row probabilities [R, C]: sampling or argmax. The
-// backbone passes all c·T slot rows of a chunk at once (slot −1), the refinement walk the c·G
-// (block, sample) rows of one slot.
-using Chooser = std::function<at::Tensor(const at::Tensor& probs, int64_t slot)>;
+// The uniforms of a chunk of c blocks, [c, T, G]; undefined: take the argmax (the greedy walk).
+using Draws = at::Tensor;
+
+// One index per uniform of `u` [R, G] from unnormalised row probabilities `probs` [R, C], or the
+// argmax ([R, 1]) where `u` is undefined.
+at::Tensor choose(const at::Tensor& probs, const at::Tensor& u) {
+  return u.defined() ? ops::sample_categorical(probs, u) : probs.argmax(1, /*keepdim=*/true);
+}
 
 struct Walk {
   at::Tensor choices;       // [c, G, T]
@@ -40,27 +44,34 @@ struct Walk {
   at::Tensor candidates;    // [c, T, k] (refinement)
 };
 
-// Backbone: every slot from softmax(λ·z/τ) of its own logits; rows are the c·T slots.
-Walk backbone_walk(const KeptRows& rows, const at::Tensor& lm_head,
-                   const GspoRolloutSettings& s, int64_t group, const Chooser& choose) {
+// Backbone: every slot from softmax(λ·z/τ) of its own logits; rows are the c·T slots. Sampling
+// goes through the fused row kernel where the settings ask for it (no fp32 [c·T, V] copy).
+Walk backbone_walk(const KeptRows& rows, const at::Tensor& lm_head, const GspoRolloutSettings& s,
+                   int64_t group, const Draws& u) {
   const int64_t c = rows.hidden.size(0), t = rows.hidden.size(1);
-  auto z = project_logits(rows.hidden, lm_head).to(torch::kFloat32).view({c * t, -1});
-  auto policy = torch::log_softmax(z * s.logits_scale, -1);
-  auto sampling = torch::softmax(z * (s.logits_scale / s.temperature), -1);
-  auto choice = choose(sampling, -1);  // [c·T, G]
+  auto z = project_logits(rows.hidden, lm_head).view({c * t, -1});
+  auto per_slot = [&](const at::Tensor& x) {  // [c·T, G] → [c, G, T]
+    return x.view({c, t, -1}).permute({0, 2, 1}).contiguous();
+  };
   Walk w;
-  w.choices = choice.view({c, t, group}).permute({0, 2, 1}).contiguous();
+  if (!u.defined()) {  // greedy: the argmax of softmax(λ·z/τ) is the argmax of z
+    w.choices = per_slot(z.argmax(1, /*keepdim=*/true));
+    w.tokens = w.choices;
+    return w;
+  }
+  const auto draws = ops::sample_logit_rows(z, u.reshape({c * t, group}), s.logits_scale,
+                                            s.temperature, s.fused_sampling);
+  w.choices = per_slot(draws.choices);
   w.tokens = w.choices;
-  w.logprobs = policy.gather(1, choice).view({c, t, group}).permute({0, 2, 1}).contiguous();
-  w.probs = sampling.gather(1, choice).view({c, t, group}).permute({0, 2, 1}).contiguous();
+  w.logprobs = per_slot(draws.logprobs);
+  w.probs = per_slot(draws.probs);
   return w;
 }
 
 // Refinement: slot by slot, refine(pre_t, previous token) scored against the backbone's top-k
 // candidates of the slot; the previous token of slot 0 is the anchor token.
-Walk refinement_walk(const KeptRows& rows, model::DSpineDraftImpl& draft,
-                     const at::Tensor& lm_head, const GspoRolloutSettings& s, int64_t group,
-                     const Chooser& choose) {
+Walk refinement_walk(const KeptRows& rows, model::DSpineDraftImpl& draft, const at::Tensor& lm_head,
+                     const GspoRolloutSettings& s, int64_t group, const Draws& u) {
   const int64_t c = rows.hidden.size(0), t = rows.hidden.size(1), h = rows.hidden.size(2);
   const int64_t k = std::min<int64_t>(s.top_k, lm_head.size(0));
   auto z = project_logits(rows.hidden, lm_head).to(torch::kFloat32);
@@ -76,7 +87,8 @@ Walk refinement_walk(const KeptRows& rows, model::DSpineDraftImpl& draft,
     auto scores = refined.matmul(heads.transpose(1, 2)).to(torch::kFloat32);  // [c, G, k]
     auto policy = torch::log_softmax(scores * s.logits_scale, -1);
     auto sampling = torch::softmax(scores * (s.logits_scale / s.temperature), -1);
-    auto choice = choose(sampling.view({c * group, k}), slot).view({c, group});
+    const auto slot_u = u.defined() ? u.select(1, slot).reshape({-1, 1}) : at::Tensor();
+    auto choice = choose(sampling.view({c * group, k}), slot_u).view({c, group});
     auto token = w.candidates.select(1, slot).gather(1, choice);
     choices.push_back(choice);
     tokens.push_back(token);
@@ -93,8 +105,7 @@ Walk refinement_walk(const KeptRows& rows, model::DSpineDraftImpl& draft,
 
 // Runs the walk over chunks of kept blocks and concatenates the chunks.
 Walk walk_blocks(const KeptRows& rows, model::DSpineDraftImpl& draft, const at::Tensor& lm_head,
-                 const GspoRolloutSettings& s, int64_t group,
-                 const std::function<Chooser(int64_t first_block)>& chooser_for) {
+                 const GspoRolloutSettings& s, int64_t group, const Draws& uniforms) {
   const int64_t blocks = rows.hidden.size(0);
   const int64_t chunk = s.chunk_blocks > 0 ? s.chunk_blocks : std::max<int64_t>(blocks, 1);
   std::vector<Walk> parts;
@@ -104,10 +115,10 @@ Walk walk_blocks(const KeptRows& rows, model::DSpineDraftImpl& draft, const at::
     part.hidden = rows.hidden.narrow(0, begin, n);
     part.predecessors = rows.predecessors.narrow(0, begin, n);
     if (rows.pre.defined()) part.pre = rows.pre.narrow(0, begin, n);
-    const Chooser choose = chooser_for(begin);
+    const Draws u = uniforms.defined() ? uniforms.narrow(0, begin, n) : at::Tensor();
     parts.push_back(s.sampling == GspoSampling::kBackbone
-                        ? backbone_walk(part, lm_head, s, group, choose)
-                        : refinement_walk(part, draft, lm_head, s, group, choose));
+                        ? backbone_walk(part, lm_head, s, group, u)
+                        : refinement_walk(part, draft, lm_head, s, group, u));
   }
   auto cat = [&](at::Tensor Walk::*field) {
     std::vector<at::Tensor> items;
@@ -126,15 +137,6 @@ Walk walk_blocks(const KeptRows& rows, model::DSpineDraftImpl& draft, const at::
 }
 
 }  // namespace
-
-at::Tensor sample_categorical(const at::Tensor& probs, const at::Tensor& uniforms) {
-  auto cdf = probs.to(torch::kFloat32).cumsum(1);
-  auto total = cdf.select(1, cdf.size(1) - 1).unsqueeze(1);
-  // Scaling the uniforms by the row total instead of normalising keeps the last bin reachable.
-  auto targets = (uniforms.to(cdf.device(), torch::kFloat32) * total).contiguous();
-  auto index = torch::searchsorted(cdf, targets, /*out_int32=*/false, /*right=*/true);
-  return index.clamp_max(probs.size(1) - 1);
-}
 
 at::Tensor accepted_prefix(const at::Tensor& tokens, const at::Tensor& target_tokens,
                            const at::Tensor& supervised) {
@@ -177,19 +179,7 @@ GspoRollout gspo_rollout(const data::DraftBatch& batch, const DraftPass& pass,
   auto uniforms = streams.uniform(RowDraw::kRollout, per_row, torch::kFloat64)
                       .view({blocks, slots, group})
                       .to(rows.hidden.device());
-  auto chooser_for = [&](int64_t first_block) -> Chooser {
-    return [&, first_block](const at::Tensor& probs, int64_t slot) {
-      if (slot >= 0) {  // one uniform per (block, sample) of this slot
-        const int64_t c = probs.size(0) / group;
-        auto u = uniforms.select(1, slot).narrow(0, first_block, c);
-        return sample_categorical(probs, u.reshape({-1, 1}));
-      }
-      const int64_t c = probs.size(0) / slots;
-      return sample_categorical(probs,
-                                uniforms.narrow(0, first_block, c).reshape({c * slots, group}));
-    };
-  };
-  auto walk = walk_blocks(rows, draft, lm_head, settings, group, chooser_for);
+  auto walk = walk_blocks(rows, draft, lm_head, settings, group, uniforms);
   out.tokens = walk.tokens;
   out.choices = walk.choices;
   out.candidates = walk.candidates;
@@ -214,10 +204,7 @@ at::Tensor gspo_greedy_tokens(const DraftPass& pass, const at::Tensor& kept,
   torch::NoGradGuard no_grad;
   const bool refinement = settings.sampling == GspoSampling::kRefinement;
   const auto rows = kept_rows(pass, kept, refinement);
-  auto argmax = [](int64_t) -> Chooser {
-    return [](const at::Tensor& probs, int64_t) { return probs.argmax(1, /*keepdim=*/true); };
-  };
-  return walk_blocks(rows, draft, lm_head, settings, 1, argmax).tokens.squeeze(1);
+  return walk_blocks(rows, draft, lm_head, settings, 1, Draws()).tokens.squeeze(1);
 }
 
 }  // namespace dspine::objectives

@@ -33,6 +33,9 @@ struct GspoRolloutSettings {
   GspoAdvantageNorm advantage_norm = GspoAdvantageNorm::kGroupStd;
   int64_t top_k = 16;          // refinement candidates (model.dspine.top_k)
   int64_t chunk_blocks = 128;  // kept blocks per vocabulary chunk; 0 = all at once
+  // Backbone draws by the fused row kernel (ops/logit_rows_ops.h) instead of fp32 softmaxes of
+  // whole rows: on where the model's vocabulary terms are fused (CUDA, model.fused_kernels).
+  bool fused_sampling = false;
 };
 
 // One micro-batch's rollout over its K kept blocks.
@@ -66,10 +69,6 @@ GspoRollout gspo_rollout(const data::DraftBatch& batch, const DraftPass& pass,
 at::Tensor gspo_greedy_tokens(const DraftPass& pass, const at::Tensor& kept,
                               model::DSpineDraftImpl& draft, const at::Tensor& lm_head,
                               const GspoRolloutSettings& settings);
-
-// Inverse-CDF draws from the rows of `probs` [R, C] (need not be normalised): one index per
-// uniform of `uniforms` [R, G] in [0, 1). Returns [R, G] int64.
-at::Tensor sample_categorical(const at::Tensor& probs, const at::Tensor& uniforms);
 
 // Leading slots where the token equals the target's, counting supervised slots only:
 // tokens [K, G, T], target_tokens [K, G, T] (or [K, 1, T], shared by the group), supervised

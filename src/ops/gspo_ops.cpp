@@ -76,7 +76,17 @@ kernels::GspoSeamTokens to_tokens(const GspoSeamArgs& args, const at::Device& de
   return tokens;
 }
 
-kernels::GspoLogits to_logits(const at::Tensor& logits, const char* what) {
+void check_row_tensor(const at::Tensor& t, const char* name, const at::Tensor& logits,
+                      at::ScalarType dtype) {
+  if (!t.defined() || t.dim() != 1 || t.size(0) != logits.size(0) || !t.is_contiguous() ||
+      t.device() != logits.device() || t.scalar_type() != dtype)
+    fail("gspo vocab: `{}` must be a contiguous [{}] {} tensor on {}", name, logits.size(0),
+         c10::toString(dtype), logits.device().str());
+}
+
+}  // namespace
+
+kernels::GspoLogits gspo_logits_view(const at::Tensor& logits, const char* what) {
   if (!logits.is_cuda() || logits.dim() != 2)
     fail("gspo {}: logits must be a [N, V] CUDA tensor, got {} on {}", what,
          c10::str(logits.sizes()), logits.device().str());
@@ -92,16 +102,6 @@ kernels::GspoLogits to_logits(const at::Tensor& logits, const char* what) {
   view.row_stride = logits.stride(0);
   return view;
 }
-
-void check_row_tensor(const at::Tensor& t, const char* name, const at::Tensor& logits,
-                      at::ScalarType dtype) {
-  if (!t.defined() || t.dim() != 1 || t.size(0) != logits.size(0) || !t.is_contiguous() ||
-      t.device() != logits.device() || t.scalar_type() != dtype)
-    fail("gspo vocab: `{}` must be a contiguous [{}] {} tensor on {}", name, logits.size(0),
-         c10::toString(dtype), logits.device().str());
-}
-
-}  // namespace
 
 GspoFusedSeam::GspoFusedSeam(int64_t num_tokens, int64_t num_segments, const at::Device& device)
     : num_tokens_(num_tokens), num_segments_(num_segments) {
@@ -179,7 +179,7 @@ int* GspoFusedSeam::vocab_status_pointer() {
 
 void gspo_vocab_forward(const at::Tensor& logits, const at::Tensor& target, double logits_scale,
                         GspoFusedSeam& seam, at::Tensor& logprobs, at::Tensor& lse) {
-  const auto view = to_logits(logits, "vocab forward");
+  const auto view = gspo_logits_view(logits, "vocab forward");
   const c10::cuda::CUDAGuard guard(logits.device());
   check_row_tensor(target, "target", logits, at::kLong);
   const auto options = logits.options().dtype(at::kFloat);
@@ -195,7 +195,7 @@ void gspo_vocab_forward(const at::Tensor& logits, const at::Tensor& target, doub
 void gspo_vocab_backward(const at::Tensor& logits, const at::Tensor& target,
                          const at::Tensor& lse, const at::Tensor& coefficient,
                          double logits_scale, at::Tensor& grad, bool accumulate) {
-  const auto view = to_logits(logits, "vocab backward");
+  const auto view = gspo_logits_view(logits, "vocab backward");
   const c10::cuda::CUDAGuard guard(logits.device());
   check_row_tensor(target, "target", logits, at::kLong);
   check_row_tensor(lse, "lse", logits, at::kFloat);

@@ -9,6 +9,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "kernels/gspo_seam_kernels.h"
+#include "kernels/gspo_vocab.h"
 
 namespace dspine::ops {
 
@@ -70,6 +71,10 @@ class GspoFusedSeam {
   int64_t num_tokens_;
   int64_t num_segments_;
 };
+
+// The kernels' view of CUDA logits [N, V] (bf16 or fp32, unit column stride); `what` names the
+// caller in the error for anything else.
+kernels::GspoLogits gspo_logits_view(const at::Tensor& logits, const char* what);
 
 // Vocab forward of the monolithic path: logits [N, V] bf16/fp32 (unit column stride) → logprobs
 // and lse, [N] fp32 each (allocated here). Bad targets are flagged in `seam`'s status.

@@ -14,6 +14,7 @@
 #include "objectives/gspo_objective.h"
 #include "objectives/gspo_policy_loss.h"
 #include "objectives/gspo_rollout.h"
+#include "ops/logit_rows_ops.h"
 #include "ops/vocab_objective_ops.h"
 
 namespace dspine::objectives {
@@ -30,7 +31,7 @@ TEST(GspoSampling, InverseCdfPicksTheBinHoldingTheUniform) {
   auto probs = torch::tensor({{0.2, 0.3, 0.5}, {0.0, 0.0, 2.0}}, torch::kFloat32);
   auto u = torch::tensor({{0.0, 0.19, 0.2, 0.49, 0.51, 0.999}, {0.0, 0.3, 0.5, 0.7, 0.9, 0.999}},
                          torch::kFloat64);
-  auto index = sample_categorical(probs, u);
+  auto index = ops::sample_categorical(probs, u);
   auto expected = torch::tensor({{0, 0, 1, 1, 2, 2}, {2, 2, 2, 2, 2, 2}}, torch::kInt64);
   EXPECT_TRUE(torch::equal(index, expected)) << index;
 }
@@ -39,7 +40,8 @@ TEST(GspoSampling, FrequenciesFollowTheProbabilities) {
   auto gen = cpu_generator(3);
   auto probs = torch::tensor({{0.1, 0.6, 0.3}}, torch::kFloat32);
   auto u = at::rand({1, 20000}, gen, torch::kFloat64);
-  auto counts = torch::bincount(sample_categorical(probs, u).view(-1), {}, 3).to(torch::kFloat64);
+  auto counts =
+      torch::bincount(ops::sample_categorical(probs, u).view(-1), {}, 3).to(torch::kFloat64);
   EXPECT_TRUE(torch::allclose(counts / 20000.0, probs.to(torch::kFloat64).view(-1), 0, 0.015))
       << counts;
 }
@@ -382,7 +384,7 @@ TEST(GspoPolicyLoss, UpdatesRaiseTheProbabilityOfRewardedTokens) {
   const double before = p0();
   for (int step = 0; step < 20; ++step) {
     auto probs = torch::softmax(logits.detach(), 1);
-    auto tokens = sample_categorical(probs, at::rand({rows, group}, gen, torch::kFloat64));
+    auto tokens = ops::sample_categorical(probs, at::rand({rows, group}, gen, torch::kFloat64));
     auto rewards = tokens.eq(0).to(torch::kFloat32);  // each row's G samples are one group
     GspoPolicySamples s;
     s.targets = tokens;
