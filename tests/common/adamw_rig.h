@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/fresh_dir.h"
+#include "common/parity.h"
 #include "core/config.h"
 #include "core/safetensors.h"
 #include "dist/communicator.h"
@@ -104,17 +105,14 @@ inline const at::Tensor& named(const core::NamedTensors& tensors, const std::str
   return none;
 }
 
-// fp32 rounding apart: |a - b| <= 1e-6 (|b| + max|b|). The absolute part scales with the tensor
-// (second moments are ~1e-7 here); first moments that cancel to ~0 differ by a few ulps of
-// their terms, ~2e-10 against a largest element of ~2e-3.
-inline void expect_close(const at::Tensor& got, const at::Tensor& expected,
-                         const std::string& what, double rtol = 1e-6) {
-  const auto a = got.cpu().to(torch::kDouble), b = expected.cpu().to(torch::kDouble);
-  ASSERT_EQ(a.sizes(), b.sizes()) << what;
-  const auto excess = (a - b).abs() - rtol * (b.abs() + b.abs().max());
-  EXPECT_LE(excess.max().item<double>(), 0.0)
-      << what << ": max diff " << (a - b).abs().max().item<double>() << ", max |value| "
-      << b.abs().max().item<double>();
+// fp32 rounding apart: |a - b| <= rtol (|b| + max|b|), expect_allclose with atol = rtol max|b|.
+// The absolute part scales with the tensor (second moments are ~1e-7 here); first moments that
+// cancel to ~0 differ by a few ulps of their terms, ~2e-10 against a largest element of ~2e-3.
+inline void expect_rounding_close(const at::Tensor& got, const at::Tensor& expected,
+                                  const std::string& what, double rtol = 1e-6) {
+  ASSERT_EQ(got.sizes(), expected.sizes()) << what;
+  const double max_value = expected.abs().max().item<double>();
+  expect_allclose(got, expected, rtol, rtol * max_value, what);
 }
 
 // ATen's CUDA fused AdamW receives β2 as fp32 and forms 1 − β2 in fp32: for β2 = 0.999 that is
@@ -128,14 +126,14 @@ inline double moment_rtol(const std::string& name, const at::Tensor& got) {
 }
 
 // Two optimizer states (state()): the same names, integer entries (step counts) equal, fp32
-// entries (masters, moments) within fp32 rounding (expect_close, moment_rtol).
+// entries (masters, moments) within fp32 rounding (expect_rounding_close, moment_rtol).
 inline void expect_same_state(const core::NamedTensors& got, const core::NamedTensors& expected,
                               const std::string& what) {
   ASSERT_EQ(got.size(), expected.size()) << what;
   for (const auto& [name, tensor] : expected) {
     if (tensor.is_floating_point()) {
       const auto& mine = named(got, name);
-      expect_close(mine, tensor, what + " " + name, moment_rtol(name, mine));
+      expect_rounding_close(mine, tensor, what + " " + name, moment_rtol(name, mine));
     } else {
       EXPECT_TRUE(torch::equal(named(got, name).cpu(), tensor.cpu())) << what << " " << name;
     }
@@ -200,9 +198,9 @@ inline void expect_first_step_by_hand(bool fused, const torch::Device& device) {
     for (const auto& [key, expected] : {std::pair{"master.", slice(masters)},
                                         std::pair{"exp_avg.", slice(exp_avgs)},
                                         std::pair{"exp_avg_sq.", slice(exp_avg_sqs)}}) {
-      expect_close(named(state, key + unit), expected,
-                   (fused ? "fused " : "reference ") + (key + unit),
-                   moment_rtol(key + unit, named(state, key + unit)));
+      expect_rounding_close(named(state, key + unit), expected,
+                            (fused ? "fused " : "reference ") + (key + unit),
+                            moment_rtol(key + unit, named(state, key + unit)));
     }
     EXPECT_EQ(named(state, "step." + unit).item<int64_t>(), 1);
   };

@@ -55,4 +55,26 @@ inline void expect_close(const at::Tensor& actual, const at::Tensor& expected, d
                              << ", tolerance " << tolerance;
 }
 
+// max over the elements of |actual − expected| − (rtol·|expected| + atol), torch::allclose's bound
+// per element: ≤ 0 when every element is within it. NaN anywhere, or an infinity on both sides
+// (which allclose would pass), gives NaN, which fails every comparison.
+inline double allclose_excess(const at::Tensor& actual, const at::Tensor& expected, double rtol,
+                              double atol) {
+  const auto [a, e] = in_fp64(actual, expected);
+  return ((a - e).abs() - (e.abs() * rtol + atol)).max().item<double>();
+}
+
+// Same shape, and every element within rtol·|expected| + atol of the reference
+// (allclose_excess ≤ 0), in fp64: the per-element measure, where expect_close scales by the
+// reference's largest magnitude.
+inline void expect_allclose(const at::Tensor& actual, const at::Tensor& expected, double rtol,
+                            double atol, const std::string& what) {
+  ASSERT_EQ(actual.sizes(), expected.sizes()) << what;
+  const double excess = allclose_excess(actual, expected, rtol, atol);
+  EXPECT_LE(excess, 0.0) << what
+                         << ": max (|actual - expected| - rtol |expected| - atol) = " << excess
+                         << " (max |actual - expected| " << max_abs_diff(actual, expected)
+                         << "), rtol " << rtol << ", atol " << atol;
+}
+
 }  // namespace dspine::testing

@@ -16,6 +16,7 @@
 
 #include "common/expect_error.h"
 #include "common/fresh_dir.h"
+#include "common/parity.h"
 #include "core/error.h"
 #include "core/files.h"
 #include "core/safetensors.h"
@@ -43,14 +44,10 @@ std::vector<int64_t> layer_ids_of(const core::SafetensorsFile& expected) {
   return {ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + ids.numel()};
 }
 
-// The largest difference relative to the reference's scale (its largest magnitude, at least 1):
-// fp32 rounding grows with the values, and the residual stream reaches ~40 here.
-double max_diff(const torch::Tensor& a, const torch::Tensor& reference) {
-  EXPECT_EQ(a.sizes(), reference.sizes());
-  const auto ref = reference.to(torch::kFloat);
-  const double scale = std::max(1.0, ref.abs().max().item<double>());
-  return (a.to(torch::kFloat) - ref).abs().max().item<double>() / scale;
-}
+// Differences are measured relative to the reference's scale (its largest magnitude, at least 1:
+// testing::expect_close, max_relative_diff with floor 1): fp32 rounding grows with the values,
+// and the residual stream reaches ~40 here.
+using testing::expect_close;
 
 class HuggingFaceParity : public ::testing::TestWithParam<std::string> {};
 
@@ -59,9 +56,9 @@ TEST_P(HuggingFaceParity, HiddenStatesLastStateAndLogitsMatchTransformersInFp32)
   const auto expected = core::load_safetensors(dir + "/expected.safetensors");
   const Qwen3Model model = Qwen3Model::load_hf(dir, torch::kFloat, kCpu);
   const auto out = model.forward(expected.at("input_ids"), layer_ids_of(expected));
-  EXPECT_LE(max_diff(out.hidden_states, expected.at("hidden_states")), 1e-5);
-  EXPECT_LE(max_diff(out.last_hidden_state, expected.at("last_hidden_state")), 1e-5);
-  EXPECT_LE(max_diff(model.logits(out.last_hidden_state), expected.at("logits")), 1e-5);
+  expect_close(out.hidden_states, expected.at("hidden_states"), 1e-5, "hidden_states");
+  expect_close(out.last_hidden_state, expected.at("last_hidden_state"), 1e-5, "last_hidden_state");
+  expect_close(model.logits(out.last_hidden_state), expected.at("logits"), 1e-5, "logits");
   // The comparison means something only if the states are not tiny.
   EXPECT_GT(expected.at("last_hidden_state").abs().mean().item<double>(), 0.1);
 }
@@ -90,8 +87,8 @@ TEST(Qwen3Model, Bf16ForwardStaysCloseToFp32) {
   const auto out = model.forward(expected.at("input_ids"), layer_ids_of(expected));
   EXPECT_EQ(out.last_hidden_state.scalar_type(), torch::kBFloat16);
   const auto reference = expected.at("last_hidden_state");
-  EXPECT_LE(max_diff(out.last_hidden_state, reference),
-            0.1 * reference.abs().max().item<double>());
+  expect_close(out.last_hidden_state, reference, 0.1 * reference.abs().max().item<double>(),
+               "bf16 last_hidden_state");
 }
 
 TEST(Qwen3Model, CachedStepsEqualTheFullForward) {
@@ -115,8 +112,8 @@ TEST(Qwen3Model, CachedStepsEqualTheFullForward) {
   for (int64_t t = 4; t < 8; ++t) take(t, 1);
   take(8, 3);
   EXPECT_EQ(cache.length, 11);
-  EXPECT_LE(max_diff(torch::cat(hidden, 1), full.hidden_states), 1e-5);
-  EXPECT_LE(max_diff(torch::cat(last, 1), full.last_hidden_state), 1e-5);
+  expect_close(torch::cat(hidden, 1), full.hidden_states, 1e-5, "cached hidden_states");
+  expect_close(torch::cat(last, 1), full.last_hidden_state, 1e-5, "cached last_hidden_state");
   EXPECT_THROW(model.step(ids.narrow(1, 0, 1), cache), Error);  // the cache is full
 }
 
@@ -146,7 +143,7 @@ TEST(Qwen3Model, BranchesOfTheCacheEqualTheFullForward) {
         const auto sequence =
             torch::cat({ids[r].narrow(0, 0, prefix), drafted[r][n]}).unsqueeze(0);
         const auto full = model.forward(sequence, {}).last_hidden_state[0].narrow(0, prefix, block);
-        EXPECT_LE(max_diff(states[r][n], full), 1e-5) << name << " row " << r << " block " << n;
+        expect_close(states[r][n], full, 1e-5, fmt::format("{} row {} block {}", name, r, n));
       }
     }
     const auto bad = torch::full({rows, 3}, length + 1, torch::kInt64);
@@ -225,7 +222,10 @@ TEST(Qwen3Rope, TheSettingsChangeTheHiddenStates) {
     const auto model =
         Qwen3Model::from_weights(plain, read_hf_weights(dir), torch::kFloat, kCpu, dir);
     const auto out = model.forward(expected.at("input_ids"), layer_ids_of(expected));
-    EXPECT_GT(max_diff(out.hidden_states, expected.at("hidden_states")), 1e-3) << name;
+    EXPECT_EQ(out.hidden_states.sizes(), expected.at("hidden_states").sizes()) << name;
+    EXPECT_GT(testing::max_relative_diff(out.hidden_states, expected.at("hidden_states"), 1.0),
+              1e-3)
+        << name;
   }
 }
 

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "common/parity.h"
 #include "common/require_cuda.h"
 #include "core/config.h"
 #include "model/attention.h"
@@ -78,24 +79,24 @@ Result run_reference(const Inputs& in) {
   return {out.detach(), x.grad(), weight.grad()};
 }
 
+// Elementwise within rtol 1e-5 and `atol` (testing::expect_allclose, torch::allclose's bound).
 void expect_allclose(const torch::Tensor& fused, const torch::Tensor& reference, double atol,
                      const std::string& what) {
   ASSERT_EQ(fused.sizes(), reference.sizes()) << what;
-  const double worst = (fused - reference).abs().max().item<double>();
-  EXPECT_TRUE(torch::allclose(fused, reference, 1e-5, atol))
-      << what << ": max difference " << worst;
-  std::printf("%-44s max abs difference %.2e\n", what.c_str(), worst);
+  testing::expect_allclose(fused, reference, 1e-5, atol, what);
+  std::printf("%-44s max abs difference %.2e\n", what.c_str(),
+              testing::max_abs_diff(fused, reference));
 }
 
+// Finite, and within `max_relative` by the norm of the difference and `min_cosine` by the angle.
 void expect_close(const torch::Tensor& fused, const torch::Tensor& reference,
                   const std::string& what, double max_relative = 1e-2, double min_cosine = 0.9999) {
   ASSERT_EQ(fused.sizes(), reference.sizes()) << what;
-  const auto a = fused.to(torch::kFloat64), e = reference.to(torch::kFloat64);
-  ASSERT_TRUE(torch::isfinite(a).all().item<bool>()) << what;
-  const double relative = ((a - e).norm() / e.norm().clamp_min(1e-30)).item<double>();
-  const double cosine = ((a * e).sum() / (a.norm() * e.norm()).clamp_min(1e-30)).item<double>();
-  EXPECT_LE(relative, max_relative) << what;
-  EXPECT_GE(cosine, min_cosine) << what;
+  ASSERT_TRUE(torch::isfinite(fused).all().item<bool>()) << what;
+  const double relative = testing::norm_relative_error(fused, reference);
+  const double cosine = testing::cosine(fused, reference);
+  EXPECT_LE(relative, max_relative) << what << ": relative error";
+  EXPECT_GE(cosine, min_cosine) << what << ": cosine";
   std::printf("%-44s relative error %.2e, cosine %.8f\n", what.c_str(), relative, cosine);
 }
 
@@ -300,9 +301,9 @@ TEST(QkNormRopeGpu, AttentionLayerMatchesReferenceModules) {
       expect_close(fused.grads.at(name), grad, tag + name, relative, cosine);
     }
     if (dtype == torch::kFloat) {
-      EXPECT_TRUE(torch::allclose(fused.out, reference.out, 1e-4, 1e-5));
-      EXPECT_TRUE(torch::allclose(fused.grads.at("q_norm.weight"),
-                                  reference.grads.at("q_norm.weight"), 1e-4, 1e-4));
+      testing::expect_allclose(fused.out, reference.out, 1e-4, 1e-5, tag + "out elementwise");
+      testing::expect_allclose(fused.grads.at("q_norm.weight"), reference.grads.at("q_norm.weight"),
+                               1e-4, 1e-4, tag + "q_norm.weight elementwise");
     }
   }
 }

@@ -9,12 +9,14 @@
 #include <torch/torch.h>
 
 #include "common/expect_error.h"
+#include "common/parity.h"
 #include "core/error.h"
 #include "ops/gspo_seam.h"
 
 namespace dspine::ops {
 namespace {
 
+using dspine::testing::expect_allclose;
 using dspine::testing::expect_error;
 
 struct Layout {
@@ -132,15 +134,6 @@ Oracle segment_loop(const at::Tensor& lp, const GspoTokens& tokens, const GspoSe
   return o;
 }
 
-void expect_close(const at::Tensor& got, const at::Tensor& want, double rtol, double atol,
-                  const std::string& what) {
-  ASSERT_EQ(got.sizes(), want.sizes()) << what;
-  const auto g = got.to(torch::kFloat64), w = want.to(torch::kFloat64);
-  const auto excess = (g - w).abs() - (w.abs() * rtol + atol);
-  EXPECT_LE(excess.max().item<double>(), 0.0)
-      << what << ": max |diff| " << (g - w).abs().max().item<double>();
-}
-
 void expect_scalar(const at::Tensor& got, double want, const std::string& what) {
   EXPECT_NEAR(got.item<double>(), want, std::max(1e-5 * std::abs(want), 1e-5)) << what;
 }
@@ -181,7 +174,7 @@ TEST(GspoSeam, ReferenceMatchesSegmentLoopWithAutograd) {
         o.loss.backward();
         // c_t = −λ·∂(g·L)/∂lp_t (∂L/∂lp_t = −c_t/λ).
         const auto expected = -scale * *g * lp.grad();
-        expect_close(r.coefficient, expected, 1e-5, 1e-8, what + " coefficient");
+        expect_allclose(r.coefficient, expected, 1e-5, 1e-8, what + " coefficient");
         EXPECT_EQ(comm->collective_count(), 0) << "no collective without segments_span_ranks";
       }
     }
@@ -281,7 +274,7 @@ TEST(GspoSeam, SegmentSplitOverTwoRanksMatchesSingleRank) {
   expect_scalar(r0.ratio_mean + r1.ratio_mean, whole.ratio_mean.item<double>(), "ratio_mean");
   expect_scalar(r0.clipped_fraction + r1.clipped_fraction, whole.clipped_fraction.item<double>(),
                 "clipped_fraction");
-  expect_close(torch::cat({r0.coefficient, r1.coefficient}), whole.coefficient, 1e-5, 1e-8, "c");
+  expect_allclose(torch::cat({r0.coefficient, r1.coefficient}), whole.coefficient, 1e-5, 1e-8, "c");
 }
 
 // Monolithic reference (chunked) against autograd through log_softmax in fp64.
@@ -315,7 +308,7 @@ void check_vocab(at::ScalarType dtype, double scale, bool accumulate, double tol
   expect_scalar(r.seam.loss, o.loss.item<double>(), what + " loss");
   auto expected = x.grad().where(mask.unsqueeze(1), torch::zeros({}, torch::kFloat64));
   if (accumulate) expected = torch::where(mask.unsqueeze(1), expected + initial.to(torch::kFloat64), initial.to(torch::kFloat64));
-  expect_close(grad, expected, tol, tol * 1e-3, what + " grad");
+  expect_allclose(grad, expected, tol, tol * 1e-3, what + " grad");
   if (accumulate) {
     EXPECT_TRUE(torch::equal(grad.index({mask.logical_not()}), initial.index({mask.logical_not()})))
         << "masked rows must be left untouched";

@@ -4,16 +4,18 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include <algorithm>
 #include <limits>
 #include <string>
 
+#include "common/parity.h"
 #include "core/error.h"
 #include "ops/vocab_objective_ops.h"
 #include "ops/vocab_rows.h"
 
 namespace dspine::ops {
 namespace {
+
+using testing::expect_close;
 
 struct Inputs {
   torch::Tensor hidden, teacher, labels, weights, lm_head;
@@ -51,11 +53,6 @@ Expected unfused(const Inputs& in, double cw, int64_t k) {
   e.candidates = std::get<1>(z.detach().topk(k, -1, true, true));
   e.teacher_candidates = q.gather(1, e.candidates);
   return e;
-}
-
-void expect_close(const torch::Tensor& a, const torch::Tensor& b, double tol, const std::string& what) {
-  const double scale = std::max(1.0, b.abs().max().item<double>());
-  EXPECT_LE((a - b).abs().max().item<double>(), tol * scale) << what;
 }
 
 TEST(VocabObjective, MatchesTheUnfusedTermsAndGradientForEveryChunkSize) {
