@@ -40,12 +40,12 @@ class ShardedParameters {
  public:
   // prefetch (zero3): gather the next unit while the current one runs.
   ShardedParameters(torch::nn::Module& module, std::shared_ptr<Communicator> comm,
-                    ShardingMode mode, bool prefetch = true);
+                    core::Sharding mode, bool prefetch = true);
   ~ShardedParameters();
   ShardedParameters(const ShardedParameters&) = delete;
   ShardedParameters& operator=(const ShardedParameters&) = delete;
 
-  ShardingMode mode() const { return mode_; }
+  core::Sharding mode() const { return mode_; }
   Communicator& comm() { return *comm_; }
   std::vector<ShardedUnit>& units() { return units_; }
 
@@ -85,7 +85,7 @@ class ShardedParameters {
   void prefetch(size_t unit);
 
   std::shared_ptr<Communicator> comm_;
-  ShardingMode mode_;
+  core::Sharding mode_;
   bool prefetch_;
   std::vector<ShardedUnit> units_;
   std::vector<std::unique_ptr<PendingCollective>> pending_gathers_;  // zero3 prefetches

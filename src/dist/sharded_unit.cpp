@@ -8,15 +8,8 @@
 
 namespace dspine::dist {
 
-ShardingMode parse_sharding_mode(const std::string& name) {
-  if (name == "none") return ShardingMode::kNone;
-  if (name == "zero2") return ShardingMode::kZero2;
-  if (name == "zero3") return ShardingMode::kZero3;
-  fail("distributed.sharding = {}: allowed: none, zero2, zero3", name);
-}
-
 ShardedUnit::ShardedUnit(std::string name, NamedParameters parameters, Communicator& comm,
-                         ShardingMode mode)
+                         core::Sharding mode)
     : name_(std::move(name)), parameters_(std::move(parameters)), comm_(comm), mode_(mode) {
   if (parameters_.empty()) fail("sharding unit {} has no parameters", name_);
   const auto options = parameters_.front().second.options();
@@ -30,8 +23,8 @@ ShardedUnit::ShardedUnit(std::string name, NamedParameters parameters, Communica
     numel_ += parameter.numel();
   }
   // Under none every rank owns the whole unit; otherwise rank r owns slice r.
-  const int64_t degree = mode_ == ShardingMode::kNone ? 1 : comm_.world_size();
-  const int64_t rank = mode_ == ShardingMode::kNone ? 0 : comm_.rank();
+  const int64_t degree = mode_ == core::Sharding::kNone ? 1 : comm_.world_size();
+  const int64_t rank = mode_ == core::Sharding::kNone ? 0 : comm_.rank();
   padded_numel_ = (numel_ + degree - 1) / degree * degree;
   shard_numel_ = padded_numel_ / degree;
   shard_offset_ = rank * shard_numel_;
@@ -50,20 +43,20 @@ ShardedUnit::ShardedUnit(std::string name, NamedParameters parameters, Communica
     offset += n;
   }
   master_ = at::empty({shard_numel_}, options.dtype(at::kFloat));
-  gradient_ = at::zeros({mode_ == ShardingMode::kNone ? padded_numel_ : shard_numel_},
+  gradient_ = at::zeros({mode_ == core::Sharding::kNone ? padded_numel_ : shard_numel_},
                         options.dtype(at::kFloat));
   load_master_from_model();
 }
 
 void ShardedUnit::load_master_from_model() {
   c10::NoGradGuard no_grad;
-  if (mode_ == ShardingMode::kZero3 && !resident()) {
+  if (mode_ == core::Sharding::kZero3 && !resident()) {
     master_.copy_(shard_weights_);
     return;
   }
   const auto owned = full_.narrow(0, shard_offset_, shard_numel_);
   master_.copy_(owned);
-  if (mode_ == ShardingMode::kZero3) shard_weights_ = owned.clone();
+  if (mode_ == core::Sharding::kZero3) shard_weights_ = owned.clone();
 }
 
 bool ShardedUnit::note_gradient_accumulated() {
@@ -74,7 +67,7 @@ void ShardedUnit::start_gradient_reduce() {
   if (reduce_started_) return;
   reduce_started_ = true;
   c10::NoGradGuard no_grad;
-  if (mode_ == ShardingMode::kNone) {
+  if (mode_ == core::Sharding::kNone) {
     gradient_.copy_(full_gradient_);
     pending_reduce_ = comm_.all_reduce_async(gradient_, ReduceOp::kSum);
     return;
@@ -99,11 +92,11 @@ void ShardedUnit::zero_grad() {
 
 void ShardedUnit::publish_master() {
   c10::NoGradGuard no_grad;
-  if (mode_ == ShardingMode::kNone) {
+  if (mode_ == core::Sharding::kNone) {
     full_.copy_(master_);
     return;
   }
-  if (mode_ == ShardingMode::kZero3) {
+  if (mode_ == core::Sharding::kZero3) {
     shard_weights_.copy_(master_);
     if (resident()) start_gather()->wait();
     return;
@@ -117,7 +110,7 @@ bool ShardedUnit::resident() const {
 }
 
 std::unique_ptr<PendingCollective> ShardedUnit::start_gather() {
-  if (mode_ != ShardingMode::kZero3) fail("sharding unit {}: gather needs zero3", name_);
+  if (mode_ != core::Sharding::kZero3) fail("sharding unit {}: gather needs zero3", name_);
   auto* storage = full_.storage().unsafeGetStorageImpl();
   if (!resident()) {
     storage->set_data_ptr_noswap(storage->allocator()->allocate(full_bytes_));
@@ -127,7 +120,7 @@ std::unique_ptr<PendingCollective> ShardedUnit::start_gather() {
 }
 
 void ShardedUnit::release() {
-  if (mode_ != ShardingMode::kZero3) return;
+  if (mode_ != core::Sharding::kZero3) return;
   full_.storage().unsafeGetStorageImpl()->reset();
 }
 

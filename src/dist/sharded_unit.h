@@ -4,22 +4,18 @@
 // gradient the optimizer reads, and (zero3) the only resident copy of its model-dtype weights.
 #pragma once
 
+#include <ATen/core/Tensor.h>
+
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include <ATen/core/Tensor.h>
-
+#include "core/config.h"
 #include "dist/communicator.h"
 
 namespace dspine::dist {
-
-enum class ShardingMode { kNone, kZero2, kZero3 };
-
-// "none" | "zero2" | "zero3" (distributed.sharding).
-ShardingMode parse_sharding_mode(const std::string& name);
 
 class ShardedUnit {
  public:
@@ -28,7 +24,7 @@ class ShardedUnit {
   // Re-points every parameter (all on one device, one dtype) into the unit's flat buffer,
   // keeping its values, and gives each a gradient view into a flat gradient buffer.
   ShardedUnit(std::string name, NamedParameters parameters, Communicator& comm,
-              ShardingMode mode);
+              core::Sharding mode);
 
   const std::string& name() const { return name_; }
   const NamedParameters& parameters() const { return parameters_; }
@@ -69,7 +65,7 @@ class ShardedUnit {
   std::string name_;
   NamedParameters parameters_;
   Communicator& comm_;
-  ShardingMode mode_;
+  core::Sharding mode_;
   int64_t numel_ = 0, padded_numel_ = 0, shard_numel_ = 0, shard_offset_ = 0;
   int64_t full_bytes_ = 0;
   at::Tensor full_;           // model dtype [padded]: what the parameters view
