@@ -214,8 +214,7 @@ void Trainer::Run::resume_or_start() {
     s.sharded->release_all();
     return;
   }
-  const bool sharded = s.sharded->mode() != core::Sharding::kNone;
-  auto loaded = load_checkpoint(resume_from, rank, world, sharded);
+  auto loaded = load_checkpoint(resume_from, rank, world, s.sharded->shards_state());
   check_resume_config(resume_from, loaded.trainer_state, cfg, loaded.saved_world_size, world,
                       leader);
   s.sharded->gather_all();
@@ -314,8 +313,8 @@ std::string Trainer::Run::save(int64_t step) {
   s.sharded->gather_all();  // collective: every rank, though only the leader writes the model
   if (leader) {
     contents.model = model::module_state(*s.built.module);
-    // zero3 frees the weights again below; keep a copy of what is saved.
-    if (s.sharded->mode() == core::Sharding::kZero3) {
+    // Gathered per unit, the weights are freed again below; keep a copy of what is saved.
+    if (s.sharded->gathers_parameters_per_unit()) {
       for (auto& item : contents.model) item.second = item.second.to(torch::kCPU, false, true);
     }
   }
