@@ -52,11 +52,12 @@ void generate(GenerateArgs args, const dspine::dist::MpiContext& mpi) {
   }
   if (!args.samples_file.empty()) args.overrides.push_back("data.samples=" + args.samples_file);
   const core::Config config = core::load_config(args.config_path, args.overrides);
-  if (config.data.source != "synthetic" && config.data.source != "target") {
+  using core::DataSource;
+  if (config.data.source != DataSource::kSynthetic && config.data.source != DataSource::kTarget) {
     dspine::fail("dspine-data generate: data.source must be synthetic or target, got '{}'",
-                 config.data.source);
+                 core::to_string(config.data.source));
   }
-  if (mpi.rank() != 0) dspine::log::set_level("warn");
+  if (mpi.rank() != 0) dspine::log::set_level(dspine::core::LogLevel::kWarn);
   const auto layout = dspine::dist::rank_layout();
   const auto device = dspine::dist::training_device(config.training.device, layout.local_rank);
   const auto source = data::make_batch_source(config, device);
@@ -73,10 +74,12 @@ void generate(GenerateArgs args, const dspine::dist::MpiContext& mpi) {
     if (layout.rank == 0) data::finish_shards(config, partial, args.out_dir, args.options);
   }
   if (layout.rank != 0) return;
-  fmt::print("wrote {} samples from data.source {} (seq_len {}, hidden_size {}, {} target layers, "
-             "{}, {} rank{}) to {}\n", args.options.num_samples, config.data.source,
-             config.data.seq_len, config.model.hidden_size, config.model.target_layer_ids.size(),
-             args.options.dtype, layout.world_size, layout.world_size > 1 ? "s" : "", args.out_dir);
+  fmt::print(
+      "wrote {} samples from data.source {} (seq_len {}, hidden_size {}, {} target layers, "
+      "{}, {} rank{}) to {}\n",
+      args.options.num_samples, core::to_string(config.data.source), config.data.seq_len,
+      config.model.hidden_size, config.model.target_layer_ids.size(), args.options.dtype,
+      layout.world_size, layout.world_size > 1 ? "s" : "", args.out_dir);
 }
 
 void inspect(const std::string& dir, int64_t samples) {

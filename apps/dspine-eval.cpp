@@ -289,10 +289,12 @@ int main(int argc, char** argv) {
     if (!o.acceptance && o.batch_path.empty()) {
       fail("dspine-eval: --batch is required (or --acceptance)");
     }
-    const bool cuda = config.training.device == "cuda" ||
-                      (config.training.device == "auto" && torch::cuda::is_available());
+    using core::Device;
+    const bool cuda = config.training.device == Device::kCuda ||
+                      (config.training.device == Device::kAuto && torch::cuda::is_available());
     const torch::Device device(cuda ? torch::kCUDA : torch::kCPU);
-    const auto dtype = config.training.dtype == "bf16" ? torch::kBFloat16 : torch::kFloat32;
+    const auto dtype =
+        config.training.dtype == core::Dtype::kBf16 ? torch::kBFloat16 : torch::kFloat32;
 
     torch::Tensor embed, head;
     std::unique_ptr<dspine::data::BatchSource> source;

@@ -46,7 +46,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     dspine::log::set_level(config.logging.level);
-    if (mpi.rank() != 0) dspine::log::set_level("warn");
+    if (mpi.rank() != 0) dspine::log::set_level(dspine::core::LogLevel::kWarn);
     const auto layout = dspine::dist::rank_layout();
     const auto device = dspine::dist::training_device(config.training.device, layout.local_rank);
     auto comm = dspine::dist::make_communicator(config.distributed, device);

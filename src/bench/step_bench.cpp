@@ -120,8 +120,8 @@ void for_benchmark(core::Config& config, const StepOptions& options, const std::
   config.checkpoint.resume = "none";
   config.checkpoint.save_every = 0;
   config.logging.metrics_file = "";
-  config.logging.progress = "false";
-  config.logging.level = "warn";
+  config.logging.progress = core::ProgressMode::kOff;
+  config.logging.level = core::LogLevel::kWarn;
   log::set_level(config.logging.level);  // only this report on stdout
 }
 
@@ -261,9 +261,9 @@ void run_step_bench(const StepOptions& options) {
   std::printf("device: %s\n", meter.cuda ? "cuda" : "cpu");
   std::printf("world_size: %d\n", world);
   std::printf("backend: %s\n", comm->backend().c_str());
-  std::printf("sharding: %s\n", config.distributed.sharding.c_str());
-  std::printf("dtype: %s\n", t.dtype.c_str());
-  std::printf("data_source: %s\n", config.data.source.c_str());
+  std::printf("sharding: %s\n", core::to_string(config.distributed.sharding).c_str());
+  std::printf("dtype: %s\n", core::to_string(t.dtype).c_str());
+  std::printf("data_source: %s\n", core::to_string(config.data.source).c_str());
   std::printf("rows_per_rank: %lld\n", static_cast<long long>(t.batch_size));
   std::printf("seq_len: %lld\n", static_cast<long long>(config.data.seq_len));
   std::printf("accumulation_steps: %lld\n", static_cast<long long>(t.accumulation_steps));

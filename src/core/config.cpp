@@ -26,14 +26,42 @@
 namespace dspine::core {
 namespace {
 
-using Target = SettingTarget;
+// Where a key's value goes: the objectives' setting types (config_section.h) or a closed choice.
+using Target = std::variant<int64_t*, double*, std::string*, bool*, std::vector<int64_t>*, Device*,
+                            Dtype*, Sharding*, CommBackend*, DataSource*, FusedKernels*,
+                            LrScheduler*, OnNonfinite*, ProgressMode*, LogLevel*>;
+
+Target target_of(const SettingTarget& setting) {
+  return std::visit([](auto* value) -> Target { return value; }, setting);
+}
 
 struct Key {
   std::string name;  // full dotted key, e.g. "model.dspine.top_k"
   Target target;
-  std::vector<std::string> choices = {};  // allowed values of an enumeration; empty = any string
-  bool accepts_bool = false;  // auto|true|false keys: YAML true/false are stored as "true"/"false"
+  std::vector<std::string> choices = {};  // allowed values of a string key; empty = any string
+  bool accepts_bool = false;  // auto|true|false keys: YAML true/false are read as "true"/"false"
 };
+
+template <typename E>
+std::vector<std::string> names_of() {
+  std::vector<std::string> names;
+  for (const Choice<E>& choice : choices_of(E{})) names.push_back(choice.name);
+  return names;
+}
+
+// The spellings a key allows: its enum's, or the listed choices of a string key (none = any).
+std::vector<std::string> allowed_choices(const Key& key) {
+  return std::visit(
+      [&](auto* value) -> std::vector<std::string> {
+        using T = std::decay_t<decltype(*value)>;
+        if constexpr (std::is_enum_v<T>) {
+          return names_of<T>();
+        } else {
+          return key.choices;
+        }
+      },
+      key.target);
+}
 
 // The maps that hold keys; "model.dspine", "data.synthetic" and "data.target" are nested in
 // their sections.
@@ -82,12 +110,12 @@ std::vector<Key> keys_of(Config& c) {
       {"model.mask_token_id", &m.mask_token_id},
       {"model.target_layer_ids", &m.target_layer_ids},
       {"model.num_target_layers", &m.num_target_layers},
-      {"model.fused_kernels", &m.fused_kernels, {"auto", "true", "false"}, true},
+      {"model.fused_kernels", &m.fused_kernels, {}, true},
       {"model.dspine.transfer_rank", &d.transfer_rank},
       {"model.dspine.message_size", &d.message_size},
       {"model.dspine.top_k", &d.top_k},
       {"model.dspine.replacement_layers", &d.replacement_layers},
-      {"data.source", &data.source, {"synthetic", "shards", "random", "target", "specforge"}},
+      {"data.source", &data.source},
       {"data.shards_dir", &data.shards_dir},
       {"data.samples", &data.samples},
       {"data.specforge_dir", &data.specforge_dir},
@@ -113,7 +141,7 @@ std::vector<Key> keys_of(Config& c) {
       {"training.accumulation_steps", &t.accumulation_steps},
       {"training.total_steps", &t.total_steps},
       {"training.learning_rate", &t.learning_rate},
-      {"training.lr_scheduler", &t.lr_scheduler, {"cosine", "constant"}},
+      {"training.lr_scheduler", &t.lr_scheduler},
       {"training.warmup_ratio", &t.warmup_ratio},
       {"training.max_grad_norm", &t.max_grad_norm},
       {"training.weight_decay", &t.weight_decay},
@@ -121,11 +149,11 @@ std::vector<Key> keys_of(Config& c) {
       {"training.adam_beta2", &t.adam_beta2},
       {"training.adam_eps", &t.adam_eps},
       {"training.seed", &t.seed},
-      {"training.dtype", &t.dtype, {"fp32", "bf16"}},
-      {"training.device", &t.device, {"auto", "cpu", "cuda"}},
+      {"training.dtype", &t.dtype},
+      {"training.device", &t.device},
       {"training.cpu_threads", &t.cpu_threads},
       {"training.deterministic", &t.deterministic},
-      {"training.on_nonfinite", &t.on_nonfinite, {"skip", "stop"}},
+      {"training.on_nonfinite", &t.on_nonfinite},
       {"training.eval_every", &t.eval_every},
       {"training.init_from", &t.init_from},
       {"objective.name", &c.objective.name},
@@ -135,10 +163,10 @@ std::vector<Key> keys_of(Config& c) {
       {"checkpoint.resume", &c.checkpoint.resume},
       {"logging.every", &c.logging.every},
       {"logging.metrics_file", &c.logging.metrics_file},
-      {"logging.progress", &c.logging.progress, {"auto", "true", "false"}, true},
-      {"logging.level", &c.logging.level, {"trace", "debug", "info", "warn", "error"}},
-      {"distributed.backend", &c.distributed.backend, {"auto", "mpi", "nccl"}},
-      {"distributed.sharding", &c.distributed.sharding, {"none", "zero2", "zero3"}},
+      {"logging.progress", &c.logging.progress, {}, true},
+      {"logging.level", &c.logging.level},
+      {"distributed.backend", &c.distributed.backend},
+      {"distributed.sharding", &c.distributed.sharding},
       {"distributed.timeout_s", &c.distributed.timeout_s},
       {"distributed.prefetch", &c.distributed.prefetch},
   };
@@ -517,12 +545,21 @@ class Reader {
     if (key.accepts_bool && is_plain_scalar(node) && is_bool_literal(value)) {
       std::transform(value.begin(), value.end(), value.begin(), ::tolower);
     }
-    if (!key.choices.empty() &&
-        std::find(key.choices.begin(), key.choices.end(), value) == key.choices.end()) {
-      context_.fail_value(key.name, show(node),
-                          "not an allowed value; allowed: " + join(key.choices));
+    const std::vector<std::string> choices = allowed_choices(key);
+    if (!choices.empty() && std::find(choices.begin(), choices.end(), value) == choices.end()) {
+      context_.fail_value(key.name, show(node), "not an allowed value; allowed: " + join(choices));
     }
     out = value;
+  }
+
+  // A closed choice: read as a string checked against the enum's spellings, then mapped.
+  template <typename E, typename = std::enable_if_t<std::is_enum_v<E>>>
+  void read_into(const Key& key, const YAML::Node& node, E& out) const {
+    std::string name;
+    read_into(key, node, name);
+    for (const Choice<E>& choice : choices_of(out)) {
+      if (name == choice.name) out = choice.value;
+    }
   }
 
   void read_into(const Key& key, const YAML::Node& node, bool& out) const {
@@ -676,21 +713,23 @@ void apply_override(YAML::Node& root, const std::string& text, Context& context,
 void validate_held_out_source(const Context& ctx, const DataConfig& data) {
   struct HeldOutKey {
     const char* key;
-    const char* source;  // the data.source it belongs to
+    DataSource source;  // the data.source it belongs to
     const char* what;
     const std::string* value;
   };
   for (const auto& [key, source, what, value] :
-       {HeldOutKey{"data.eval_samples_file", "target", "token-sample JSONL file",
+       {HeldOutKey{"data.eval_samples_file", DataSource::kTarget, "token-sample JSONL file",
                    &data.eval_samples_file},
-        HeldOutKey{"data.eval_shards_dir", "shards", "shard directory", &data.eval_shards_dir},
-        HeldOutKey{"data.eval_specforge_dir", "specforge", "SpecForge sample directory",
+        HeldOutKey{"data.eval_shards_dir", DataSource::kShards, "shard directory",
+                   &data.eval_shards_dir},
+        HeldOutKey{"data.eval_specforge_dir", DataSource::kSpecforge, "SpecForge sample directory",
                    &data.eval_specforge_dir}}) {
-    ctx.allow(key, fmt::format("\"\" or, with data.source {}, a held-out {}", source, what));
+    ctx.allow(key,
+              fmt::format("\"\" or, with data.source {}, a held-out {}", to_string(source), what));
     if (!value->empty() && data.source != source) {
       ctx.fail_value(key, show(*value),
-                     fmt::format("data.source is {}; this key is for data.source {}", data.source,
-                                 source));
+                     fmt::format("data.source is {}; this key is for data.source {}",
+                                 to_string(data.source), to_string(source)));
     }
   }
 }
@@ -758,7 +797,7 @@ void validate_model(const RangeRules& r, const Config& c) {
   if (m.target_layer_ids.empty()) {
     r.ctx.fail_value("model.target_layer_ids", "[]", "must list at least one target layer");
   }
-  const bool synthetic = c.data.source == "synthetic";
+  const bool synthetic = c.data.source == DataSource::kSynthetic;
   r.at_least("model.num_target_layers", m.num_target_layers, 0);
   for (size_t i = 0; i < m.target_layer_ids.size(); ++i) {
     const int64_t id = m.target_layer_ids[i];
@@ -818,23 +857,24 @@ void validate_data(const RangeRules& r, const DataConfig& data) {
   r.ctx.allow("data.target.path", "a Hugging Face Qwen3 directory; needed by target and specforge");
   r.ctx.allow("data.samples", "a token-sample JSONL file; needed by target unless target.random");
   r.ctx.allow("data.specforge_dir", "a directory of SpecForge samples; needed by specforge");
-  if (data.source == "shards" && data.shards_dir.empty()) {
+  if (data.source == DataSource::kShards && data.shards_dir.empty()) {
     r.ctx.fail_value("data.shards_dir", show(data.shards_dir),
                      "data.source is shards, which needs the directory written by dspine-data "
                      "generate");
   }
-  if ((data.source == "target" || data.source == "specforge") && data.target.path.empty()) {
+  if ((data.source == DataSource::kTarget || data.source == DataSource::kSpecforge) &&
+      data.target.path.empty()) {
     r.ctx.fail_value("data.target.path", show(data.target.path),
                      fmt::format("data.source is {}, which needs the target's Hugging Face "
                                  "directory",
-                                 data.source));
+                                 to_string(data.source)));
   }
-  if (data.source == "target" && data.samples.empty() && !data.target.random) {
+  if (data.source == DataSource::kTarget && data.samples.empty() && !data.target.random) {
     r.ctx.fail_value("data.samples", show(data.samples),
                      "data.source is target, which needs a token-sample JSONL file (random token "
                      "ids only with data.target.random: true)");
   }
-  if (data.source == "specforge" && data.specforge_dir.empty()) {
+  if (data.source == DataSource::kSpecforge && data.specforge_dir.empty()) {
     r.ctx.fail_value("data.specforge_dir", show(data.specforge_dir),
                      "data.source is specforge, which needs a directory of SpecForge samples");
   }
@@ -985,6 +1025,8 @@ std::string to_yaml(const Config& config) {
           using T = std::decay_t<decltype(*value)>;
           if constexpr (std::is_same_v<T, std::string>) {
             out << YAML::DoubleQuoted << *value;
+          } else if constexpr (std::is_enum_v<T>) {
+            out << YAML::DoubleQuoted << to_string(*value);
           } else if constexpr (std::is_same_v<T, bool>) {
             out << YAML::TrueFalseBool << *value;
           } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
@@ -1014,7 +1056,7 @@ std::string type_name(const Target& target) {
           return "number";
         } else if constexpr (std::is_same_v<T, bool>) {
           return "boolean";
-        } else if constexpr (std::is_same_v<T, std::string>) {
+        } else if constexpr (std::is_same_v<T, std::string> || std::is_enum_v<T>) {
           return "string";
         } else {
           return "list of integers";
@@ -1033,6 +1075,8 @@ std::string value_text(const Target& target) {
           std::vector<std::string> items;
           for (int64_t v : *value) items.push_back(show(v));
           return "[" + join(items) + "]";
+        } else if constexpr (std::is_enum_v<T>) {
+          return show(to_string(*value));
         } else {
           return show(*value);
         }
@@ -1041,11 +1085,8 @@ std::string value_text(const Target& target) {
 }
 
 KeyFacts facts_of(const Key& key, const std::string& rule) {
-  std::string allowed = rule;
-  if (!key.choices.empty()) {
-    allowed.clear();
-    for (const auto& choice : key.choices) allowed += (allowed.empty() ? "" : ", ") + choice;
-  }
+  const std::vector<std::string> choices = allowed_choices(key);
+  const std::string allowed = choices.empty() ? rule : join(choices);
   return {key.name, type_name(key.target), value_text(key.target), allowed, ""};
 }
 
@@ -1084,7 +1125,8 @@ void read_objective_section(const Config& config, const std::string& section,
                             const std::vector<SettingKey>& keys) {
   if (active_recorder != nullptr) {
     for (const SettingKey& key : keys) {
-      Key full{"objective." + section + "." + key.name, key.target, key.choices, key.accepts_bool};
+      Key full{"objective." + section + "." + key.name, target_of(key.target), key.choices,
+               key.accepts_bool};
       KeyFacts facts = facts_of(full, "");
       facts.description = key.description;
       active_recorder->facts_.push_back(std::move(facts));
@@ -1102,7 +1144,8 @@ void read_objective_section(const Config& config, const std::string& section,
   }
   std::vector<Key> full_keys;
   for (const SettingKey& key : keys) {
-    full_keys.push_back({path + "." + key.name, key.target, key.choices, key.accepts_bool});
+    full_keys.push_back(
+        {path + "." + key.name, target_of(key.target), key.choices, key.accepts_bool});
   }
   // The section itself is a known map even when it takes no keys (ce).
   Reader(context, std::move(full_keys), {path}).read_section(node, path);

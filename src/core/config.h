@@ -3,12 +3,86 @@
 // distributed. Every key is validated (type, range, allowed values); unknown keys are errors.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace dspine::core {
+
+// The closed choices of the configuration. parse_config is the one place their YAML spellings
+// become enums (naming key, value and the allowed spellings on a bad value); to_string gives the
+// spelling back for to_yaml, --print-config and logs. A new choice is one enumerator and one
+// entry in its choices_of table.
+template <typename E>
+struct Choice {
+  E value;
+  const char* name;  // the YAML spelling
+};
+
+enum class Device { kAuto, kCpu, kCuda };
+enum class Dtype { kFp32, kBf16 };
+enum class Sharding { kNone, kZero2, kZero3 };
+enum class CommBackend { kAuto, kMpi, kNccl };
+enum class DataSource { kSynthetic, kShards, kRandom, kTarget, kSpecforge };
+enum class FusedKernels { kAuto, kOn, kOff };
+enum class LrScheduler { kCosine, kConstant };
+enum class OnNonfinite { kSkip, kStop };
+enum class ProgressMode { kAuto, kOn, kOff };
+enum class LogLevel { kTrace, kDebug, kInfo, kWarn, kError };
+
+// Each table lists every enumerator, in the order the allowed values are shown.
+constexpr std::array<Choice<Device>, 3> choices_of(Device) {
+  return {{{Device::kAuto, "auto"}, {Device::kCpu, "cpu"}, {Device::kCuda, "cuda"}}};
+}
+constexpr std::array<Choice<Dtype>, 2> choices_of(Dtype) {
+  return {{{Dtype::kFp32, "fp32"}, {Dtype::kBf16, "bf16"}}};
+}
+constexpr std::array<Choice<Sharding>, 3> choices_of(Sharding) {
+  return {{{Sharding::kNone, "none"}, {Sharding::kZero2, "zero2"}, {Sharding::kZero3, "zero3"}}};
+}
+constexpr std::array<Choice<CommBackend>, 3> choices_of(CommBackend) {
+  return {{{CommBackend::kAuto, "auto"}, {CommBackend::kMpi, "mpi"}, {CommBackend::kNccl, "nccl"}}};
+}
+constexpr std::array<Choice<DataSource>, 5> choices_of(DataSource) {
+  return {{{DataSource::kSynthetic, "synthetic"},
+           {DataSource::kShards, "shards"},
+           {DataSource::kRandom, "random"},
+           {DataSource::kTarget, "target"},
+           {DataSource::kSpecforge, "specforge"}}};
+}
+constexpr std::array<Choice<FusedKernels>, 3> choices_of(FusedKernels) {
+  return {
+      {{FusedKernels::kAuto, "auto"}, {FusedKernels::kOn, "true"}, {FusedKernels::kOff, "false"}}};
+}
+constexpr std::array<Choice<LrScheduler>, 2> choices_of(LrScheduler) {
+  return {{{LrScheduler::kCosine, "cosine"}, {LrScheduler::kConstant, "constant"}}};
+}
+constexpr std::array<Choice<OnNonfinite>, 2> choices_of(OnNonfinite) {
+  return {{{OnNonfinite::kSkip, "skip"}, {OnNonfinite::kStop, "stop"}}};
+}
+constexpr std::array<Choice<ProgressMode>, 3> choices_of(ProgressMode) {
+  return {
+      {{ProgressMode::kAuto, "auto"}, {ProgressMode::kOn, "true"}, {ProgressMode::kOff, "false"}}};
+}
+constexpr std::array<Choice<LogLevel>, 5> choices_of(LogLevel) {
+  return {{{LogLevel::kTrace, "trace"},
+           {LogLevel::kDebug, "debug"},
+           {LogLevel::kInfo, "info"},
+           {LogLevel::kWarn, "warn"},
+           {LogLevel::kError, "error"}}};
+}
+
+// The YAML spelling of a choice, e.g. to_string(Sharding::kZero3) == "zero3".
+template <typename E, typename = decltype(choices_of(E{}))>
+std::string to_string(E value) {
+  for (const Choice<E>& choice : choices_of(value)) {
+    if (choice.value == value) return choice.name;
+  }
+  return std::to_string(static_cast<std::underlying_type_t<E>>(value));  // not in the table
+}
 
 // docs/model.md ("config.json"): the DSpine draft's architecture / inference hyper-parameters (the
 // reference's dspine_config, same names/defaults). Its training settings are objective.dspine
@@ -23,7 +97,9 @@ struct DSpineConfig {
 // The draft model. hidden_size / vocab_size are shared with the target (frozen embedding and
 // lm_head come from it); target_layer_ids says which target layers feed hidden_states (K of them).
 struct ModelConfig {
-  std::string architecture = "simple";  // simple | dspine
+  // simple | dspine. A string, not an enum: it names what the registered objectives train
+  // (train/objective_registry.h), which core does not know.
+  std::string architecture = "simple";
   int64_t hidden_size = 64;
   int64_t intermediate_size = 128;
   int64_t num_hidden_layers = 2;
@@ -40,7 +116,7 @@ struct ModelConfig {
   // Decoder layers of the target (config.json's num_target_layers); 0 = the data source's own:
   // the target's config.json, or data.synthetic.num_layers (data/target_depth.h).
   int64_t num_target_layers = 0;
-  std::string fused_kernels = "auto";  // auto | true | false
+  FusedKernels fused_kernels = FusedKernels::kAuto;
   DSpineConfig dspine;
 };
 
@@ -68,7 +144,7 @@ struct DataConfig {
   // synthetic | shards | random (seeded values of the configured shapes on the training device,
   // for benchmarks; uses synthetic.seed and synthetic.prompt_length) | target (a Qwen3 model run
   // on token samples) | specforge (a directory of SpecForge offline samples)
-  std::string source = "synthetic";
+  DataSource source = DataSource::kSynthetic;
   std::string shards_dir;            // directory written by `dspine-data generate`
   std::string samples;               // token-sample JSONL (scripts/prepare_data.py) for target
   std::string specforge_dir;         // SpecForge's torch.save samples, one file each
@@ -91,7 +167,7 @@ struct TrainingConfig {
   int64_t accumulation_steps = 1;  // micro-batches per optimizer step
   int64_t total_steps = 100;       // optimizer steps
   double learning_rate = 1e-3;     // alias: lr
-  std::string lr_scheduler = "cosine";  // cosine | constant
+  LrScheduler lr_scheduler = LrScheduler::kCosine;
   double warmup_ratio = 0.04;
   double max_grad_norm = 1.0;      // 0 disables clipping
   double weight_decay = 0.0;
@@ -99,8 +175,8 @@ struct TrainingConfig {
   double adam_beta2 = 0.999;
   double adam_eps = 1e-8;
   int64_t seed = 42;
-  std::string dtype = "fp32";      // parameter/compute dtype: fp32 | bf16 (masters stay fp32)
-  std::string device = "auto";     // auto | cpu | cuda
+  Dtype dtype = Dtype::kFp32;  // parameter/compute dtype (masters stay fp32)
+  Device device = Device::kAuto;
   // Intra-op CPU threads (0 = LibTorch's default). Small models run fastest on 1: MKL's threads
   // spin-wait between tiny GEMMs.
   int64_t cpu_threads = 0;
@@ -109,7 +185,7 @@ struct TrainingConfig {
   bool deterministic = true;
   // A step whose loss or gradient is not finite (on any rank) is never applied: skip drops it
   // and trains on, stop saves the state before it and ends the run with an error.
-  std::string on_nonfinite = "skip";  // skip | stop
+  OnNonfinite on_nonfinite = OnNonfinite::kSkip;
   // Optimizer steps between acceptance evaluations (and one at the end); 0 = off.
   int64_t eval_every = 0;
   // A checkpoint or export directory (or a draft .safetensors) whose weights a fresh run starts
@@ -135,14 +211,14 @@ struct CheckpointConfig {
 struct LoggingConfig {
   int64_t every = 10;  // optimizer steps between metric records
   std::string metrics_file = "runs/default/metrics.jsonl";  // "" = no file
-  std::string progress = "auto";  // auto (only on a terminal) | true | false
-  std::string level = "info";     // trace | debug | info | warn | error
+  ProgressMode progress = ProgressMode::kAuto;              // auto: only on a terminal
+  LogLevel level = LogLevel::kInfo;
 };
 
 // How ranks talk and how the draft's parameters are split over them (docs/distributed.md).
 struct DistributedConfig {
-  std::string backend = "auto";   // auto (NCCL for CUDA, MPI for CPU) | mpi | nccl
-  std::string sharding = "none";  // none (data parallel) | zero2 | zero3
+  CommBackend backend = CommBackend::kAuto;  // auto: NCCL for CUDA, MPI for CPU
+  Sharding sharding = Sharding::kNone;       // none: data parallel
   double timeout_s = 600;         // a collective not done by then ends every rank
   bool prefetch = true;           // zero3: gather the next unit while the current one runs
 };

@@ -34,7 +34,21 @@ void send_logs_to_stderr() {
                                        : spdlog::color_mode::never));
 }
 
-void set_level(const std::string& level) { logger().set_level(spdlog::level::from_str(level)); }
+void set_level(core::LogLevel level) {
+  using core::LogLevel;
+  switch (level) {
+    case LogLevel::kTrace:
+      return logger().set_level(spdlog::level::trace);
+    case LogLevel::kDebug:
+      return logger().set_level(spdlog::level::debug);
+    case LogLevel::kInfo:
+      return logger().set_level(spdlog::level::info);
+    case LogLevel::kWarn:
+      return logger().set_level(spdlog::level::warn);
+    case LogLevel::kError:
+      return logger().set_level(spdlog::level::err);
+  }
+}
 void write_info(const std::string& message) { logger().info("{}", message); }
 void write_warn(const std::string& message) { logger().warn("{}", message); }
 

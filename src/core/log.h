@@ -3,15 +3,17 @@
 // and hand finished strings over.
 #pragma once
 
+#include <fmt/format.h>
+
 #include <string>
 #include <utility>
 
-#include <fmt/format.h>
+#include "core/config.h"
 
 namespace dspine::log {
 
-// "trace" | "debug" | "info" | "warn" | "error".
-void set_level(const std::string& level);
+// logging.level.
+void set_level(core::LogLevel level);
 void write_info(const std::string& message);
 void write_warn(const std::string& message);
 

@@ -48,16 +48,23 @@ class SyntheticSource : public BatchSource {
 
 std::unique_ptr<BatchSource> make_batch_source(const core::Config& config,
                                                const c10::Device& device) {
-  if (config.data.source == "synthetic") return std::make_unique<SyntheticSource>(config);
-  if (config.data.source == "random") return std::make_unique<RandomSource>(config, device);
-  if (config.data.source == "shards") {
-    if (config.data.shards_dir.empty()) fail("data.source is 'shards' but data.shards_dir is empty");
-    return std::make_unique<ShardReader>(config.data.shards_dir, layout_from_config(config));
+  using core::DataSource;
+  switch (config.data.source) {
+    case DataSource::kSynthetic:
+      return std::make_unique<SyntheticSource>(config);
+    case DataSource::kRandom:
+      return std::make_unique<RandomSource>(config, device);
+    case DataSource::kShards:
+      if (config.data.shards_dir.empty()) {
+        fail("data.source is 'shards' but data.shards_dir is empty");
+      }
+      return std::make_unique<ShardReader>(config.data.shards_dir, layout_from_config(config));
+    case DataSource::kTarget:
+      return std::make_unique<TargetSource>(config, device);
+    case DataSource::kSpecforge:
+      return std::make_unique<SpecforgeSource>(config);
   }
-  if (config.data.source == "target") return std::make_unique<TargetSource>(config, device);
-  if (config.data.source == "specforge") return std::make_unique<SpecforgeSource>(config);
-  fail("data.source must be 'synthetic', 'shards', 'random', 'target' or 'specforge', got '{}'",
-       config.data.source);
+  fail("data.source: unknown choice");
 }
 
 std::unique_ptr<BatchSource> make_held_out_source(const core::Config& config,

@@ -10,9 +10,9 @@ namespace dspine::data {
 namespace {
 
 // The key of the separate held-out source of each data.source that reads a finite set.
-const char* held_out_key(const std::string& source) {
-  if (source == "target") return "data.eval_samples_file";
-  if (source == "shards") return "data.eval_shards_dir";
+const char* held_out_key(core::DataSource source) {
+  if (source == core::DataSource::kTarget) return "data.eval_samples_file";
+  if (source == core::DataSource::kShards) return "data.eval_shards_dir";
   return "data.eval_specforge_dir";
 }
 

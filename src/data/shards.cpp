@@ -317,21 +317,23 @@ void finish_shards(const core::Config& config, const std::string& partial,
     entry.update({{"file", name}, {"first_sample", first}, {"samples", count}});
     shards.push_back(std::move(entry));
   }
-  nlohmann::json index = {{"format", kFormat},
-                          {"version", kFormatVersion},
-                          {"seq_len", layout.seq_len},
-                          {"hidden_size", layout.hidden_size},
-                          {"vocab_size", layout.vocab_size},
-                          {"target_layer_ids", layout.target_layer_ids},
-                          {"dtype", options.dtype},
-                          {"num_samples", options.num_samples},
-                          {"source", config.data.source},
-                          {"target", digest_json(core::digest_file(
-                                         (fs::path(partial) / kTargetFile).string()))},
-                          {"shards", shards}};
+  nlohmann::json index = {
+      {"format", kFormat},
+      {"version", kFormatVersion},
+      {"seq_len", layout.seq_len},
+      {"hidden_size", layout.hidden_size},
+      {"vocab_size", layout.vocab_size},
+      {"target_layer_ids", layout.target_layer_ids},
+      {"dtype", options.dtype},
+      {"num_samples", options.num_samples},
+      {"source", core::to_string(config.data.source)},
+      {"target", digest_json(core::digest_file((fs::path(partial) / kTargetFile).string()))},
+      {"shards", shards}};
   // Where the samples came from, for people reading the index.
-  if (config.data.source == "synthetic") index["synthetic_seed"] = config.data.synthetic.seed;
-  if (config.data.source == "target") {
+  if (config.data.source == core::DataSource::kSynthetic) {
+    index["synthetic_seed"] = config.data.synthetic.seed;
+  }
+  if (config.data.source == core::DataSource::kTarget) {
     index["target_path"] = config.data.target.path;
     index["samples_file"] = config.data.samples;
   }

@@ -13,7 +13,8 @@ namespace dspine::data {
 namespace fs = std::filesystem;
 
 at::ScalarType target_dtype(const core::Config& config, const c10::Device& device) {
-  return device.is_cuda() && config.training.dtype == "bf16" ? at::kBFloat16 : at::kFloat;
+  return device.is_cuda() && config.training.dtype == core::Dtype::kBf16 ? at::kBFloat16
+                                                                         : at::kFloat;
 }
 
 Qwen3Model load_target(const core::Config& config, at::ScalarType dtype, const c10::Device& device) {

@@ -67,19 +67,18 @@ RankLayout rank_layout() {
   return layout;
 }
 
-c10::Device training_device(const std::string& choice, int local_rank) {
-  if (choice == "cpu") return c10::Device(c10::kCPU);
-  if (choice != "auto" && choice != "cuda")
-    fail("training.device = {}: expected auto, cpu or cuda", choice);
+c10::Device training_device(core::Device choice, int local_rank) {
+  if (choice == core::Device::kCpu) return c10::Device(c10::kCPU);
   const int devices = c10::cuda::device_count();
   if (devices == 0) {
-    if (choice == "auto") return c10::Device(c10::kCPU);
+    if (choice == core::Device::kAuto) return c10::Device(c10::kCPU);
     fail("training.device = cuda, but no CUDA device is available");
   }
   if (local_rank >= devices) {
-    fail("training.device = {}: local rank {} needs GPU {}, but this host has {} (start at "
-         "most {} ranks per host)",
-         choice, local_rank, local_rank, devices, devices);
+    fail(
+        "training.device = {}: local rank {} needs GPU {}, but this host has {} (start at "
+        "most {} ranks per host)",
+        core::to_string(choice), local_rank, local_rank, devices, devices);
   }
   return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(local_rank));
 }
@@ -88,9 +87,12 @@ std::shared_ptr<Communicator> make_communicator(const core::DistributedConfig& c
                                                 const c10::Device& device) {
   const RankLayout layout = rank_layout();
   if (layout.world_size == 1) return make_single_process_communicator();
-  std::string backend = config.backend;
-  if (backend == "auto") backend = device.is_cuda() ? "nccl" : "mpi";
-  if (backend == "nccl") {
+  using core::CommBackend;
+  CommBackend backend = config.backend;
+  if (backend == CommBackend::kAuto) {
+    backend = device.is_cuda() ? CommBackend::kNccl : CommBackend::kMpi;
+  }
+  if (backend == CommBackend::kNccl) {
     if (!device.is_cuda()) {
       fail("distributed.backend = nccl needs a CUDA training device, but it is {}; set "
            "training.device = cuda, or distributed.backend = auto or mpi",
@@ -102,8 +104,6 @@ std::shared_ptr<Communicator> make_communicator(const core::DistributedConfig& c
                                config.timeout_s),
         make_mpi_communicator(config.timeout_s));
   }
-  if (backend != "mpi")
-    fail("distributed.backend = {}: expected auto, mpi or nccl", config.backend);
   if (device.is_cuda()) {
     fail("distributed.backend = mpi needs CPU tensors, but the training device is {}; set "
          "distributed.backend = nccl or auto",

@@ -26,9 +26,9 @@ struct RankLayout {
 // OpenMPI's OMPI_COMM_WORLD_*), or a world of one.
 RankLayout rank_layout();
 
-// The device this rank trains on for training.device `choice` (auto | cpu | cuda): cuda means
-// GPU `local_rank`; auto is that GPU when CUDA devices are visible, else the CPU.
-c10::Device training_device(const std::string& choice, int local_rank);
+// The device this rank trains on for training.device `choice`: cuda means GPU `local_rank`; auto
+// is that GPU when CUDA devices are visible, else the CPU.
+c10::Device training_device(core::Device choice, int local_rank);
 
 // The run's communicator: distributed.backend auto picks NCCL when `device` is CUDA and MPI
 // otherwise; a world of one gets the single-process communicator. Collectives that do not

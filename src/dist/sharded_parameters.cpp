@@ -62,14 +62,13 @@ std::vector<std::pair<std::string, ShardedUnit::NamedParameters>> plan_units(
   return used;
 }
 
-ShardedParameters::ShardedParameters(torch::nn::Module& module,
-                                     std::shared_ptr<Communicator> comm, ShardingMode mode,
-                                     bool prefetch)
-    : comm_(std::move(comm)), mode_(mode), prefetch_(prefetch) {
+ShardedParameters::ShardedParameters(torch::nn::Module& module, std::shared_ptr<Communicator> comm,
+                                     core::Sharding mode, bool prefetch)
+    : comm_(std::move(comm)), strategy_(sharding_strategy(mode)), prefetch_(prefetch) {
   auto plan = plan_units(module);
   units_.reserve(plan.size());
   for (auto& [name, parameters] : plan) {
-    units_.emplace_back(name, std::move(parameters), *comm_, mode_);
+    units_.emplace_back(name, std::move(parameters), *comm_, strategy_);
   }
   for (size_t u = 0; u < units_.size(); ++u) {
     for (const auto& item : units_[u].parameters()) {
@@ -120,14 +119,14 @@ void ShardedParameters::prefetch(size_t unit) {
 }
 
 void ShardedParameters::before_unit(const std::string& name) {
-  if (mode_ != ShardingMode::kZero3) return;
+  if (!strategy_.gathers_parameters_per_unit) return;
   const size_t unit = index_of(name);
   make_resident(unit);
   prefetch(unit + 1);
 }
 
 at::Tensor ShardedParameters::after_unit(const std::string& name, const at::Tensor& output) {
-  if (mode_ != ShardingMode::kZero3) return output;
+  if (!strategy_.gathers_parameters_per_unit) return output;
   const size_t unit = index_of(name);
   units_[unit].release();
   released_in_forward_[unit] = output.requires_grad();
@@ -148,7 +147,7 @@ void ShardedParameters::finish_gradient_sync() {
 }
 
 double ShardedParameters::sum_over_shards(double local) {
-  if (mode_ == ShardingMode::kNone || comm_->world_size() == 1) return local;
+  if (!strategy_.shards_state || comm_->world_size() == 1) return local;
   auto value = at::tensor({local}, at::kDouble);
   comm_->all_reduce(value, ReduceOp::kSum);
   return value.item<double>();
@@ -168,7 +167,7 @@ void ShardedParameters::zero_grad() {
 }
 
 void ShardedParameters::gather_all() {
-  if (mode_ != ShardingMode::kZero3) return;
+  if (!strategy_.gathers_parameters_per_unit) return;
   for (size_t u = 0; u < units_.size(); ++u) make_resident(u);
 }
 

@@ -40,12 +40,14 @@ class ShardedParameters {
  public:
   // prefetch (zero3): gather the next unit while the current one runs.
   ShardedParameters(torch::nn::Module& module, std::shared_ptr<Communicator> comm,
-                    ShardingMode mode, bool prefetch = true);
+                    core::Sharding mode, bool prefetch = true);
   ~ShardedParameters();
   ShardedParameters(const ShardedParameters&) = delete;
   ShardedParameters& operator=(const ShardedParameters&) = delete;
 
-  ShardingMode mode() const { return mode_; }
+  // What distributed.sharding does, asked instead of the mode (dist/sharding_strategy.h).
+  bool shards_state() const { return strategy_.shards_state; }
+  bool gathers_parameters_per_unit() const { return strategy_.gathers_parameters_per_unit; }
   Communicator& comm() { return *comm_; }
   std::vector<ShardedUnit>& units() { return units_; }
 
@@ -58,21 +60,22 @@ class ShardedParameters {
   void finish_gradient_sync();
 
   // Sum of a per-rank partial over the ranks that hold different slices (a gradient norm²):
-  // the identity under none, where every rank holds everything.
+  // the identity when the state is not sharded, where every rank holds everything.
   double sum_over_shards(double local);
 
   void load_masters_from_model();
   void publish_masters();
   void zero_grad();
 
-  // zero3: every unit resident (checkpoints, evaluation) / every unit released again.
+  // Gathered per unit (zero3): every unit resident (checkpoints, evaluation) / every unit
+  // released again.
   void gather_all();
   void release_all();
 
   // zero3, called as the model announces its units: before_unit makes the unit resident
   // (waiting for its prefetch) and prefetches the next one; after_unit releases it and hooks
   // `output` so that the backward gathers it again (and prefetches the unit before it) just
-  // before the unit's own backward runs. No-ops under none and zero2.
+  // before the unit's own backward runs. No-ops unless parameters are gathered per unit.
   void before_unit(const std::string& name);
   at::Tensor after_unit(const std::string& name, const at::Tensor& output);
 
@@ -85,7 +88,7 @@ class ShardedParameters {
   void prefetch(size_t unit);
 
   std::shared_ptr<Communicator> comm_;
-  ShardingMode mode_;
+  ShardingStrategy strategy_;
   bool prefetch_;
   std::vector<ShardedUnit> units_;
   std::vector<std::unique_ptr<PendingCollective>> pending_gathers_;  // zero3 prefetches

@@ -8,16 +8,9 @@
 
 namespace dspine::dist {
 
-ShardingMode parse_sharding_mode(const std::string& name) {
-  if (name == "none") return ShardingMode::kNone;
-  if (name == "zero2") return ShardingMode::kZero2;
-  if (name == "zero3") return ShardingMode::kZero3;
-  fail("distributed.sharding = {}: allowed: none, zero2, zero3", name);
-}
-
 ShardedUnit::ShardedUnit(std::string name, NamedParameters parameters, Communicator& comm,
-                         ShardingMode mode)
-    : name_(std::move(name)), parameters_(std::move(parameters)), comm_(comm), mode_(mode) {
+                         ShardingStrategy strategy)
+    : name_(std::move(name)), parameters_(std::move(parameters)), comm_(comm), strategy_(strategy) {
   if (parameters_.empty()) fail("sharding unit {} has no parameters", name_);
   const auto options = parameters_.front().second.options();
   for (const auto& [key, parameter] : parameters_) {
@@ -29,9 +22,9 @@ ShardedUnit::ShardedUnit(std::string name, NamedParameters parameters, Communica
     }
     numel_ += parameter.numel();
   }
-  // Under none every rank owns the whole unit; otherwise rank r owns slice r.
-  const int64_t degree = mode_ == ShardingMode::kNone ? 1 : comm_.world_size();
-  const int64_t rank = mode_ == ShardingMode::kNone ? 0 : comm_.rank();
+  // Sharded state: rank r owns slice r; otherwise every rank owns the whole unit.
+  const int64_t degree = strategy_.shards_state ? comm_.world_size() : 1;
+  const int64_t rank = strategy_.shards_state ? comm_.rank() : 0;
   padded_numel_ = (numel_ + degree - 1) / degree * degree;
   shard_numel_ = padded_numel_ / degree;
   shard_offset_ = rank * shard_numel_;
@@ -50,20 +43,20 @@ ShardedUnit::ShardedUnit(std::string name, NamedParameters parameters, Communica
     offset += n;
   }
   master_ = at::empty({shard_numel_}, options.dtype(at::kFloat));
-  gradient_ = at::zeros({mode_ == ShardingMode::kNone ? padded_numel_ : shard_numel_},
-                        options.dtype(at::kFloat));
+  gradient_ =
+      at::zeros({strategy_.shards_state ? shard_numel_ : padded_numel_}, options.dtype(at::kFloat));
   load_master_from_model();
 }
 
 void ShardedUnit::load_master_from_model() {
   c10::NoGradGuard no_grad;
-  if (mode_ == ShardingMode::kZero3 && !resident()) {
+  if (strategy_.gathers_parameters_per_unit && !resident()) {
     master_.copy_(shard_weights_);
     return;
   }
   const auto owned = full_.narrow(0, shard_offset_, shard_numel_);
   master_.copy_(owned);
-  if (mode_ == ShardingMode::kZero3) shard_weights_ = owned.clone();
+  if (strategy_.gathers_parameters_per_unit) shard_weights_ = owned.clone();
 }
 
 bool ShardedUnit::note_gradient_accumulated() {
@@ -74,7 +67,7 @@ void ShardedUnit::start_gradient_reduce() {
   if (reduce_started_) return;
   reduce_started_ = true;
   c10::NoGradGuard no_grad;
-  if (mode_ == ShardingMode::kNone) {
+  if (!strategy_.shards_state) {
     gradient_.copy_(full_gradient_);
     pending_reduce_ = comm_.all_reduce_async(gradient_, ReduceOp::kSum);
     return;
@@ -99,11 +92,11 @@ void ShardedUnit::zero_grad() {
 
 void ShardedUnit::publish_master() {
   c10::NoGradGuard no_grad;
-  if (mode_ == ShardingMode::kNone) {
+  if (!strategy_.shards_state) {
     full_.copy_(master_);
     return;
   }
-  if (mode_ == ShardingMode::kZero3) {
+  if (strategy_.gathers_parameters_per_unit) {
     shard_weights_.copy_(master_);
     if (resident()) start_gather()->wait();
     return;
@@ -117,7 +110,9 @@ bool ShardedUnit::resident() const {
 }
 
 std::unique_ptr<PendingCollective> ShardedUnit::start_gather() {
-  if (mode_ != ShardingMode::kZero3) fail("sharding unit {}: gather needs zero3", name_);
+  if (!strategy_.gathers_parameters_per_unit) {
+    fail("sharding unit {}: gather needs zero3", name_);
+  }
   auto* storage = full_.storage().unsafeGetStorageImpl();
   if (!resident()) {
     storage->set_data_ptr_noswap(storage->allocator()->allocate(full_bytes_));
@@ -127,7 +122,7 @@ std::unique_ptr<PendingCollective> ShardedUnit::start_gather() {
 }
 
 void ShardedUnit::release() {
-  if (mode_ != ShardingMode::kZero3) return;
+  if (!strategy_.gathers_parameters_per_unit) return;
   full_.storage().unsafeGetStorageImpl()->reset();
 }
 

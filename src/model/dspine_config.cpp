@@ -95,7 +95,7 @@ nlohmann::json dspine_hf_config(const core::ModelConfig& c, const HfConfigContex
         {"mask_token_id", resolved_mask_token_id(c)},
         {"target_layer_ids", c.target_layer_ids}}},
       {"dspine_config", dspine},
-      {"dtype", context.dtype == "bf16" ? "bfloat16" : "float32"},
+      {"dtype", context.dtype == core::Dtype::kBf16 ? "bfloat16" : "float32"},
       {"eos_token_id", nullptr},
       {"head_dim", c.head_dim},
       {"hidden_act", "silu"},

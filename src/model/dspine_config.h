@@ -19,7 +19,7 @@ int64_t resolved_mask_token_id(const core::ModelConfig& config);
 
 // What config.json records beyond the draft's own sizes (informational for loaders).
 struct HfConfigContext {
-  std::string dtype = "fp32";  // fp32 | bf16, the dtype of the saved parameters
+  core::Dtype dtype = core::Dtype::kFp32;  // the dtype of the saved parameters
   // The objective's dspine_config keys under their reference names
   // (objectives::dspine_settings_json); they join the model's four.
   nlohmann::json training_settings = nlohmann::json::object();

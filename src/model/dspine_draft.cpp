@@ -148,7 +148,7 @@ void place_draft(DSpineDraftImpl& draft, const torch::Device& device, torch::Dty
 
 DSpineDraft build_placed_draft(const core::ModelConfig& config, const torch::Device& device,
                                torch::Dtype dtype) {
-  DSpineDraft draft(config, use_fused_kernels(parse_fused_kernels(config.fused_kernels), device));
+  DSpineDraft draft(config, use_fused_kernels(config.fused_kernels, device));
   place_draft(*draft, device, dtype);
   return draft;
 }

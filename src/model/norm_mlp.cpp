@@ -20,14 +20,8 @@ void require_cuda(const torch::Tensor& x, const char* module) {
 
 }  // namespace
 
-FusedKernels parse_fused_kernels(const std::string& value) {
-  if (value == "auto") return FusedKernels::kAuto;
-  if (value == "true") return FusedKernels::kOn;
-  if (value == "false") return FusedKernels::kOff;
-  fail("model.fused_kernels: expected auto | true | false, got '{}'", value);
-}
-
-bool use_fused_kernels(FusedKernels choice, const torch::Device& device) {
+bool use_fused_kernels(core::FusedKernels choice, const torch::Device& device) {
+  using core::FusedKernels;
   switch (choice) {
     case FusedKernels::kOff:
       return false;

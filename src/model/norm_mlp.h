@@ -4,22 +4,19 @@
 // checkpoints interoperate; nothing global is patched.
 #pragma once
 
-#include <string>
-#include <utility>
-
 #include <torch/nn/module.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/types.h>
 
+#include <string>
+#include <utility>
+
+#include "core/config.h"
+
 namespace dspine::model {
 
-enum class FusedKernels { kAuto, kOn, kOff };
-
-// Parses "auto" | "true" | "false" (config.model.fused_kernels).
-FusedKernels parse_fused_kernels(const std::string& value);
-
-// Whether fused kernels are used on `device` for the given choice; kOn without CUDA throws.
-bool use_fused_kernels(FusedKernels choice, const torch::Device& device);
+// Whether fused kernels are used on `device` for model.fused_kernels; true without CUDA throws.
+bool use_fused_kernels(core::FusedKernels choice, const torch::Device& device);
 
 // y = x * rsqrt(mean(x^2) + eps) * weight, statistics in fp32, output in x's dtype.
 class RMSNormImpl : public torch::nn::Module {

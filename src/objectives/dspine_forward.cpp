@@ -112,8 +112,7 @@ DSpineTrainingModel::DSpineTrainingModel(const core::Config& config,
   };
   embed_tokens_ = place(embed_tokens, "embed_tokens");
   lm_head_ = place(lm_head, "lm_head");
-  fused_vocabulary_ = model::use_fused_kernels(
-      model::parse_fused_kernels(model_config_.fused_kernels), lm_head_.device());
+  fused_vocabulary_ = model::use_fused_kernels(model_config_.fused_kernels, lm_head_.device());
 }
 
 DSpineOutput DSpineTrainingModel::forward(const data::DraftBatch& batch, const RowStreams& streams,

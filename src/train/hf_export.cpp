@@ -49,7 +49,7 @@ json training_settings(const json& hf, const std::string& path) {
 // The saved tensors in the reference order; checks names, shapes, dtypes and values against the
 // configuration. Returns the parameters' dtype.
 core::NamedTensors reference_tensors(const core::SafetensorsFile& file,
-                                     const core::ModelConfig& config, std::string& dtype) {
+                                     const core::ModelConfig& config, core::Dtype& dtype) {
   const auto layout = model::dspine_state_layout(config);
   std::set<std::string> expected;
   for (const auto& entry : layout) expected.insert(entry.name);
@@ -92,13 +92,13 @@ core::NamedTensors reference_tensors(const core::SafetensorsFile& file,
     fail("{}: parameters are {}, expected float32 or bfloat16", file.path,
          c10::toString(*parameter_dtype));
   }
-  dtype = *parameter_dtype == at::kBFloat16 ? "bf16" : "fp32";
+  dtype = *parameter_dtype == at::kBFloat16 ? core::Dtype::kBf16 : core::Dtype::kFp32;
   return tensors;
 }
 
 // config.json of the export: the source's keys, then every key of the reference draft config
 // written from the parsed model configuration.
-json complete_config(const json& hf, const core::ModelConfig& model, const std::string& dtype,
+json complete_config(const json& hf, const core::ModelConfig& model, core::Dtype dtype,
                      const std::string& path) {
   model::HfConfigContext context;
   context.dtype = dtype;
@@ -144,7 +144,7 @@ ExportSummary export_draft(const std::string& source_dir, const std::string& out
   if (!fs::exists(weights_path)) fail("{}: no such file; {} is not a draft checkpoint", weights_path, source_dir);
   const core::SafetensorsFile weights = core::load_safetensors(weights_path);
   ExportSummary summary;
-  std::string dtype;
+  core::Dtype dtype;
   const core::NamedTensors tensors = reference_tensors(weights, model, dtype);
   const json config = complete_config(hf, model, dtype, config_path);
 

@@ -4,13 +4,14 @@
 #pragma once
 
 #include <cstdint>
-#include <string>
+
+#include "core/config.h"
 
 namespace dspine::train {
 
 class LrSchedule {
  public:
-  LrSchedule(double base_lr, int64_t total_steps, double warmup_ratio, std::string kind);
+  LrSchedule(double base_lr, int64_t total_steps, double warmup_ratio, core::LrScheduler kind);
   // The rate used by optimizer step `step` (0-based).
   double at(int64_t step) const;
   int64_t warmup_steps() const { return warmup_steps_; }
@@ -19,7 +20,7 @@ class LrSchedule {
   double base_lr_;
   int64_t total_steps_;
   int64_t warmup_steps_;
-  std::string kind_;
+  core::LrScheduler kind_;
 };
 
 }  // namespace dspine::train

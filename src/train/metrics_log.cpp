@@ -62,9 +62,9 @@ void MetricsLog::write(const std::map<std::string, double>& record) {
   out_.flush();
 }
 
-ProgressLine::ProgressLine(const std::string& mode, int64_t first_step, int64_t total_steps)
+ProgressLine::ProgressLine(core::ProgressMode mode, int64_t first_step, int64_t total_steps)
     : terminal_(core::on_terminal(STDERR_FILENO)),
-      enabled_(mode == "true" || (mode == "auto" && terminal_)),
+      enabled_(mode == core::ProgressMode::kOn || (mode == core::ProgressMode::kAuto && terminal_)),
       first_step_(first_step),
       total_steps_(total_steps),
       start_(std::chrono::steady_clock::now()) {}

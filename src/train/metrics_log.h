@@ -8,6 +8,8 @@
 #include <map>
 #include <string>
 
+#include "core/config.h"
+
 namespace dspine::train {
 
 class MetricsLog {
@@ -24,8 +26,8 @@ class MetricsLog {
 
 class ProgressLine {
  public:
-  // mode: "auto" (only when stderr is a terminal) | "true" | "false".
-  ProgressLine(const std::string& mode, int64_t first_step, int64_t total_steps);
+  // logging.progress: auto shows it only when stderr is a terminal.
+  ProgressLine(core::ProgressMode mode, int64_t first_step, int64_t total_steps);
   void update(int64_t step, double loss, double tokens_per_second);
   void finish();
   bool enabled() const { return enabled_; }

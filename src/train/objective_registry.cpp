@@ -38,8 +38,7 @@ void validate_ce(const core::Config& config) { core::read_objective_section(conf
 
 BuiltModel build_ce(const core::Config& config, const data::BatchSource& source,
                     torch::Device device, torch::Dtype dtype) {
-  const bool fused =
-      model::use_fused_kernels(model::parse_fused_kernels(config.model.fused_kernels), device);
+  const bool fused = model::use_fused_kernels(config.model.fused_kernels, device);
   model::SimpleDraft draft(config.model, fused);
   cast_parameters(*draft, device, dtype);
   auto lm_head = source.lm_head().to(device, dtype);

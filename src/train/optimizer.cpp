@@ -11,7 +11,6 @@
 namespace dspine::train {
 namespace {
 
-using dist::ShardingMode;
 
 // The whole flat unit padded with zeros to a multiple of `world`.
 torch::Tensor padded_to(const torch::Tensor& flat, int64_t world) {
@@ -122,7 +121,7 @@ core::NamedTensors MasterAdamW::state() const {
   const int rank = sharded_.comm().rank();
   // Slice `rank` of a unit's flat state in the world-padded layout every mode saves.
   auto saved_slice = [&](const torch::Tensor& owned) {
-    if (sharded_.mode() != ShardingMode::kNone) return owned;
+    if (sharded_.shards_state()) return owned;
     const int64_t shard = padded_to(owned, world).numel() / world;
     return padded_to(owned, world).narrow(0, rank * shard, shard).clone();
   };
@@ -146,7 +145,7 @@ void MasterAdamW::load_state(const std::vector<core::SafetensorsFile>& files, in
   if (files.empty()) fail("optimizer state: no shard files to load");
   torch::NoGradGuard no_grad;
   const int world = sharded_.comm().world_size();
-  const bool sharded = sharded_.mode() != ShardingMode::kNone;
+  const bool sharded = sharded_.shards_state();
   // Same world and sharded: the one file given is this rank's own slice, nothing to reshard.
   const bool own_slice = sharded && saved_world == world && files.size() == 1;
   // The whole unpadded flat tensor `key` of a unit, from every saved slice in rank order.

@@ -26,7 +26,7 @@ class ShardingObserver final : public model::UnitObserver {
 
 void attach_sharding(torch::nn::Module& module, dist::ShardedParameters& sharded,
                      const std::string& architecture) {
-  if (sharded.mode() != dist::ShardingMode::kZero3) return;
+  if (!sharded.gathers_parameters_per_unit()) return;
   auto* observable = dynamic_cast<model::ObservableUnits*>(&module);
   if (observable == nullptr) {
     fail("distributed.sharding = zero3 needs a draft that announces its units; "

@@ -105,22 +105,19 @@ Trainer::Trainer(core::Config config, std::shared_ptr<dist::Communicator> comm)
   s.source = data::make_batch_source(s.config, s.device);  // checks the data in full first
   s.config.model.num_target_layers = data::target_depth(s.config);  // recorded in config.json
   s.held_out = data::make_held_out_source(s.config, *s.source);
-  const auto dtype = training.dtype == "bf16" ? torch::kBFloat16 : torch::kFloat;
+  const auto dtype = training.dtype == core::Dtype::kBf16 ? torch::kBFloat16 : torch::kFloat;
   s.built = build_model(s.config, *s.source, s.device, dtype);
   for (const auto& p : s.built.module->parameters()) {
     s.parameters += p.numel();
     if (p.requires_grad()) s.trainable_parameters += p.numel();
   }
   const auto& distributed = s.config.distributed;
-  s.sharded = std::make_unique<dist::ShardedParameters>(
-      *s.built.module, s.comm, dist::parse_sharding_mode(distributed.sharding),
-      distributed.prefetch);
+  s.sharded = std::make_unique<dist::ShardedParameters>(*s.built.module, s.comm,
+                                                        distributed.sharding, distributed.prefetch);
   attach_sharding(*s.built.module, *s.sharded, s.config.model.architecture);
   // model.fused_kernels also picks ATen's fused AdamW kernel (auto: on CUDA).
   s.optimizer = std::make_unique<MasterAdamW>(
-      *s.sharded, training,
-      model::use_fused_kernels(model::parse_fused_kernels(s.config.model.fused_kernels),
-                               s.device));
+      *s.sharded, training, model::use_fused_kernels(s.config.model.fused_kernels, s.device));
 }
 
 Trainer::~Trainer() = default;
@@ -217,8 +214,7 @@ void Trainer::Run::resume_or_start() {
     s.sharded->release_all();
     return;
   }
-  const bool sharded = s.sharded->mode() != dist::ShardingMode::kNone;
-  auto loaded = load_checkpoint(resume_from, rank, world, sharded);
+  auto loaded = load_checkpoint(resume_from, rank, world, s.sharded->shards_state());
   check_resume_config(resume_from, loaded.trainer_state, cfg, loaded.saved_world_size, world,
                       leader);
   s.sharded->gather_all();
@@ -245,18 +241,18 @@ void Trainer::Run::resume_or_start() {
 
 void Trainer::Run::log_start() const {
   if (!leader) return;
-  const std::string data = cfg.data.source == "shards"
+  const std::string data = cfg.data.source == core::DataSource::kShards
                                ? fmt::format("shards from {}", cfg.data.shards_dir)
-                               : cfg.data.source;
-  log::info("dspine-train: {} draft, {:.3f} M parameters ({:.3f} M trainable), objective {}; "
-            "{} rank{} on {} ({}, sharding {}); data {}; {}",
-            cfg.model.architecture, s.parameters / 1e6, s.trainable_parameters / 1e6,
-            cfg.objective.name, world, world > 1 ? "s" : "", s.device.str(), s.comm->backend(),
-            cfg.distributed.sharding, data,
-            !resume_from.empty()   ? fmt::format("resuming at step {}", s.step)
-            : started_from.empty() ? std::string("fresh start")
-                                   : "fresh start from the weights of " +
-                                         starting_point(started_from));
+                               : core::to_string(cfg.data.source);
+  log::info(
+      "dspine-train: {} draft, {:.3f} M parameters ({:.3f} M trainable), objective {}; "
+      "{} rank{} on {} ({}, sharding {}); data {}; {}",
+      cfg.model.architecture, s.parameters / 1e6, s.trainable_parameters / 1e6, cfg.objective.name,
+      world, world > 1 ? "s" : "", s.device.str(), s.comm->backend(),
+      core::to_string(cfg.distributed.sharding), data,
+      !resume_from.empty()   ? fmt::format("resuming at step {}", s.step)
+      : started_from.empty() ? std::string("fresh start")
+                             : "fresh start from the weights of " + starting_point(started_from));
 }
 
 // The acceptance evaluation (training.eval_every): every rank measures an equal share of the
@@ -317,8 +313,8 @@ std::string Trainer::Run::save(int64_t step) {
   s.sharded->gather_all();  // collective: every rank, though only the leader writes the model
   if (leader) {
     contents.model = model::module_state(*s.built.module);
-    // zero3 frees the weights again below; keep a copy of what is saved.
-    if (s.sharded->mode() == dist::ShardingMode::kZero3) {
+    // Gathered per unit, the weights are freed again below; keep a copy of what is saved.
+    if (s.sharded->gathers_parameters_per_unit()) {
       for (auto& item : contents.model) item.second = item.second.to(torch::kCPU, false, true);
     }
   }
@@ -347,7 +343,7 @@ std::string Trainer::Run::save_state_before_step() {
 // then skip it or save the state before it and stop (training.on_nonfinite).
 void Trainer::Run::reject_update(double loss, double grad_norm, double local_loss,
                                  int64_t bad_micro) {
-  const bool stop = cfg.training.on_nonfinite == "stop";
+  const bool stop = cfg.training.on_nonfinite == core::OnNonfinite::kStop;
   if (!stop) ++result.nonfinite_skipped;
   if (leader || !std::isfinite(local_loss)) {
     log::warn("step {}: loss {} (summed over ranks), gradient norm {}; on rank {} {}: {}",
@@ -518,7 +514,8 @@ TrainResult Trainer::Run::train() {
   // A resumed run drops the records its predecessor wrote after the checkpoint it resumes from.
   metrics = std::make_unique<MetricsLog>(leader ? cfg.logging.metrics_file : "",
                                          resume_from.empty() ? -1 : s.step);
-  progress = std::make_unique<ProgressLine>(leader ? cfg.logging.progress : "false", s.step, total);
+  progress = std::make_unique<ProgressLine>(
+      leader ? cfg.logging.progress : core::ProgressMode::kOff, s.step, total);
   prepare_evaluation();
 
   result.first_step = s.step;

@@ -71,7 +71,7 @@ struct AdamWRig {
     model = AdamWToy();
     model->to(device);
     sharded = std::make_unique<dist::ShardedParameters>(
-        *model, dist::make_single_process_communicator(), dist::ShardingMode::kNone);
+        *model, dist::make_single_process_communicator(), core::Sharding::kNone);
     sharded->load_masters_from_model();
     optimizer = std::make_unique<train::MasterAdamW>(*sharded, config, fused);
   }

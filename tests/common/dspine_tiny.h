@@ -28,7 +28,7 @@ inline core::ModelConfig tiny_model_config() {
   c.block_size = 4;
   c.mask_token_id = 31;
   c.target_layer_ids = {1, 4, 6};
-  c.fused_kernels = "false";
+  c.fused_kernels = dspine::core::FusedKernels::kOff;
   c.dspine.transfer_rank = 8;
   c.dspine.message_size = 4;
   c.dspine.top_k = 3;

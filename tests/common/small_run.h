@@ -20,13 +20,13 @@ inline core::Config small_run_config(const std::filesystem::path& dir, int64_t t
   config.training.batch_size = rows;
   config.training.accumulation_steps = 2;
   config.training.total_steps = total_steps;
-  config.training.device = "cpu";
+  config.training.device = dspine::core::Device::kCpu;
   config.checkpoint.dir = (dir / "checkpoints").string();
   config.checkpoint.save_every = 0;
   config.checkpoint.resume = "none";
   config.logging.metrics_file = (dir / "metrics.jsonl").string();
-  config.logging.progress = "false";
-  config.logging.level = "warn";
+  config.logging.progress = dspine::core::ProgressMode::kOff;
+  config.logging.level = dspine::core::LogLevel::kWarn;
   return config;
 }
 
@@ -38,8 +38,8 @@ inline core::Config tiny_dspine_run_config(const std::filesystem::path& dir, int
   config.checkpoint.dir = (dir / "checkpoints").string();
   config.checkpoint.resume = "none";
   config.logging.metrics_file = "";
-  config.logging.progress = "false";
-  config.logging.level = "warn";
+  config.logging.progress = dspine::core::ProgressMode::kOff;
+  config.logging.level = dspine::core::LogLevel::kWarn;
   return config;
 }
 

@@ -105,9 +105,9 @@ logging:
   EXPECT_EQ(c.model.dspine.top_k, 7);
   EXPECT_EQ(c.data.seq_len, 32);
   EXPECT_EQ(c.data.synthetic.temperature, 0.5);
-  EXPECT_EQ(c.distributed.sharding, "zero3");
+  EXPECT_EQ(c.distributed.sharding, Sharding::kZero3);
   EXPECT_EQ(c.distributed.timeout_s, 30.0);
-  EXPECT_EQ(c.logging.level, "debug");
+  EXPECT_EQ(c.logging.level, LogLevel::kDebug);
 }
 
 TEST(Config, WrongTypeNamesKeyValueAndExpectedType) {
@@ -202,10 +202,10 @@ TEST(Config, OverrideOfAnUnknownSectionNamesTheSection) {
 }
 
 TEST(Config, OnNonfiniteIsSkipOrStop) {
-  EXPECT_EQ(dspine::core::parse_config("", "t").training.on_nonfinite, "skip");
-  EXPECT_EQ(dspine::core::parse_config("training:\n  on_nonfinite: stop\n", "t")
-                .training.on_nonfinite,
-            "stop");
+  EXPECT_EQ(dspine::core::parse_config("", "t").training.on_nonfinite, OnNonfinite::kSkip);
+  EXPECT_EQ(
+      dspine::core::parse_config("training:\n  on_nonfinite: stop\n", "t").training.on_nonfinite,
+      OnNonfinite::kStop);
   const std::string message = parse_error("training:\n  on_nonfinite: ignore\n");
   EXPECT_NE(message.find("training.on_nonfinite = ignore: not an allowed value; allowed: "
                          "skip, stop"),
@@ -233,9 +233,12 @@ TEST(Config, EnumValueListsAllowedValues) {
 }
 
 TEST(Config, TriStateKeysAcceptYamlBooleans) {
-  EXPECT_EQ(parse_config("model:\n  fused_kernels: true\n", "t").model.fused_kernels, "true");
-  EXPECT_EQ(parse_config("model:\n  fused_kernels: False\n", "t").model.fused_kernels, "false");
-  EXPECT_EQ(parse_config("logging:\n  progress: false\n", "t").logging.progress, "false");
+  EXPECT_EQ(parse_config("model:\n  fused_kernels: true\n", "t").model.fused_kernels,
+            FusedKernels::kOn);
+  EXPECT_EQ(parse_config("model:\n  fused_kernels: False\n", "t").model.fused_kernels,
+            FusedKernels::kOff);
+  EXPECT_EQ(parse_config("logging:\n  progress: false\n", "t").logging.progress,
+            ProgressMode::kOff);
   const std::string message = parse_error("model:\n  fused_kernels: maybe\n");
   EXPECT_NE(message.find("allowed: auto, true, false"), std::string::npos) << message;
 }
@@ -280,7 +283,7 @@ TEST(Config, CrossKeyChecks) {
 TEST(Config, RandomSourceTakesTheRecipeAndChecksPromptLength) {
   const Config c = load_config(std::string(DSPINE_SOURCE_DIR) + "/configs/qwen3-8b-dspine.yaml",
                                {"data.source=random"});
-  EXPECT_EQ(c.data.source, "random");
+  EXPECT_EQ(c.data.source, DataSource::kRandom);
   EXPECT_EQ(c.model.target_layer_ids.size(), 5u);
   EXPECT_NE(parse_error("data:\n  source: random\n  seq_len: 8\n")
                 .find("data.synthetic.prompt_length = 8"),
@@ -375,13 +378,13 @@ TEST(Config, ToYamlRoundTripsEveryKeyExactly) {
   Config c = parse_config(kTinyDSpine, "tiny");
   c.training.learning_rate = 0.1 + 0.2;  // needs 17 significant digits
   c.model.rope_theta = 1e6;
-  c.model.fused_kernels = "false";
+  c.model.fused_kernels = FusedKernels::kOff;
   c.model.mask_token_id = 5;
   c.checkpoint.dir = "runs/a: b #c \"quoted\"";
   c.checkpoint.resume = "auto";
   c.logging.metrics_file = "";
   c.distributed.prefetch = false;
-  c.distributed.sharding = "zero2";
+  c.distributed.sharding = Sharding::kZero2;
   c.distributed.timeout_s = 0.25;
   c.data.synthetic.seed = -0 + 987654321012345;
   c.objective.sections["dspine"] = "num_anchors: 4\nloss_decay_gamma: -0.33333333333333331";
@@ -390,11 +393,11 @@ TEST(Config, ToYamlRoundTripsEveryKeyExactly) {
   EXPECT_EQ(to_yaml(back), yaml);
   EXPECT_EQ(back.training.learning_rate, 0.1 + 0.2);
   EXPECT_EQ(back.objective.sections, c.objective.sections);
-  EXPECT_EQ(back.model.fused_kernels, "false");
+  EXPECT_EQ(back.model.fused_kernels, FusedKernels::kOff);
   EXPECT_EQ(back.checkpoint.dir, c.checkpoint.dir);
   EXPECT_EQ(back.logging.metrics_file, "");
   EXPECT_FALSE(back.distributed.prefetch);
-  EXPECT_EQ(back.distributed.sharding, "zero2");
+  EXPECT_EQ(back.distributed.sharding, Sharding::kZero2);
   EXPECT_EQ(back.distributed.timeout_s, 0.25);
   EXPECT_EQ(back.data.synthetic.seed, 987654321012345);
   EXPECT_EQ(back.model.target_layer_ids, c.model.target_layer_ids);

@@ -14,7 +14,7 @@ using dspine::testing::expect_error_mentioning;
 // the shift over it is exercised.
 core::Config small_config() {
   core::Config config;
-  config.data.source = "random";
+  config.data.source = dspine::core::DataSource::kRandom;
   config.model.hidden_size = 16;
   config.model.vocab_size = 40;
   config.model.mask_token_id = 7;

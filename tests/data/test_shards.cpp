@@ -131,7 +131,7 @@ TEST_F(Shards, MakeBatchSourceServesEitherSourceByCursor) {
   expect_batches_equal(synthetic->next(1), live_samples({4}));
   EXPECT_EQ(synthetic->cursor(), 5);
 
-  config.data.source = "shards";
+  config.data.source = dspine::core::DataSource::kShards;
   config.data.shards_dir = write();
   auto shards = make_batch_source(config, torch::kCPU);
   shards->seek(1);
@@ -140,9 +140,6 @@ TEST_F(Shards, MakeBatchSourceServesEitherSourceByCursor) {
 
   config.data.shards_dir = "";
   expect_error_mentioning([&] { make_batch_source(config, torch::kCPU); }, {"data.shards_dir"});
-  config.data.source = "files";
-  expect_error_mentioning([&] { make_batch_source(config, torch::kCPU); },
-                          {"data.source", "files"});
 }
 
 TEST_F(Shards, MissingShardFileIsNamed) {

@@ -37,7 +37,7 @@ class Specforge : public ::testing::Test {
     c.model.vocab_size = 16;
     c.model.target_layer_ids = {1, 3};
     c.data.seq_len = 8;
-    c.data.source = "specforge";
+    c.data.source = dspine::core::DataSource::kSpecforge;
     c.data.specforge_dir = root_ + "/samples";
     c.data.target.path = root_ + "/target";
     return c;

@@ -44,7 +44,7 @@ class Target : public ::testing::Test {
     c.model.hidden_size = 32;
     c.model.vocab_size = 96;
     c.model.target_layer_ids = {0, 2, 3};
-    c.data.source = "target";
+    c.data.source = dspine::core::DataSource::kTarget;
     c.data.seq_len = seq_len;
     c.data.synthetic.prompt_length = 2;
     c.data.target.path = (kModels / model).string();

@@ -12,6 +12,7 @@
 
 #include <cstdlib>
 
+#include "common/choice_named.h"
 #include "core/config.h"
 #include "data/random_source.h"
 #include "dist/communicator.h"
@@ -37,7 +38,7 @@ core::Config step_config(const std::string& fused, bool kernel_heads) {
   m.block_size = kernel_heads ? 16 : 4;
   m.mask_token_id = 255;
   m.target_layer_ids = {0, 1, 2};
-  m.fused_kernels = fused;
+  m.fused_kernels = testing::choice_named<core::FusedKernels>(fused);
   m.dspine.transfer_rank = 32;
   m.dspine.message_size = 16;
   m.dspine.top_k = 8;

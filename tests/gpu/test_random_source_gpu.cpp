@@ -10,7 +10,7 @@ namespace {
 
 core::Config small_config() {
   core::Config config;
-  config.data.source = "random";
+  config.data.source = dspine::core::DataSource::kRandom;
   config.model.hidden_size = 64;
   config.model.vocab_size = 1000;
   config.model.target_layer_ids = {1, 9, 17, 25, 33};

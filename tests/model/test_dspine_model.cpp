@@ -336,7 +336,8 @@ TEST(DSpineConfig, InvalidOptionsAreRejectedNamingDSpine) {
 
 // The objective's settings join the model's keys (the objective test checks all eleven).
 TEST(DSpineConfig, HfConfigCarriesTheModelKeysAndTheTrainingSettings) {
-  auto json = dspine_hf_config(tiny_config(), HfConfigContext{"fp32", {{"ce_weight", 0.25}}, 8, 12});
+  auto json = dspine_hf_config(tiny_config(),
+                               HfConfigContext{core::Dtype::kFp32, {{"ce_weight", 0.25}}, 8, 12});
   EXPECT_EQ(json["architectures"][0], "DSpineDraftModel");
   EXPECT_EQ(json["dspine_config"].size(), 5u);
   EXPECT_EQ(json["dspine_config"]["transfer_rank"], 8);

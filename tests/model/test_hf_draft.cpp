@@ -33,7 +33,8 @@ using testing::fresh_dir;
 core::ModelConfig tiny_config() { return testing::tiny_model_config(); }
 
 json tiny_hf_config() {
-  return dspine_hf_config(tiny_config(), HfConfigContext{"fp32", {{"ce_weight", 0.25}}, 8, 12});
+  return dspine_hf_config(tiny_config(),
+                          HfConfigContext{core::Dtype::kFp32, {{"ce_weight", 0.25}}, 8, 12});
 }
 
 // A draft directory as an export holds it: config.json and model.safetensors.
@@ -134,7 +135,7 @@ TEST(HfDraftConfig, RefusesWhatTheDraftDoesNotImplementNamingTheKey) {
 TEST(HfDraftConfig, WritesRopeParametersAndReadsEitherLayout) {
   auto c = tiny_config();
   c.rope_theta = 5e5;
-  const json hf = dspine_hf_config(c, HfConfigContext{"fp32", json::object(), 8, 12});
+  const json hf = dspine_hf_config(c, HfConfigContext{core::Dtype::kFp32, json::object(), 8, 12});
   EXPECT_EQ(hf.at("rope_parameters"), json({{"rope_theta", 5e5}, {"rope_type", "default"}}));
   EXPECT_EQ(hf.at("rope_theta"), 5e5);
   EXPECT_FALSE(hf.contains("rope_scaling"));

@@ -1,5 +1,5 @@
-// The kernel factory on a machine without CUDA: choice parsing, the reference modules' values and
-// parameter names, and clear errors when fused kernels are demanded without CUDA.
+// The kernel factory on a machine without CUDA: the choice per device, the reference modules'
+// values and parameter names, and clear errors when fused kernels are demanded without CUDA.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -14,6 +14,8 @@
 namespace dspine::model {
 namespace {
 
+using core::FusedKernels;
+
 std::set<std::string> parameter_names(const torch::nn::Module& module) {
   std::set<std::string> names;
   for (const auto& item : module.named_parameters()) names.insert(item.key());
@@ -27,15 +29,6 @@ std::string error_of(const std::function<void()>& f) {
     return e.what();
   }
   return "";
-}
-
-TEST(KernelFactory, ParsesAutoTrueFalseAndRejectsOthers) {
-  EXPECT_EQ(parse_fused_kernels("auto"), FusedKernels::kAuto);
-  EXPECT_EQ(parse_fused_kernels("true"), FusedKernels::kOn);
-  EXPECT_EQ(parse_fused_kernels("false"), FusedKernels::kOff);
-  const std::string message = error_of([] { parse_fused_kernels("yes"); });
-  EXPECT_NE(message.find("model.fused_kernels"), std::string::npos) << message;
-  EXPECT_NE(message.find("yes"), std::string::npos) << message;
 }
 
 TEST(KernelFactory, AutoAndFalsePickTheReferenceOnCpu) {

@@ -102,8 +102,7 @@ TEST(DSpineDistributed, ShardedGradientSlicesMatchTheCombinedBatch) {
   auto local = dist::make_single_process_communicator();
   const auto expected = window_gradients(*single, {data::concat_rows(rows)}, *local);
 
-  for (const auto mode : {dist::ShardingMode::kNone, dist::ShardingMode::kZero2,
-                          dist::ShardingMode::kZero3}) {
+  for (const auto mode : {core::Sharding::kNone, core::Sharding::kZero2, core::Sharding::kZero3}) {
     auto objective = testing::training_objective(testing::tiny_config(accumulation),
                                                  testing::tiny_settings(1));
     dist::ShardedParameters sharded(*objective->module(), comm, mode);
@@ -137,7 +136,7 @@ TEST(DSpineDistributed, ShardedGradientSlicesMatchTheCombinedBatch) {
           << unit.name() << " max diff " << (got - slice).abs().max().item<double>();
     }
     // zero3 frees every unit it gathered once its backward is done.
-    if (mode == dist::ShardingMode::kZero3) {
+    if (mode == core::Sharding::kZero3) {
       for (auto& unit : sharded.units()) {
         EXPECT_EQ(unit.resident(), unit.name() == "head") << unit.name();
       }

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "common/choice_named.h"
 #include "common/dspine_tiny.h"
 #include "dist/launch.h"
 #include "dist/mpi_context.h"
@@ -24,7 +25,8 @@ std::string test_device() {
 }
 
 torch::Device device_of_rank() {
-  return dist::training_device(test_device(), dist::rank_layout().local_rank);
+  return dist::training_device(testing::choice_named<core::Device>(test_device()),
+                               dist::rank_layout().local_rank);
 }
 
 std::shared_ptr<dist::Communicator> world() {

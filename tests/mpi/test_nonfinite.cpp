@@ -2,11 +2,12 @@
 // of rank 1 only. Every rank takes the same decision: skip leaves the weights of that step
 // untouched on every rank and trains on; stop saves the state before the step and ends every
 // rank with the same error.
-#include <filesystem>
-
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <filesystem>
+
+#include "common/choice_named.h"
 #include "common/mpi_world.h"
 #include "common/nonfinite.h"
 #include "common/small_run.h"
@@ -24,8 +25,9 @@ dspine::core::Config config_for(const fs::path& dir, const std::string& mode,
                                 const std::string& on_nonfinite) {
   auto config = dspine::testing::small_run_config(dir, 5);
   config.logging.metrics_file = "";
-  config.distributed.sharding = mode;
-  config.training.on_nonfinite = on_nonfinite;
+  config.distributed.sharding = dspine::testing::choice_named<dspine::core::Sharding>(mode);
+  config.training.on_nonfinite =
+      dspine::testing::choice_named<dspine::core::OnNonfinite>(on_nonfinite);
   return config;
 }
 

@@ -4,15 +4,16 @@
 // N·B, step by step, for the dspine and gspo objectives under every distributed.sharding mode.
 // Anchors are drawn from more valid positions than num_anchors and replacement is on, so the draws
 // matter; only fp32 summation order differs (1e-5 relative on every step's loss).
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <string>
 
-#include <gtest/gtest.h>
-#include <torch/torch.h>
-
+#include "common/choice_named.h"
 #include "common/mpi_world.h"
 #include "common/small_run.h"
 #include "core/config.h"
@@ -30,12 +31,12 @@ constexpr int64_t kSteps = 3;
 dspine::core::Config run_config(const fs::path& dir, const std::string& objective, int64_t rows,
                                 const std::string& mode) {
   auto config = dspine::testing::tiny_dspine_run_config(dir, kSteps);
-  config.training.device = "cpu";
+  config.training.device = dspine::core::Device::kCpu;
   config.training.batch_size = rows;
   config.training.accumulation_steps = 2;
   config.training.eval_every = 0;
   config.data.seq_len = 32;  // 31 anchor positions per full row for num_anchors 16
-  config.distributed.sharding = mode;
+  config.distributed.sharding = dspine::testing::choice_named<dspine::core::Sharding>(mode);
   if (objective == "gspo") {
     // The policy loss alone is a near-cancellation (on policy it is Σ advantages = 0): its fp32
     // rounding is 1e-5 of its size. With the supervised term beside it the loss is not; the

@@ -3,11 +3,12 @@
 // of each global micro-batch, gradients add up, and the sharded optimizer steps the same
 // weights. Sharded checkpoints resume bitwise on the same world size and reshard N → 1, 1 → N.
 // DSPINE_TEST_DEVICE=cuda runs the same tests on one GPU per rank over NCCL (the GPU machine).
-#include <filesystem>
-
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <filesystem>
+
+#include "common/choice_named.h"
 #include "common/mpi_world.h"
 #include "common/small_run.h"
 #include "core/config.h"
@@ -31,15 +32,17 @@ std::string test_device() {
 dspine::core::Config small_config(const fs::path& dir, int64_t rows, const std::string& mode) {
   auto config = dspine::testing::small_run_config(dir, 4, rows);
   config.logging.metrics_file = "";
-  config.distributed.sharding = mode;
-  config.training.device = test_device();
+  config.distributed.sharding = dspine::testing::choice_named<dspine::core::Sharding>(mode);
+  config.training.device = dspine::testing::choice_named<dspine::core::Device>(test_device());
   return config;
 }
 
 // The run's communicator on the test device: MPI on the CPU, NCCL (+ MPI for host sums) on GPUs.
 std::shared_ptr<dspine::dist::Communicator> world() {
   return dspine::testing::mpi_world(
-      120, dspine::dist::training_device(test_device(), dspine::dist::rank_layout().local_rank));
+      120, dspine::dist::training_device(
+               dspine::testing::choice_named<dspine::core::Device>(test_device()),
+               dspine::dist::rank_layout().local_rank));
 }
 
 std::shared_ptr<dspine::dist::Communicator> single() {

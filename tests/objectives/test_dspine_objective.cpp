@@ -649,7 +649,7 @@ TEST(DSpineObjective, Bf16DraftKeepsFp32CodesAndTrainsWithFiniteGradients) {
     for (int64_t step : {100, 300}) {
       SCOPED_TRACE(device.str());
       auto config = tiny_config(2);
-      config.training.dtype = "bf16";
+      config.training.dtype = dspine::core::Dtype::kBf16;
       torch::manual_seed(17);
       auto head = torch::randn({32, 16});
       auto embed = torch::randn({32, 16});

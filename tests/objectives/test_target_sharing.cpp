@@ -21,11 +21,11 @@ TEST(TargetSharing, DraftFreezesTheTargetsOwnTables) {
   c.model.hidden_size = 32;
   c.model.vocab_size = 96;
   c.model.target_layer_ids = {0, 2, 3};
-  c.model.fused_kernels = "false";
+  c.model.fused_kernels = dspine::core::FusedKernels::kOff;
   c.model.dspine.transfer_rank = 8;
   c.model.dspine.message_size = 4;
   c.model.dspine.top_k = 3;
-  c.data.source = "target";
+  c.data.source = dspine::core::DataSource::kTarget;
   c.data.seq_len = 8;
   c.data.target.path = model.string();
   c.data.target.random = true;  // random token ids: no samples file needed

@@ -71,7 +71,7 @@ std::vector<std::string> entries_starting(const Config& config, const std::strin
 // Trains on from a damaged step-000004 with resume: auto; returns what the run printed.
 std::string resume_past_damage(Config config) {
   config.training.total_steps = 6;
-  config.logging.level = "warn";
+  config.logging.level = dspine::core::LogLevel::kWarn;
   ::testing::internal::CaptureStdout();
   const auto result = train(config);
   const std::string printed = ::testing::internal::GetCapturedStdout();

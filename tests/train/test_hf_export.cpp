@@ -36,7 +36,7 @@ using dspine::testing::fresh_dir;
 // The embedded tiny DSpine configuration (configs/tiny.yaml) on the CPU.
 Config tiny_dspine_config(const fs::path& dir, int64_t total_steps) {
   Config config = dspine::testing::tiny_dspine_run_config(dir, total_steps);
-  config.training.device = "cpu";
+  config.training.device = dspine::core::Device::kCpu;
   return config;
 }
 

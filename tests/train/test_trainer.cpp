@@ -44,14 +44,14 @@ std::map<std::string, torch::Tensor> parameters_of(torch::nn::Module& module) {
 }  // namespace
 
 TEST(LrSchedule, WarmsUpLinearlyThenAnnealsToZero) {
-  dspine::train::LrSchedule schedule(1.0, 100, 0.1, "cosine");
+  dspine::train::LrSchedule schedule(1.0, 100, 0.1, dspine::core::LrScheduler::kCosine);
   EXPECT_EQ(schedule.warmup_steps(), 10);
   EXPECT_DOUBLE_EQ(schedule.at(0), 0.1);
   EXPECT_DOUBLE_EQ(schedule.at(9), 1.0);
   EXPECT_DOUBLE_EQ(schedule.at(10), 1.0);  // first post-warmup step keeps the base rate
   EXPECT_NEAR(schedule.at(55), 0.5, 1e-12);
   EXPECT_NEAR(schedule.at(100), 0.0, 1e-12);
-  dspine::train::LrSchedule constant(2.0, 10, 0.0, "constant");
+  dspine::train::LrSchedule constant(2.0, 10, 0.0, dspine::core::LrScheduler::kConstant);
   EXPECT_DOUBLE_EQ(constant.at(7), 2.0);
 }
 
@@ -84,7 +84,7 @@ TEST(Trainer, ResumeMatchesUninterruptedRunBitwise) {
   auto dir = fresh_dir("resume");
   constexpr int64_t kSteps = 6;
   auto interrupted = small_config(dir / "a", 2 * kSteps);
-  interrupted.training.dtype = "fp32";
+  interrupted.training.dtype = dspine::core::Dtype::kFp32;
   {
     dspine::train::Trainer first(interrupted, dspine::dist::make_single_process_communicator());
     auto part = first.run(kSteps);
@@ -194,7 +194,7 @@ TEST(Checkpoint, MissingFileIsNamedInTheError) {
 TEST(Trainer, Bf16RunTrainsBf16ParametersFromFp32Masters) {
   auto dir = fresh_dir("bf16");
   auto config = small_config(dir, 4);
-  config.training.dtype = "bf16";
+  config.training.dtype = dspine::core::Dtype::kBf16;
   dspine::train::Trainer trainer(config, dspine::dist::make_single_process_communicator());
   auto before = parameters_of(trainer.module());
   auto result = trainer.run();
@@ -254,7 +254,7 @@ TEST(Trainer, DSpineTransferCodesComeFromTheCheckpointOnResume) {
 // evaluation after the last step announces nothing.
 TEST(Trainer, PhaseHookSeesTheReplaySubPhasesPerMicroBatch) {
   auto collect = [](Config config) {
-    config.training.device = "cpu";
+    config.training.device = dspine::core::Device::kCpu;
     dspine::train::Trainer trainer(config, dspine::dist::make_single_process_communicator());
     std::vector<std::string> phases;
     trainer.set_phase_hook([&](const std::string& phase) { phases.push_back(phase); });
@@ -277,7 +277,7 @@ TEST(Trainer, FreshStartInitialisationReachesTheMasters) {
   auto dir = fresh_dir("fresh_start");
   Config config = tiny_dspine_config(dir, 1);
   config.training.learning_rate = 1e-12;
-  config.training.device = "cpu";
+  config.training.device = dspine::core::Device::kCpu;
   dspine::train::Trainer trainer(config, dspine::dist::make_single_process_communicator());
   trainer.run();
 
@@ -464,7 +464,7 @@ TEST(Trainer, NonFiniteStepIsSkippedAndTrainingContinues) {
 TEST(Trainer, NonFiniteStepStopsAfterSavingTheStateBeforeIt) {
   auto dir = fresh_dir("nonfinite_stop");
   auto config = small_config(dir, 5);
-  config.training.on_nonfinite = "stop";
+  config.training.on_nonfinite = dspine::core::OnNonfinite::kStop;
   dspine::train::Trainer trainer(config, dspine::dist::make_single_process_communicator());
   trainer.set_batch_hook(dspine::testing::nan_at(2, 0));
   dspine::testing::StepRecorder steps(trainer);

@@ -44,8 +44,8 @@ Config eval_config(const fs::path& dir, int64_t steps, int64_t eval_every) {
   config.checkpoint.resume = "none";
   config.logging.every = 2;
   config.logging.metrics_file = (dir / "metrics.jsonl").string();
-  config.logging.progress = "false";
-  config.logging.level = "warn";
+  config.logging.progress = dspine::core::ProgressMode::kOff;
+  config.logging.level = dspine::core::LogLevel::kWarn;
   return config;
 }
 

@@ -56,7 +56,7 @@ Config online_target_config(const fs::path& dir, const fs::path& samples, int64_
   Config config = dspine::testing::small_run_config(dir, steps);
   config.model.hidden_size = 64;
   config.model.vocab_size = 256;
-  config.data.source = "target";
+  config.data.source = dspine::core::DataSource::kTarget;
   config.data.target.path = dir.string();
   config.data.target.random = true;
   config.data.samples = samples.string();
