@@ -93,7 +93,7 @@ void DSpineObjective::begin_window(const std::vector<data::DraftBatch>& micro_ba
   // §8.2: graph-free CE-only prepass of every micro-batch; the replay draws the same blocks from
   // the same row streams. With prepass: skip_first the first micro-batch has no prepass; its
   // replay completes the window's CE̅.
-  const bool skip_first = settings_.prepass == "skip_first";
+  const bool skip_first = settings_.prepass == DSpinePrepass::kSkipFirst;
   torch::NoGradGuard no_grad;
   for (size_t i = 0; i < micro_batches.size(); ++i) {
     if (i == 0 && skip_first) {

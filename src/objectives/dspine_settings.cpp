@@ -47,6 +47,7 @@ void check_ranges(const core::Config& config, const DSpineSettings& s) {
 
 DSpineSettings read_dspine_settings(const core::Config& config) {
   DSpineSettings s;
+  std::string prepass = "all";
   core::read_objective_section(config, kSection,
                                {
                                    {"num_anchors", &s.num_anchors, {}, false,
@@ -69,9 +70,10 @@ DSpineSettings read_dspine_settings(const core::Config& config) {
                                     "progress at which replacement has faded out"},
                                    {"candidate_mass_threshold", &s.candidate_mass_threshold, {},
                                     false, "teacher mass the top-k needs for the refinement L1"},
-                                   {"prepass", &s.prepass, {"all", "skip_first"}, false,
+                                   {"prepass", &prepass, {"all", "skip_first"}, false,
                                     "window micro-batches given a CE-only prepass"},
                                });
+  s.prepass = prepass == "skip_first" ? DSpinePrepass::kSkipFirst : DSpinePrepass::kAll;
   check_ranges(config, s);
   return s;
 }

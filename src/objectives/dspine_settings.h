@@ -12,6 +12,12 @@
 
 namespace dspine::objectives {
 
+// Which micro-batches of an accumulation window get a CE-only prepass: all of them (the
+// reference's scheme), or all but the first (the first micro-batch's replay completes CE̅ itself;
+// same losses and gradients, one CE-only forward fewer per window). docs/model.md, "CE-only
+// prepass and replay".
+enum class DSpinePrepass { kAll, kSkipFirst };
+
 struct DSpineSettings {
   int64_t num_anchors = 512;             // max anchor blocks per row
   double loss_decay_gamma = 7.0;         // position decay; <= 0 disables
@@ -23,10 +29,7 @@ struct DSpineSettings {
   double replacement_hold_ratio = 1.0 / 6.0;
   double replacement_end_ratio = 1.0 / 3.0;
   double candidate_mass_threshold = 1e-4;
-  // Which micro-batches of an accumulation window get a CE-only prepass: "all" (the reference's
-  // scheme) or "skip_first" (the first micro-batch's replay completes CE̅ itself; same losses and
-  // gradients, one CE-only forward fewer per window). docs/model.md, "CE-only prepass and replay".
-  std::string prepass = "all";
+  DSpinePrepass prepass = DSpinePrepass::kAll;  // objective.dspine.prepass: all | skip_first
 };
 
 // Reads and range-checks objective.dspine (absent keys keep the defaults); errors name the full

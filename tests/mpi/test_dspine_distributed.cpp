@@ -66,8 +66,11 @@ TEST(DSpineDistributed, UnevenRanksMatchTheCombinedBatch) {
   auto comm = dist::make_mpi_communicator(core::DistributedConfig{}.timeout_s);
   ASSERT_EQ(comm->world_size(), 2);
   // (accumulation, prepass): skip_first's first replay reduces CE and D across the ranks.
-  const std::vector<std::pair<int64_t, std::string>> windows = {
-      {1, "all"}, {2, "all"}, {2, "skip_first"}, {3, "skip_first"}};
+  using objectives::DSpinePrepass;
+  const std::vector<std::pair<int64_t, DSpinePrepass>> windows = {{1, DSpinePrepass::kAll},
+                                                                  {2, DSpinePrepass::kAll},
+                                                                  {2, DSpinePrepass::kSkipFirst},
+                                                                  {3, DSpinePrepass::kSkipFirst}};
   for (const auto& [accumulation, prepass] : windows) {
     const auto rows = uneven_rows(accumulation, 50);
     const auto mine = rows_of_rank(rows, comm->rank());
@@ -83,8 +86,9 @@ TEST(DSpineDistributed, UnevenRanksMatchTheCombinedBatch) {
     ASSERT_EQ(grads.size(), expected.size());
     for (const auto& [name, grad] : expected) {
       EXPECT_TRUE(torch::allclose(grads.at(name), grad, 2e-4, 2e-5))
-          << "A = " << accumulation << " prepass " << prepass << " rank " << comm->rank() << " "
-          << name << " max diff "
+          << "A = " << accumulation << " prepass "
+          << (prepass == DSpinePrepass::kSkipFirst ? "skip_first" : "all") << " rank "
+          << comm->rank() << " " << name << " max diff "
           << (grads.at(name) - grad).abs().max().item<double>();
     }
   }

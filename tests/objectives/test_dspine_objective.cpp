@@ -521,7 +521,7 @@ TEST(DSpineBlocks, RowsDrawTheSameBlocksInAnyGrouping) {
 
 objectives::DSpineSettings skip_first_settings() {
   auto settings = tiny_settings();
-  settings.prepass = "skip_first";
+  settings.prepass = DSpinePrepass::kSkipFirst;
   return settings;
 }
 
