@@ -83,9 +83,9 @@ nlohmann::json acceptance_report(const core::Config& config,
                                  const torch::Device& device, bool per_block_verifier) {
   auto batches = objectives::held_out_batches(source, rows.offset, rows.samples,
                                               config.training.batch_size, device);
-  objectives::AcceptanceEvaluator evaluator(
-      config, objectives::read_dspine_settings(config), objective.draft(),
-      objective.training_model().embed_tokens(), objective.training_model().lm_head());
+  objectives::AcceptanceEvaluator evaluator(config, objective.dspine_settings(), objective.draft(),
+                                            objective.training_model().embed_tokens(),
+                                            objective.training_model().lm_head());
   auto comm = dspine::dist::make_single_process_communicator();
   std::unique_ptr<objectives::BlockVerifier> verifier;
   if (per_block_verifier) {

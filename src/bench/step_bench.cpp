@@ -164,14 +164,13 @@ void print_dspine_rates(const core::Config& config, int world, const AnchorStats
                         PhaseMeter& meter, double window_s) {
   const auto& t = config.training;
   auto per_second = [](double count, double s) { return s > 0 ? count / s : 0.0; };
-  const auto settings = objectives::read_dspine_settings(config);
   const int64_t rows = t.batch_size * t.accumulation_steps * world;
   const double proposals =
-      static_cast<double>(rows * settings.num_anchors * (config.model.block_size - 1));
+      static_cast<double>(rows * anchor_stats.anchors * (config.model.block_size - 1));
   std::printf("proposals_per_window: %.0f\n", proposals);
   std::printf("proposals_per_s: %.1f\n", per_second(proposals, window_s));
   // One rank's replay: accumulation_steps forward + backward micro-steps.
-  const StepShape shape{t.batch_size, config.data.seq_len, settings.num_anchors,
+  const StepShape shape{t.batch_size, config.data.seq_len, anchor_stats.anchors,
                         anchor_stats.mean(anchor_stats.anchor_sum),
                         anchor_stats.mean(anchor_stats.teacher_sum)};
   const auto parts = dspine_step_flops(config.model, shape);

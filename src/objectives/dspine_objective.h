@@ -50,6 +50,8 @@ class DSpineObjective final : public Objective {
   std::shared_ptr<torch::nn::Module> module() { return draft_.ptr(); }
   model::DSpineDraft draft() { return draft_; }
   DSpineTrainingModel& training_model() { return model_; }
+  // objective.dspine as read once when the objective was made.
+  const DSpineSettings& dspine_settings() const { return settings_; }
   nlohmann::json hf_config() const;
 
   // Builds the transfer space from the frozen lm_head, or loads init_from (model/draft_loading.h).

@@ -58,6 +58,8 @@ class GspoObjective final : public Objective {
   std::shared_ptr<torch::nn::Module> module() { return draft_.ptr(); }
   model::DSpineDraft draft() { return draft_; }
   DSpineTrainingModel& training_model() { return model_; }
+  // objective.dspine (how anchor blocks are sampled) as read once when the objective was made.
+  const DSpineSettings& dspine_settings() const { return dspine_; }
   nlohmann::json hf_config() const;
   int64_t updates_per_window() const override { return settings_.updates_per_rollout; }
 

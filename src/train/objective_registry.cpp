@@ -58,7 +58,7 @@ BuiltModel built_from(const core::Config& config, std::unique_ptr<DraftObjective
   built.hf_config = objective->hf_config();
   auto& model = objective->training_model();
   built.acceptance = std::make_unique<objectives::AcceptanceEvaluator>(
-      config, objectives::read_dspine_settings(config), objective->draft(), model.embed_tokens(),
+      config, objective->dspine_settings(), objective->draft(), model.embed_tokens(),
       model.lm_head());
   built.objective = std::move(objective);
   return built;
