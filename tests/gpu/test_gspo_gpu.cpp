@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include "common/expect_error.h"
+#include "common/require_cuda.h"
 #include "core/error.h"
 #include "ops/gspo_seam.h"
 
@@ -14,9 +15,6 @@ namespace dspine::ops {
 namespace {
 
 using dspine::testing::expect_error;
-
-#define SKIP_WITHOUT_CUDA() \
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device"
 
 struct Inputs {
   at::Tensor logprobs;
@@ -97,7 +95,7 @@ void expect_scalars_close(const GspoSeamResult& got, const GspoSeamResult& want,
 }
 
 TEST(GspoGpu, FusedSeamMatchesReference) {
-  SKIP_WITHOUT_CUDA();
+  REQUIRE_CUDA();
   auto comm = dist::make_single_process_communicator();
   struct Shape { int64_t tokens, segments; at::ScalarType seg, count; };
   for (const Shape& shape : {Shape{17, 4, torch::kInt64, torch::kInt64}, Shape{200, 16, torch::kInt32, torch::kFloat32},
@@ -125,7 +123,7 @@ TEST(GspoGpu, FusedSeamMatchesReference) {
 }
 
 TEST(GspoGpu, FusedSeamIsBitwiseDeterministic) {
-  SKIP_WITHOUT_CUDA();
+  REQUIRE_CUDA();
   auto comm = dist::make_single_process_communicator();
   const Inputs in = make_inputs(1 << 20, 1024, torch::kInt64, torch::kInt64, 3);
   const auto p = params_for(1024, 4.0, 1.0);
@@ -140,7 +138,7 @@ TEST(GspoGpu, FusedSeamIsBitwiseDeterministic) {
 // The spanning form (reduce, all-reduce, finish) against the reference and against the local
 // form, which must agree bitwise (same kernels up to the [2, S] buffer, same per-token c).
 TEST(GspoGpu, FusedSeamAllReducesOnceWhenSegmentsSpanRanks) {
-  SKIP_WITHOUT_CUDA();
+  REQUIRE_CUDA();
   auto comm = dist::make_single_process_communicator();
   for (const auto& [tokens, segments] : {std::pair<int64_t, int64_t>{5000, 64}, {1 << 20, 65536},
                                          {(1 << 22) + 7, 1024}}) {
@@ -161,7 +159,7 @@ TEST(GspoGpu, FusedSeamAllReducesOnceWhenSegmentsSpanRanks) {
 }
 
 TEST(GspoGpu, FusedSeamReportsBadInputs) {
-  SKIP_WITHOUT_CUDA();
+  REQUIRE_CUDA();
   auto comm = dist::make_single_process_communicator();
   const Inputs in = make_inputs(3000, 16, torch::kInt64, torch::kInt64, 4);
   const auto p = params_for(16, 1.0, 1.0);
@@ -190,7 +188,7 @@ TEST(GspoGpu, FusedSeamReportsBadInputs) {
 // another's, whether those runs lie inside one block or cross a block boundary, is reported by
 // both forms.
 TEST(GspoGpu, FusedSeamReportsSplitSegmentsAtScale) {
-  SKIP_WITHOUT_CUDA();
+  REQUIRE_CUDA();
   auto comm = dist::make_single_process_communicator();
   const Inputs in = make_inputs(1 << 20, 1024, torch::kInt64, torch::kInt64, 11);
   const auto labelled = in.tokens.target.ge(0).nonzero().squeeze(1);
@@ -255,20 +253,20 @@ void check_monolithic(at::ScalarType dtype, int64_t rows, int64_t vocab, double 
 }
 
 TEST(GspoGpu, MonolithicMatchesReferenceFp32) {
-  SKIP_WITHOUT_CUDA();
+  REQUIRE_CUDA();
   for (int64_t vocab : {int64_t(1001), int64_t(4096)})
     for (double scale : {1.0, 4.0})
       for (bool accumulate : {false, true}) check_monolithic(torch::kFloat32, 777, vocab, scale, accumulate);
 }
 
 TEST(GspoGpu, MonolithicMatchesReferenceBf16) {
-  SKIP_WITHOUT_CUDA();
+  REQUIRE_CUDA();
   for (int64_t vocab : {int64_t(1001), int64_t(32768)})
     for (bool accumulate : {false, true}) check_monolithic(torch::kBFloat16, 513, vocab, 4.0, accumulate);
 }
 
 TEST(GspoGpu, MonolithicReportsBadTarget) {
-  SKIP_WITHOUT_CUDA();
+  REQUIRE_CUDA();
   auto comm = dist::make_single_process_communicator();
   const Inputs in = make_inputs(300, 8, torch::kInt64, torch::kInt64, 2);
   GspoTokens tokens = in.tokens;

@@ -7,15 +7,13 @@
 #include <torch/torch.h>
 
 #include "common/policy_case.h"
+#include "common/require_cuda.h"
 #include "dist/communicator.h"
 #include "objectives/gspo_policy_loss.h"
 #include "ops/vocab_objective_ops.h"
 
 namespace dspine::objectives {
 namespace {
-
-#define SKIP_WITHOUT_CUDA() \
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device"
 
 // Blocks of `slots` rows, G samples per row, segment (block, sample); block 0's last slot masked.
 GspoPolicySamples samples(int64_t blocks, int64_t slots, int64_t group, int64_t vocab,
@@ -81,7 +79,7 @@ void expect_fused_matches_reference(int64_t vocab, int64_t group, torch::Dtype d
 }
 
 TEST(GspoPolicyGpu, SharedVocabularyRowsMatchReference) {
-  SKIP_WITHOUT_CUDA();
+  REQUIRE_CUDA();
   for (auto dtype : {torch::kFloat32, torch::kBFloat16}) {
     expect_fused_matches_reference(32000, 4, dtype);
     expect_fused_matches_reference(151936, 2, dtype);
@@ -89,12 +87,12 @@ TEST(GspoPolicyGpu, SharedVocabularyRowsMatchReference) {
 }
 
 TEST(GspoPolicyGpu, RefinementCandidateRowsMatchReference) {
-  SKIP_WITHOUT_CUDA();
+  REQUIRE_CUDA();
   for (auto dtype : {torch::kFloat32, torch::kBFloat16}) expect_fused_matches_reference(16, 1, dtype);
 }
 
 TEST(GspoPolicyGpu, UpdateHoldsNoFp32RowsByVocabulary) {
-  SKIP_WITHOUT_CUDA();
+  REQUIRE_CUDA();
   auto comm = dist::make_single_process_communicator();
   const torch::Device cuda(torch::kCUDA);
   const int64_t blocks = 256, slots = 15, vocab = 151936;
@@ -118,7 +116,7 @@ TEST(GspoPolicyGpu, UpdateHoldsNoFp32RowsByVocabulary) {
 // seam) against projecting every logit and the reference seam, both on the GPU: values and the
 // hidden states' gradient, fp32 and bf16, several chunks.
 TEST(GspoPolicyGpu, RowPassPolicyMatchesReference) {
-  SKIP_WITHOUT_CUDA();
+  REQUIRE_CUDA();
   const torch::Device cuda(torch::kCUDA);
   const int64_t blocks = 12, slots = 16, group = 4, vocab = 151936, width = 256;
   for (auto dtype : {torch::kFloat32, torch::kBFloat16}) {
@@ -148,7 +146,7 @@ TEST(GspoPolicyGpu, RowPassPolicyMatchesReference) {
 // The row pass's update holds no [rows, V] tensor: at the recipe's vocabulary, 3,072 rows, its
 // peak above the inputs stays within one chunk of logits and its gradient buffer's rows.
 TEST(GspoPolicyGpu, RowPassHoldsOneChunkOfLogits) {
-  SKIP_WITHOUT_CUDA();
+  REQUIRE_CUDA();
   const torch::Device cuda(torch::kCUDA);
   const int64_t blocks = 192, slots = 16, group = 4, vocab = 151936, width = 1024;
   const auto policy = testing::policy_case(blocks, slots, group, vocab, cuda);

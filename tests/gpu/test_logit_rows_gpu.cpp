@@ -11,13 +11,11 @@
 #include <cstdio>
 
 #include "common/parity.h"
+#include "common/require_cuda.h"
 #include "ops/logit_rows_ops.h"
 
 namespace dspine::ops {
 namespace {
-
-#define SKIP_WITHOUT_CUDA() \
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device"
 
 struct RowCase {
   int64_t rows = 48;
@@ -79,12 +77,12 @@ void expect_draws_match(const RowCase& c) {
 }
 
 TEST(LogitRowsGpu, DrawsMatchTheReferenceBf16) {
-  SKIP_WITHOUT_CUDA();
+  REQUIRE_CUDA();
   expect_draws_match(RowCase{});
 }
 
 TEST(LogitRowsGpu, DrawsMatchTheReferenceFp32AtATemperature) {
-  SKIP_WITHOUT_CUDA();
+  REQUIRE_CUDA();
   RowCase c;
   c.dtype = torch::kFloat32;
   c.logits_scale = 1.3;
@@ -93,7 +91,7 @@ TEST(LogitRowsGpu, DrawsMatchTheReferenceFp32AtATemperature) {
 }
 
 TEST(LogitRowsGpu, DrawsMatchOnPeakedUnalignedRows) {
-  SKIP_WITHOUT_CUDA();
+  REQUIRE_CUDA();
   RowCase c;
   c.vocab = 260 * 7 + 3;  // not a multiple of 8: the tail columns load one by one
   c.column_offset = 1;    // rows 2 bytes past 16-byte alignment: scalar loads throughout
@@ -104,7 +102,7 @@ TEST(LogitRowsGpu, DrawsMatchOnPeakedUnalignedRows) {
 
 // The greedy column is exact (the first maximum); log-sum-exp within fp32 rounding.
 TEST(LogitRowsGpu, ArgmaxAndLogSumExpMatchTheReference) {
-  SKIP_WITHOUT_CUDA();
+  REQUIRE_CUDA();
   for (auto dtype : {torch::kBFloat16, torch::kFloat32}) {
     RowCase c;
     c.dtype = dtype;
@@ -119,7 +117,7 @@ TEST(LogitRowsGpu, ArgmaxAndLogSumExpMatchTheReference) {
 }
 
 TEST(LogitRowsGpu, RejectsCpuLogitsAndTooManyDraws) {
-  SKIP_WITHOUT_CUDA();
+  REQUIRE_CUDA();
   auto cpu = torch::randn({2, 10});
   EXPECT_THROW(sample_logit_rows(cpu, torch::rand({2, 3}), 1, 1, true), std::exception);
   auto cuda = cpu.cuda();

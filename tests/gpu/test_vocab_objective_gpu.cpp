@@ -14,15 +14,13 @@
 #include <string>
 #include <utility>
 
+#include "common/require_cuda.h"
 #include "kernels/vocab_objective.h"
 #include "ops/vocab_objective_ops.h"
 #include "ops/vocab_rows.h"
 
 namespace dspine::ops {
 namespace {
-
-#define SKIP_WITHOUT_CUDA() \
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device"
 
 struct Inputs {
   torch::Tensor hidden, teacher, labels, weights, lm_head;
@@ -67,7 +65,7 @@ void expect_close(const torch::Tensor& a, const torch::Tensor& b, double tol, co
 }
 
 TEST(VocabObjectiveGpu, Fp32KernelMatchesTheAtenRowPass) {
-  SKIP_WITHOUT_CUDA();
+  REQUIRE_CUDA();
   // 4096: 16-byte packs; 1003: rows not 16-byte aligned, the scalar path and its tail.
   for (int64_t vocab : {4096, 1003}) {
     const auto in = random_inputs(37, 64, vocab, torch::kFloat32);
@@ -94,7 +92,7 @@ TEST(VocabObjectiveGpu, Fp32KernelMatchesTheAtenRowPass) {
 }
 
 TEST(VocabObjectiveGpu, HandBuiltRowsMatchTheAtenRowPass) {
-  SKIP_WITHOUT_CUDA();
+  REQUIRE_CUDA();
   // p = q; weight 0; exact ties at entries 0 and 1 (sign(0) = 0); the first of equal maxima.
   const auto cuda = torch::TensorOptions().device(torch::kCUDA);
   auto z = torch::tensor({{1.f, 2.f, 0.5f, -1.f}, {3.f, 0.f, 0.f, 3.f}, {0.f, 0.f, 0.f, -30.f}})
@@ -118,7 +116,7 @@ TEST(VocabObjectiveGpu, HandBuiltRowsMatchTheAtenRowPass) {
 }
 
 TEST(VocabObjectiveGpu, Bf16AtTheRecipeVocabularyMatchesTheAtenRowPass) {
-  SKIP_WITHOUT_CUDA();
+  REQUIRE_CUDA();
   const auto in = random_inputs(300, 256, 151936, torch::kBFloat16);
   const auto aten = run(in, false, 128);
   const auto fused = run(in, true, 128);
@@ -143,7 +141,7 @@ TEST(VocabObjectiveGpu, Bf16AtTheRecipeVocabularyMatchesTheAtenRowPass) {
 // them: the kernel (each chunk's logits once per position, rows reading them by index) against the
 // ATen row pass on the teacher gathered row by row; fp32 tightly, bf16 at the recipe's vocabulary.
 TEST(VocabObjectiveGpu, TeacherIndexMatchesTheGatheredTeacher) {
-  SKIP_WITHOUT_CUDA();
+  REQUIRE_CUDA();
   for (auto dtype : {torch::kFloat32, torch::kBFloat16}) {
     const int64_t rows = 300, vocab = dtype == torch::kFloat32 ? 4096 : 151936;
     auto in = random_inputs(rows, 256, vocab, dtype);
@@ -222,7 +220,7 @@ torch::Tensor tied_logits(int64_t rows, int64_t vocab, torch::Dtype dtype) {
 }
 
 TEST(VocabObjectiveGpu, KernelTopKIsAStableDescendingTopKWithTheTeacherProbabilities) {
-  SKIP_WITHOUT_CUDA();
+  REQUIRE_CUDA();
   torch::manual_seed(5);
   const auto cuda = torch::TensorOptions().device(torch::kCUDA);
   const int64_t rows = 24;
@@ -275,7 +273,7 @@ TEST(VocabObjectiveGpu, KernelTopKIsAStableDescendingTopKWithTheTeacherProbabili
 }
 
 TEST(VocabObjectiveGpu, TopKBeyondTheKernelsListFallsBackToAten) {
-  SKIP_WITHOUT_CUDA();
+  REQUIRE_CUDA();
   torch::manual_seed(6);
   const auto cuda = torch::TensorOptions().device(torch::kCUDA);
   auto z = tied_logits(5, 1000, torch::kBFloat16);
@@ -301,7 +299,7 @@ TEST(VocabObjectiveGpu, TopKBeyondTheKernelsListFallsBackToAten) {
 }
 
 TEST(VocabObjectiveGpu, RecipeSizeStaysWithinOneGibAboveInputsAndOutputs) {
-  SKIP_WITHOUT_CUDA();
+  REQUIRE_CUDA();
   const int64_t rows = 15360, hidden = 4096, vocab = 151936;
   auto in = random_inputs(rows, hidden, vocab, torch::kBFloat16);
   auto x = in.hidden.detach().clone().requires_grad_(true);
