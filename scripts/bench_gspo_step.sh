@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The recipe-size GSPO RL window against the supervised DSpine replay, both measured in this run
 # on one GPU from seeded random inputs (docs/benchmarks.md, "GSPO RL step"): time and peak by
-# phase, each update's and the rollout's ratio to the replay, and the update's kernels by time
-# (the profiled window). Usage: scripts/bench_gspo_step.sh [BUILD_DIR]
+# phase, each update's and the rollout's ratio to the replay, and the kernels of the replay and of
+# the updates by category (each profiled alone in one more window).
+# Usage: scripts/bench_gspo_step.sh [BUILD_DIR]
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 BUILD_DIR="${1:-${DSPINE_BUILD_DIR:-build-device}}"
@@ -16,11 +17,12 @@ phase_peak() { awk -v p="$1" '$1 == p { print $4; exit }' "$2"; }
 status=0
 replay_log="$OUT_DIR/bench_gspo_replay.log"
 "$BENCH" step --config configs/qwen3-8b-dspine.yaml --steps "$steps" --set data.source=random \
-  --set training.accumulation_steps=1 > "$replay_log" 2>&1 || { tail -5 "$replay_log"; status=1; }
+  --set training.accumulation_steps=1 --profile-phase replay > "$replay_log" 2>&1 ||
+  { tail -5 "$replay_log"; status=1; }
 rl_log="$OUT_DIR/bench_gspo_rl.log"
 "$BENCH" step --config configs/qwen3-8b-gspo.yaml --steps "$steps" --set data.source=random \
-  --set training.init_from= --profile > "$rl_log" 2>&1 || { tail -5 "$rl_log"; status=1; }
-updates=$(sed -n 's/^ *updates_per_rollout: *//p' configs/qwen3-8b-gspo.yaml | head -1)
+  --set training.init_from= --profile-phase update > "$rl_log" 2>&1 ||
+  { tail -5 "$rl_log"; status=1; }
 replay=$(phase_ms replay "$replay_log"); replay_peak=$(phase_peak replay "$replay_log")
 rollout=$(phase_ms rollout "$rl_log"); update=$(phase_ms update "$rl_log")
 update_peak=$(phase_peak update "$rl_log")
@@ -29,12 +31,14 @@ echo "|---|---:|---:|---:|"
 echo "| supervised replay | $replay | 1.00 | $replay_peak |"
 awk -v r="$replay" -v ms="$rollout" -v pk="$(phase_peak rollout "$rl_log")" \
   'BEGIN { printf "| rollout | %.1f | %.2f | %s |\n", ms, ms / r, pk }'
+updates=$(awk '$1 == "update" { print $5; exit }' "$rl_log")
 awk -v r="$replay" -v ms="$update" -v n="$updates" -v pk="$update_peak" \
-  'BEGIN { printf "| update, each of %d | %.1f | %.2f | %s |\n", n, ms / n, ms / n / r, pk }'
-echo "| optimizer | $(phase_ms optimizer "$rl_log") | | |"
+  'BEGIN { printf "| update, each of %d | %.1f | %.2f | %s |\n", n, ms, ms / r, pk }'
+echo "| optimizer, each step | $(phase_ms optimizer "$rl_log") | | |"
 echo "| RL window | $(phase_ms window "$rl_log") | | |"
 awk -v a="$update_peak" -v b="$replay_peak" \
   'BEGIN { printf "\nupdate peak above the replay peak: %.2f GiB\n", a - b }'
-echo; echo "The RL window's kernels (profiled window, rollout and updates):"
-sed -n '/^profile: one window/,$p' "$rl_log" | grep -E "^(profile|\\|)" | head -40
+kernels() { sed -n '/^profile: /,$p' "$1" | grep -E "^(profile|\\|)" | head -"$2"; }
+echo; echo "The replay's kernels:"; kernels "$replay_log" 14
+echo; echo "The updates' kernels:"; kernels "$rl_log" 40
 exit $status

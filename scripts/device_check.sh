@@ -40,6 +40,7 @@ targets=(test_fused_norm_mlp test_gspo_gpu test_gspo_policy_gpu test_logit_rows_
   dspine-bench attention-check)
 [[ $PHASE == train || $PHASE == profile ]] && targets=(dspine-bench)
 [[ $PHASE == testbed ]] && targets=(test_qwen3_model_gpu dspine-train dspine-eval)
+[[ $PHASE == gspo ]] && targets=(test_gspo_policy_gpu test_logit_rows_gpu dspine-bench)
 [[ $PHASE == tests ]] && targets=("${targets[@]:0:${#targets[@]}-2}")  # no benchmark binaries
 { cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$TORCH_PREFIX" &&
   ninja -C "$BUILD_DIR" -j "$(nproc)" "${targets[@]}"; } > "$OUT/build.log" 2>&1 ||

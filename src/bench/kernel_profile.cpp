@@ -152,6 +152,24 @@ KernelProfile stop_kernel_profile(const std::string& trace_path) {
   return profile;
 }
 
+void merge_kernel_profile(KernelProfile& total, const KernelProfile& part) {
+  if (total.unavailable.empty()) total.unavailable = part.unavailable;
+  total.device = total.device || part.device;
+  total.span_ms += part.span_ms;
+  for (const auto& row : part.rows) {
+    const auto same = std::find_if(total.rows.begin(), total.rows.end(),
+                                   [&](const KernelRow& r) { return r.name == row.name; });
+    if (same == total.rows.end()) {
+      total.rows.push_back(row);
+    } else {
+      same->total_ms += row.total_ms;
+      same->calls += row.calls;
+    }
+  }
+  std::sort(total.rows.begin(), total.rows.end(),
+            [](const KernelRow& a, const KernelRow& b) { return a.total_ms > b.total_ms; });
+}
+
 void print_kernel_profile(const KernelProfile& profile, std::FILE* out, size_t limit) {
   if (!profile.unavailable.empty()) {
     std::fprintf(out, "profile: unavailable (%s)\n", profile.unavailable.c_str());
@@ -160,8 +178,10 @@ void print_kernel_profile(const KernelProfile& profile, std::FILE* out, size_t l
   const size_t shown = limit == 0 ? profile.rows.size() : std::min(limit, profile.rows.size());
   if (!profile.device) {
     // CPU operators nest (an op's time includes the ops it calls): no shares, no idle gap.
-    std::fprintf(out, "profile: no CUDA activity recorded (a CPU run, or no CUPTI); CPU "
-                      "operators, inclusive times, one window\n\n");
+    std::fprintf(out,
+                 "profile: no CUDA activity recorded (a CPU run, or no CUPTI); CPU "
+                 "operators, inclusive times, %s\n\n",
+                 profile.scope.c_str());
     std::fprintf(out, "| operator | total ms | calls |\n|---|---:|---:|\n");
     for (size_t i = 0; i < shown; ++i) {
       const auto& row = profile.rows[i];
@@ -179,9 +199,10 @@ void print_kernel_profile(const KernelProfile& profile, std::FILE* out, size_t l
     category.total_ms += row.total_ms;
     category.calls += row.calls;
   }
-  std::fprintf(out, "profile: one window, %.2f ms wall (median window), %.2f ms kernel time, "
-                    "idle gap %.2f ms (%.1f%% of the wall time)\n\n",
-               profile.wall_ms, kernel_ms, profile.wall_ms - kernel_ms,
+  std::fprintf(out,
+               "profile: %s, %.2f ms wall (medians), %.2f ms kernel time, "
+               "idle gap %.2f ms (%.1f%% of the wall time)\n\n",
+               profile.scope.c_str(), profile.wall_ms, kernel_ms, profile.wall_ms - kernel_ms,
                profile.wall_ms > 0 ? 100.0 * (profile.wall_ms - kernel_ms) / profile.wall_ms : 0.0);
   std::fprintf(out, "| category | total ms | calls | share of GPU time |\n|---|---:|---:|---:|\n");
   for (const auto& [name, row] : categories) {

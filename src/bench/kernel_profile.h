@@ -29,6 +29,7 @@ struct KernelRow {
 };
 
 struct KernelProfile {
+  std::string scope = "one window";  // what was profiled, for the report's first line
   bool device = false;            // CUDA activity was recorded (else `rows` are CPU operators)
   std::string unavailable;        // why nothing was recorded ("" when the profiler ran)
   std::vector<KernelRow> rows;    // grouped by name, longest total first
@@ -45,6 +46,9 @@ void start_kernel_profile(bool cuda);
 // `trace_path` non-empty: the Chrome trace (kernels linked to the operators that launched them)
 // is also saved there.
 KernelProfile stop_kernel_profile(const std::string& trace_path = "");
+
+// Adds `part` (another stretch's profile) to `total`: rows of the same name sum, spans add up.
+void merge_kernel_profile(KernelProfile& total, const KernelProfile& part);
 
 // The report: categories with their share of the kernel time, the idle gap (wall − kernel time,
 // split into the gaps between the profiled stretch's own kernels and the rest: the median wall's

@@ -70,11 +70,11 @@ void PhaseMeter::on_phase(const std::string& next) {
     sub_phase.name.clear();
   }
   const bool nested = is_replay_phase(next);
-  if (!nested && !phase.name.empty() && !profiling) {
-    record(phase.name, elapsed(phase), mib(phase.peak - phase.base), gib(phase.peak));
-    if (phase.name == "data") window_seconds.push_back(0);  // a window: data, prepass, ...
-    window_seconds.back() += elapsed(phase);
+  const bool profiled_phase = profiling && !profile_phase.empty();
+  if (!nested && profiled_phase && phase.name == profile_phase) {
+    merge_kernel_profile(kernel_profile, stop_kernel_profile(trace_path));
   }
+  if (!nested && !phase.name.empty() && !profiling) close_top_phase(elapsed(phase));
   if (next == "data") begin_window();
   if (next == "end") end_window();
   if (next == "prepass") {
@@ -90,27 +90,45 @@ void PhaseMeter::on_phase(const std::string& next) {
   opened.base = current_bytes();
   opened.peak = opened.base;
   reset_peak();
+  if (!nested && profiled_phase && next == profile_phase) start_kernel_profile(cuda);
   opened.started = std::chrono::steady_clock::now();
+}
+
+void PhaseMeter::close_top_phase(double elapsed_s) {
+  const std::string& name = phase.name;
+  window_top_seconds[name] += elapsed_s;
+  window_top_extra[name] = std::max(window_top_extra[name], phase.peak - phase.base);
+  window_top_peak[name] = std::max(window_top_peak[name], phase.peak);
+  ++window_top_count[name];
+  if (name == "data") window_seconds.push_back(0);  // a window: data, prepass, ...
+  window_seconds.back() += elapsed_s;
 }
 
 void PhaseMeter::begin_window() {
   if (windows++ != profile_window) return;
   profiling = true;
-  start_kernel_profile(cuda);
+  if (profile_phase.empty()) start_kernel_profile(cuda);
 }
 
 void PhaseMeter::end_window() {
   if (profiling) {
     profiling = false;
-    kernel_profile = stop_kernel_profile(trace_path);
+    if (profile_phase.empty()) kernel_profile = stop_kernel_profile(trace_path);
   } else {
+    occurrences = window_top_count;
+    for (const auto& [name, total] : window_top_seconds) {
+      const double count = static_cast<double>(window_top_count[name]);
+      record(name, total / count, mib(window_top_extra[name]), gib(window_top_peak[name]));
+    }
     for (const auto& [name, total] : window_sub_seconds) {
       record(name, total, mib(window_sub_extra[name]), gib(window_sub_peak[name]));
     }
   }
-  window_sub_seconds.clear();
-  window_sub_extra.clear();
-  window_sub_peak.clear();
+  for (auto* sums : {&window_sub_seconds, &window_top_seconds}) sums->clear();
+  for (auto* counts : {&window_sub_extra, &window_sub_peak, &window_top_extra, &window_top_peak,
+                       &window_top_count}) {
+    counts->clear();
+  }
 }
 
 double PhaseMeter::per_step(const std::vector<int64_t>& at_prepass) const {

@@ -33,23 +33,30 @@ struct Span {
 // The whole-window peak is taken from the first window's prepass on (model set-up and the final
 // checkpoint are not a training step); collective counters are read at every prepass, so the
 // per-step figures span whole windows, including the metrics all-reduce that follows "end".
-// Replay sub-phases nest inside "replay" and are summed over a window's micro-batches. The
-// profiled window (the last) is kept out of the timings and peaks. CPU memory: the counting
-// allocator (bench/cpu_memory.h); CUDA: the caching allocator's statistics.
+// A phase entered several times in a window (GSPO's updates, each followed by an optimizer step)
+// is one sample per window: the mean over its occurrences, whose count is kept. Replay
+// sub-phases nest inside "replay" and are summed over a window's micro-batches. The profiled
+// window (the last) is kept out of the timings and peaks; with `profile_phase` set, only that
+// phase's occurrences in it are profiled. CPU memory: the counting allocator
+// (bench/cpu_memory.h); CUDA: the caching allocator's statistics.
 struct PhaseMeter {
   const dist::Communicator* comm = nullptr;
   bool cuda = false;
   int device = 0;
   int64_t profile_window = -1;  // window index run under the profiler; -1: none
   std::string trace_path;       // where the profiled window's Chrome trace goes ("": nowhere)
+  std::string profile_phase;    // the trainer phase profiled alone ("": the whole window)
   int64_t windows = 0;          // windows begun
   bool profiling = false;
   KernelProfile kernel_profile;
   int64_t window_peak = 0;  // bytes, absolute
   int64_t total_peak = 0;   // bytes, absolute, since the process started
   Span phase, sub_phase;
-  std::map<std::string, double> window_sub_seconds;
+  std::map<std::string, double> window_sub_seconds, window_top_seconds;
   std::map<std::string, int64_t> window_sub_extra, window_sub_peak;  // bytes, max over micros
+  std::map<std::string, int64_t> window_top_extra, window_top_peak;  // bytes, max over entries
+  std::map<std::string, int64_t> window_top_count;
+  std::map<std::string, int64_t> occurrences;  // per window, of the last window recorded
   std::map<std::string, std::vector<double>> seconds, peak_mib, peak_gib;
   std::vector<double> window_seconds;
   std::vector<int64_t> bytes_at_prepass, collectives_at_prepass;
@@ -59,6 +66,8 @@ struct PhaseMeter {
   int64_t peak_bytes() const;
   void reset_peak();
   void record(const std::string& name, double elapsed_s, double extra_mib, double peak);
+  // A closed top-level phase, kept for the window's sample.
+  void close_top_phase(double elapsed_s);
   // The trainer's phase hook: closes the open phase (or sub-phase) and opens `next`.
   void on_phase(const std::string& next);
   void begin_window();

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include <CLI/CLI.hpp>
+#include <fmt/format.h>
 #include <torch/torch.h>
 
 #include "bench/bench.h"
@@ -46,6 +47,7 @@ struct StepOptions {
   bool profile = false;
   std::string profile_out;
   std::string profile_trace;
+  std::string profile_phase;  // a phase as the table names it; "": the whole window
 };
 
 constexpr const char* kPhases[] = {"data", "prepass", "replay", "optimizer"};
@@ -125,22 +127,37 @@ void for_benchmark(core::Config& config, const StepOptions& options, const std::
   log::set_level(config.logging.level);  // only this report on stdout
 }
 
-// The phase table (an RL window is a rollout followed by its updates, in the trainer's prepass
-// and replay phases), the window and the separate seam's share.
+// An RL window is a rollout followed by its updates, in the trainer's prepass and replay phases:
+// the table names them so.
+std::string table_name(const std::string& phase, bool rl) {
+  if (!rl) return phase;
+  return phase == "prepass" ? "rollout" : phase == "replay" ? "update" : phase;
+}
+
+// The trainer phase a table name stands for ("" when none does).
+std::string trainer_phase(const std::string& name, bool rl) {
+  for (const char* phase : kPhases) {
+    if (table_name(phase, rl) == name) return phase;
+  }
+  return "";
+}
+
+// The phase table (a phase entered several times per window, like each GSPO update and the
+// optimizer step after it, is timed per entry: `per_window` says how many), the window and the
+// separate seam's share.
 void print_phases(PhaseMeter& meter, bool rl, double window_s, const train::TrainResult& result) {
-  std::printf("%-10s %12s %16s %10s\n", "phase", "time_ms", "peak_extra_MiB", "peak_GiB");
+  std::printf("%-10s %12s %16s %10s %10s\n", "phase", "time_ms", "peak_extra_MiB", "peak_GiB",
+              "per_window");
   auto phase_row = [&](const std::string& label, const std::string& phase) {
-    std::printf("%-10s %12.2f %16.2f %10.3f\n", label.c_str(),
+    const auto count = meter.occurrences.find(phase);
+    std::printf("%-10s %12.2f %16.2f %10.3f %10lld\n", label.c_str(),
                 1e3 * median_after_first(meter.seconds[phase]),
                 median_after_first(meter.peak_mib[phase]),
-                median_after_first(meter.peak_gib[phase]));
+                median_after_first(meter.peak_gib[phase]),
+                static_cast<long long>(count == meter.occurrences.end() ? 1 : count->second));
   };
   for (const char* phase : kPhases) {
-    const std::string name = !rl                           ? phase
-                             : std::string(phase) == "prepass" ? "rollout"
-                             : std::string(phase) == "replay"  ? "update"
-                                                               : phase;
-    phase_row(name, phase);
+    phase_row(table_name(phase, rl), phase);
     if (std::string(phase) != "replay") continue;
     for (const char* sub : kReplayPhases) {
       if (meter.seconds.count(sub)) phase_row(sub, sub);  // summed over the micro-batches
@@ -199,6 +216,14 @@ void print_dspine_rates(const core::Config& config, int world, const AnchorStats
 
 void print_profile(PhaseMeter& meter, const StepOptions& options, double window_s) {
   meter.kernel_profile.wall_ms = 1e3 * window_s;
+  if (!meter.profile_phase.empty()) {
+    // The phase's entries in the profiled window, against their median time per window.
+    const auto& phase = meter.profile_phase;
+    const int64_t entries = meter.occurrences.count(phase) ? meter.occurrences.at(phase) : 1;
+    meter.kernel_profile.scope =
+        fmt::format("the {} {} phase(s) of one window", entries, options.profile_phase);
+    meter.kernel_profile.wall_ms = 1e3 * median_after_first(meter.seconds[phase]) * entries;
+  }
   std::printf("\n");
   print_kernel_profile(meter.kernel_profile, stdout, kPrintedKernels);
   if (options.profile_out.empty()) return;
@@ -215,8 +240,9 @@ void run_step_bench(const StepOptions& options) {
       dist::training_device(config.training.device, dist::rank_layout().local_rank);
   auto comm = dist::make_communicator(config.distributed, device);
   const std::string scratch = "/tmp/dspine-bench-step-" + shared_id(*comm, device);
-  const bool profile =
-      options.profile || !options.profile_out.empty() || !options.profile_trace.empty();
+  const bool profile = options.profile || !options.profile_out.empty() ||
+                       !options.profile_trace.empty() || !options.profile_phase.empty();
+  const bool rl = config.objective.name == "gspo";
   if (comm->rank() == 0) check_output_files(options);
   for_benchmark(config, options, scratch, profile);
 
@@ -225,6 +251,13 @@ void run_step_bench(const StepOptions& options) {
   meter.cuda = device.is_cuda();
   meter.device = device.is_cuda() ? device.index() : 0;
   if (profile) meter.profile_window = options.steps;
+  if (!options.profile_phase.empty()) {
+    meter.profile_phase = trainer_phase(options.profile_phase, rl);
+    if (meter.profile_phase.empty()) {
+      fail("--profile-phase {}: not a phase of this run (data, {}, {}, optimizer)",
+           options.profile_phase, table_name("prepass", rl), table_name("replay", rl));
+    }
+  }
   if (comm->rank() == 0) meter.trace_path = options.profile_trace;
   if (!meter.cuda) CpuMemoryTracker::install();
   const bool dspine = config.objective.name == "dspine";
@@ -268,7 +301,7 @@ void run_step_bench(const StepOptions& options) {
   std::printf("accumulation_steps: %lld\n", static_cast<long long>(t.accumulation_steps));
   std::printf("steps: %lld (medians over steps 2..)%s\n", static_cast<long long>(options.steps),
               profile ? ", then one profiled step" : "");
-  print_phases(meter, config.objective.name == "gspo", window_s, result);
+  print_phases(meter, rl, window_s, result);
   auto per_second = [](double count, double s) { return s > 0 ? count / s : 0.0; };
   std::printf("tokens_per_window: %.0f\n", tokens);
   std::printf("tokens_per_s: %.1f\n", per_second(tokens, window_s));
@@ -306,6 +339,9 @@ void register_step_bench(CLI::App& app) {
                       "write the full per-kernel table (markdown) here; implies --profile");
   command->add_option("--profile-trace", options->profile_trace,
                       "save the profiled window's Chrome trace (JSON) here; implies --profile");
+  command->add_option("--profile-phase", options->profile_phase,
+                      "profile only this phase of the window (e.g. replay, update, rollout); "
+                      "implies --profile");
   command->callback([options] { run_step_bench(*options); });
 }
 

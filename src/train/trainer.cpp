@@ -437,7 +437,10 @@ Trainer::Run::Window Trainer::Run::train_window(const std::vector<data::DraftBat
     if (update + 1 == updates) break;  // the last update steps after end_window, below
     auto reduced = torch::tensor({local_loss}, torch::kDouble);
     s.comm->all_reduce(reduced);
+    // Announced on its own, so that the phases time each update without the step between them.
+    phase("optimizer");
     apply_update(reduced.item<double>());
+    phase("replay");
   }
   for (const auto& batch : window) local_tokens += batch.input_ids.numel();
   w.terms = s.built.objective->end_window(context);

@@ -53,9 +53,20 @@ grep -q "profile" "$log" && problem "$log: profiled without --profile"
 
 log="$WORK/gspo.log"
 "$BENCH" step --config "$SRC/configs/gspo-rl-tiny.yaml" --steps 2 --set training.init_from= \
-  > "$log" 2>&1 || problem "GSPO run failed"
+  --profile-phase update > "$log" 2>&1 || problem "GSPO run failed"
 grep -qE "^(rollout|update) " "$log" || problem "$log: no rollout/update phases"
 grep -qE "^(forward|objective|backward) " "$log" && problem "$log: GSPO reports DSpine phases"
+# gspo-rl-tiny.yaml: 2 updates per rollout, each followed by an optimizer step, timed per entry.
+for phase in update optimizer; do
+  awk -v p="$phase" '$1 == p && $5 == 2 { found = 1 } END { exit !found }' "$log" ||
+    problem "$log: $phase is not timed as 2 entries per window"
+done
+grep -q "^profile: " "$log" || problem "$log: --profile-phase update printed no profile"
+
+"$BENCH" step --config "$SRC/configs/tiny.yaml" --steps 2 --profile-phase rollout \
+  > "$WORK/bad_phase.log" 2>&1 && problem "--profile-phase rollout did not fail for dspine"
+grep -q "profile-phase rollout: not a phase" "$WORK/bad_phase.log" ||
+  problem "the --profile-phase error does not name the phase"
 
 "$BENCH" step --config "$SRC/configs/tiny.yaml" --steps 2 --profile-out /nonexistent/dir/k.md \
   > "$WORK/bad_out.log" 2>&1 && problem "an unwritable --profile-out did not fail"
