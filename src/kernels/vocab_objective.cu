@@ -280,10 +280,21 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
 
   // Pass 3: the gradient over z, in place.
   const float w = gradient.weights[row];
-  if (w == 0.f) {
+  const float a_policy = gradient.policy_total != nullptr ? gradient.policy_total[row] : 0.f;
+  if (w == 0.f && a_policy == 0.f) {
     for (int64_t i = threadIdx.x; i < rows.vocab; i += kThreads) z[i] = detail::from_float<T>(0.f);
     return;
   }
+  // The row's sampled tokens and their coefficients, shared by the block.
+  __shared__ int64_t sampled[kVocabMaxPolicyGroup];
+  __shared__ float sampled_coefficient[kVocabMaxPolicyGroup];
+  const int group = a_policy != 0.f ? gradient.policy_group : 0;
+  if (int(threadIdx.x) < group) {
+    const int64_t slot = row * gradient.policy_group + threadIdx.x;
+    sampled[threadIdx.x] = gradient.policy_targets[slot];
+    sampled_coefficient[threadIdx.x] = gradient.policy_coefficients[slot];
+  }
+  __syncthreads();
   const float a_ce = w * gradient.ce_weight, a_l1 = w * gradient.l1_weight;
   for_each_pack<T, N, kTeacher>(z, t, rows.vocab, ring, [&](int64_t i, const auto& zp,
                                                              const auto& tp) {
@@ -293,7 +304,16 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     for (int e = 0; e < n; ++e) {
       const float p = __expf(to_float(zp.v[e]) - lse_z);
       const float s = sign_of(p - __expf(to_float(tp.v[e]) - lse_t));
-      g[e] = a_ce * (p - static_cast<float>(i + e == y)) + a_l1 * p * (s - signed_mass);
+      g[e] = a_ce * (p - static_cast<float>(i + e == y)) + a_l1 * p * (s - signed_mass) +
+             a_policy * p;
+    }
+    for (int k = 0; k < group; ++k) {
+      // One unsigned compare tells whether sample k lands in this pack (masked ids are < 0).
+      if (static_cast<uint64_t>(sampled[k] - i) >= static_cast<uint64_t>(n)) continue;
+#pragma unroll
+      for (int e = 0; e < n; ++e) {
+        if (sampled[k] == i + e) g[e] -= sampled_coefficient[k];
+      }
     }
     store_pack<T, n>(z + i, pack_from_floats<T, n>(g));
   });
@@ -312,6 +332,11 @@ cudaError_t launch(const VocabRows& rows, const VocabRowStats& stats,
   // Keys hold 32-bit indices; the top-k list is one entry per lane.
   if (stats.top_k < 0 || stats.top_k > kVocabMaxTopK || stats.top_k > rows.vocab ||
       (stats.top_k > 0 && rows.vocab > int64_t(UINT32_MAX))) {
+    return cudaErrorInvalidValue;
+  }
+  if (gradient.policy_total != nullptr &&
+      (gradient.policy_group < 1 || gradient.policy_group > kVocabMaxPolicyGroup ||
+       gradient.policy_targets == nullptr || gradient.policy_coefficients == nullptr)) {
     return cudaErrorInvalidValue;
   }
   if (rows.rows == 0) return cudaSuccess;

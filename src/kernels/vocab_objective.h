@@ -7,7 +7,8 @@
 //   pass 2  p = softmax(z), q = softmax(t): l1 = Σ|p − q|, S = Σ p·sign(p − q), ce = lse_z − z_y;
 //   pass 3  (gradient only) z_i := w·[a_ce·(p_i − [i = y]) + a_l1·p_i·(sign(p_i − q_i) − S)],
 //           the gradient of w·(a_ce·ce + a_l1·l1) with respect to z_i, in z's own type
-//           (sign(0) = 0, as in the derivative of |x| everywhere else in the trainer).
+//           (sign(0) = 0, as in the derivative of |x| everywhere else in the trainer); with a
+//           GSPO policy term over softmax(z) itself, + C·p_i − Σ_{g: y_g = i} c_g, rounded once.
 #pragma once
 
 #include <cstdint>
@@ -49,11 +50,20 @@ struct VocabRowStats {
 // The largest top_k the kernels take (larger: cudaErrorInvalidValue).
 constexpr int kVocabMaxTopK = 32;
 
-// Gradient coefficients: w [rows] fp32, a_ce, a_l1.
+// The largest number of policy samples per row the gradient takes.
+constexpr int kVocabMaxPolicyGroup = 64;
+
+// Gradient coefficients: w [rows] fp32, a_ce, a_l1; optionally the GSPO policy term of the same
+// rows at logits scale 1 (docs/gspo.md, "The policy term in the row pass"): its gradient
+// C_r·p_i − Σ_{g: y_{r,g} = i} c_{r,g} joins the supervised one before rounding.
 struct VocabGradient {
   const float* weights = nullptr;
   float ce_weight = 1.f;
   float l1_weight = 0.f;
+  const float* policy_total = nullptr;         // [rows] C_r = Σ_g c_{r,g}; nullptr: no policy
+  const int64_t* policy_targets = nullptr;     // [rows, policy_group]; < 0: no sample there
+  const float* policy_coefficients = nullptr;  // [rows, policy_group] c_{r,g}
+  int policy_group = 0;                        // at most kVocabMaxPolicyGroup
 };
 
 // The teacher form (passes 1–2, and pass 3 when `gradient` is non-null).

@@ -137,7 +137,9 @@ VocabObjectiveResult run_chunks(const at::Tensor& hidden, const at::Tensor& teac
     out.teacher_candidates = at::empty({rows, k}, f32);
   }
   if (grad_hidden != nullptr) *grad_hidden = at::empty(hidden.sizes(), hidden.options());
-  VocabRowGradient gradient{at::Tensor(), options.ce_weight, 1.0 - options.ce_weight};
+  VocabRowGradient gradient;
+  gradient.ce_weight = options.ce_weight;
+  gradient.l1_weight = 1.0 - options.ce_weight;
   const auto head_t = lm_head.t();
   std::optional<VocabPolicyChunks> policy;
   int64_t step = chunk_rows(options, lm_head, supervised ? 2 : 1);
@@ -160,11 +162,21 @@ VocabObjectiveResult run_chunks(const at::Tensor& hidden, const at::Tensor& teac
       }
       continue;
     }
-    // The policy's gradient goes aside first: the supervised row pass overwrites z with its own.
+    // The policy's gradient either joins the row kernel's own (logits scale 1: one rounding, no
+    // second pass over the logits) or goes aside first, since the row pass overwrites z.
     at::Tensor policy_grad;
+    const bool use_kernel = options.use_kernel && vocab_kernel_takes(z);
     if (policy) {
-      if (grad_hidden != nullptr) policy_grad = at::empty_like(z);
-      policy->chunk(z, begin / options.policy->targets.size(2), policy_grad);
+      const int64_t first_block = begin / options.policy->targets.size(2);
+      if (grad_hidden != nullptr && use_kernel && policy->folds_into_row_pass()) {
+        const auto folded = policy->chunk_coefficients(z, first_block);
+        gradient.policy_total = folded.total;
+        gradient.policy_targets = folded.targets;
+        gradient.policy_coefficients = folded.coefficients;
+      } else {
+        if (grad_hidden != nullptr) policy_grad = at::empty_like(z);
+        policy->chunk(z, first_block, policy_grad);
+      }
     }
     at::Tensor t, teacher_rows;
     if (teacher_index.defined()) {
@@ -177,8 +189,8 @@ VocabObjectiveResult run_chunks(const at::Tensor& hidden, const at::Tensor& teac
     }
     const auto y = labels.slice(0, begin, end);
     gradient.weights = weights.slice(0, begin, end);
-    auto r = vocab_rows(z, t, y, grad_hidden != nullptr ? &gradient : nullptr,
-                        options.use_kernel && vocab_kernel_takes(z), k, teacher_rows);
+    auto r = vocab_rows(z, t, y, grad_hidden != nullptr ? &gradient : nullptr, use_kernel, k,
+                        teacher_rows);
     out.ce.slice(0, begin, end).copy_(r.ce);
     out.l1.slice(0, begin, end).copy_(r.l1);
     out.argmax.slice(0, begin, end).copy_(r.argmax);

@@ -114,7 +114,8 @@ VocabPolicyChunks::VocabPolicyChunks(const VocabPolicy& policy)
 
 at::Tensor VocabPolicyChunks::scaled_loss() const { return result_.loss * policy_.loss_scale; }
 
-void VocabPolicyChunks::chunk(const at::Tensor& z, int64_t first_block, const at::Tensor& grad) {
+VocabPolicyChunks::ChunkRows VocabPolicyChunks::seam_chunk(const at::Tensor& z, int64_t first_block,
+                                                           bool gradient) {
   const int64_t blocks = z.size(0) / slots_, rows = z.size(0);
   if (blocks * slots_ != rows) fail("vocab policy: a chunk of {} rows splits a block", rows);
   const bool fused = gspo_fused_backend(policy_.backend, z);
@@ -148,7 +149,7 @@ void VocabPolicyChunks::chunk(const at::Tensor& z, int64_t first_block, const at
   params.eps_low = policy_.eps_low;
   params.eps_high = policy_.eps_high;
   params.divisor = policy_.divisor;
-  if (grad.defined()) params.grad_output = policy_.loss_scale;
+  if (gradient) params.grad_output = policy_.loss_scale;
   params.validate = !z.is_cuda();  // the rollout made these inputs; checks would synchronise
   static const auto local = dist::make_single_process_communicator();  // no collective is issued
   const auto seam = gspo_segment_seam(tokens_of(logprobs.contiguous()), tokens, params, *local,
@@ -157,10 +158,32 @@ void VocabPolicyChunks::chunk(const at::Tensor& z, int64_t first_block, const at
   result_.new_logprobs += seam.new_logprobs;
   result_.clipped_fraction += seam.clipped_fraction;
   result_.ratio_mean += seam.ratio_mean;
+  ChunkRows out{row_targets, lse, row_logprobs, at::Tensor()};
+  if (gradient) {
+    out.coefficients =
+        seam.coefficient.view({blocks, group_, slots_}).permute({0, 2, 1}).reshape({rows, group_});
+  }
+  return out;
+}
+
+void VocabPolicyChunks::chunk(const at::Tensor& z, int64_t first_block, const at::Tensor& grad) {
+  const auto rows = seam_chunk(z, first_block, grad.defined());
   if (!grad.defined()) return;
-  const auto coefficient =
-      seam.coefficient.view({blocks, group_, slots_}).permute({0, 2, 1}).reshape({rows, group_});
-  write_policy_gradient(z, row_targets, lse, coefficient, row_logprobs, scale, fused, grad);
+  write_policy_gradient(z, rows.targets, rows.lse, rows.coefficients, rows.logprobs,
+                        policy_.logits_scale, gspo_fused_backend(policy_.backend, z), grad);
+}
+
+VocabPolicyChunks::RowCoefficients VocabPolicyChunks::chunk_coefficients(const at::Tensor& z,
+                                                                         int64_t first_block) {
+  const auto rows = seam_chunk(z, first_block, true);
+  const auto sampled = rows.targets.ge(0);
+  RowCoefficients out;
+  out.targets = rows.targets.contiguous();
+  out.coefficients =
+      at::where(sampled, rows.coefficients, at::zeros({}, rows.coefficients.options()));
+  // A slot is masked in every sample or in none: masked rows get C = 0.
+  out.total = out.coefficients.sum(1);
+  return out;
 }
 
 }  // namespace dspine::ops

@@ -54,11 +54,27 @@ class VocabPolicyChunks {
   // ρ·Σ_g c_g·(p − δ_{y_g}) into it (masked rows 0). Issues no collective.
   void chunk(const at::Tensor& z, int64_t first_block, const at::Tensor& grad);
 
+  // As chunk, but instead of writing the gradient, returns what a row pass at logits scale 1
+  // folds into its own (VocabRowGradient's policy fields): per row of z the sampled tokens and
+  // their coefficients ρ·c_g, [c·T, G] (0 where masked), and their sum C_r.
+  struct RowCoefficients {
+    at::Tensor targets, coefficients, total;
+  };
+  RowCoefficients chunk_coefficients(const at::Tensor& z, int64_t first_block);
+  // Whether a row pass over softmax(z) may fold the gradient in: the policy's logits scale is 1.
+  bool folds_into_row_pass() const { return policy_.logits_scale == 1.0; }
   // The loss share so far, ρ·Σ ℓ / D (0-dim fp32).
   at::Tensor scaled_loss() const;
   VocabPolicyResult result() const { return result_; }
 
  private:
+  // One chunk's log-probs and seam, accumulated; the rows' targets, log-sum-exp, log-probs and
+  // (with `gradient`) coefficients, [c·T, G] each but lse [c·T].
+  struct ChunkRows {
+    at::Tensor targets, lse, logprobs, coefficients;
+  };
+  ChunkRows seam_chunk(const at::Tensor& z, int64_t first_block, bool gradient);
+
   const VocabPolicy& policy_;
   int64_t group_, slots_;
   VocabPolicyResult result_;

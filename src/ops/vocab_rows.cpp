@@ -72,6 +72,23 @@ at::Tensor teacher_probabilities(const at::Tensor& t, const at::Tensor& candidat
   return (t.gather(1, candidates).to(at::kFloat) - lse_teacher.unsqueeze(1)).exp();
 }
 
+void check_policy_gradient(const VocabRowGradient& g, const at::Tensor& z) {
+  const int64_t n = z.size(0);
+  const bool ok =
+      g.policy_total.scalar_type() == at::kFloat && g.policy_total.sizes() == at::IntArrayRef{n} &&
+      g.policy_targets.defined() && g.policy_targets.scalar_type() == at::kLong &&
+      g.policy_targets.dim() == 2 && g.policy_targets.size(0) == n &&
+      g.policy_targets.size(1) >= 1 && g.policy_targets.size(1) <= kernels::kVocabMaxPolicyGroup &&
+      g.policy_coefficients.defined() && g.policy_coefficients.scalar_type() == at::kFloat &&
+      g.policy_coefficients.sizes() == g.policy_targets.sizes();
+  if (!ok) {
+    fail(
+        "vocab rows: the policy gradient needs fp32 policy_total [{}], int64 policy_targets "
+        "[{}, G] and fp32 policy_coefficients [{}, G], 1 <= G <= {}",
+        n, n, n, kernels::kVocabMaxPolicyGroup);
+  }
+}
+
 VocabRowResults reference_rows(at::Tensor& z, const at::Tensor& t, const at::Tensor& labels,
                                const VocabRowGradient* gradient, int64_t top_k) {
   VocabRowResults out;
@@ -92,7 +109,14 @@ VocabRowResults reference_rows(at::Tensor& z, const at::Tensor& t, const at::Ten
     auto g = gradient->ce_weight * p + gradient->l1_weight * p * (sign - signed_mass);
     g.scatter_add_(1, labels.unsqueeze(1),
                    at::full({z.size(0), 1}, -gradient->ce_weight, g.options()));
-    z.copy_(g * gradient->weights.unsqueeze(1));
+    g.mul_(gradient->weights.unsqueeze(1));
+    if (gradient->policy_total.defined()) {
+      g.add_(p * gradient->policy_total.unsqueeze(1));
+      const auto& targets = gradient->policy_targets;
+      g.scatter_add_(1, targets.clamp_min(0),
+                     -at::where(targets.ge(0), gradient->policy_coefficients, 0.0));
+    }
+    z.copy_(g);
   }
   return out;
 }
@@ -148,12 +172,22 @@ VocabRowResults vocab_rows(at::Tensor& z, const at::Tensor& t, const at::Tensor&
     }
   }
   kernels::VocabGradient coefficients;
-  at::Tensor weights;
+  at::Tensor weights, policy_total, policy_targets, policy_coefficients;
   if (gradient != nullptr) {
     weights = gradient->weights.to(at::kFloat).contiguous();
     coefficients.weights = weights.data_ptr<float>();
     coefficients.ce_weight = static_cast<float>(gradient->ce_weight);
     coefficients.l1_weight = static_cast<float>(gradient->l1_weight);
+    if (gradient->policy_total.defined()) {
+      check_policy_gradient(*gradient, z);
+      policy_total = gradient->policy_total.contiguous();
+      policy_targets = gradient->policy_targets.contiguous();
+      policy_coefficients = gradient->policy_coefficients.contiguous();
+      coefficients.policy_total = policy_total.data_ptr<float>();
+      coefficients.policy_targets = policy_targets.data_ptr<int64_t>();
+      coefficients.policy_coefficients = policy_coefficients.data_ptr<float>();
+      coefficients.policy_group = static_cast<int>(policy_targets.size(1));
+    }
   }
   check_launch(kernels::vocab_objective_rows(rows, stats,
                                              gradient != nullptr ? &coefficients : nullptr,

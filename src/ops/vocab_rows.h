@@ -18,10 +18,15 @@ struct VocabRowResults {
 };
 
 // Gradient request: w [n] fp32; g = w·(a_ce·(p − δ_y) + a_l1·p·(sign(p − q) − Σ p·sign(p − q))).
+// With policy_total defined, the GSPO policy term over softmax(z) itself (logits scale 1) is
+// added before rounding: C_r·p − Σ_g c_{r,g}·δ_{y_{r,g}}.
 struct VocabRowGradient {
   at::Tensor weights;
   double ce_weight = 1.0;
   double l1_weight = 0.0;
+  at::Tensor policy_total;         // [n] fp32 C_r (0 on masked rows)
+  at::Tensor policy_targets;       // [n, G] int64; < 0: no sample
+  at::Tensor policy_coefficients;  // [n, G] fp32 c_{r,g} (0 where the target is < 0)
 };
 
 // Whether the CUDA row kernel takes these logits (CUDA, fp32 or bf16, unit column stride).

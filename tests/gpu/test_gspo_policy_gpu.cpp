@@ -143,6 +143,64 @@ TEST(GspoPolicyGpu, RowPassPolicyMatchesReference) {
   }
 }
 
+// The policy term beside the supervised terms at logits scale 1, as the GSPO update with
+// ce_weight > 0 runs it: the row kernel folds the policy gradient into its own pass against the
+// ATen row pass, which writes it aside and adds it (the reference seam); values and the hidden
+// states' gradient, fp32 and bf16, several chunks.
+TEST(GspoPolicyGpu, RowPassFoldsThePolicyIntoTheSupervisedGradient) {
+  REQUIRE_CUDA();
+  const torch::Device cuda(torch::kCUDA);
+  const int64_t blocks = 12, slots = 16, group = 4, vocab = 151936, width = 256;
+  for (auto dtype : {torch::kFloat32, torch::kBFloat16}) {
+    auto policy = testing::policy_case(blocks, slots, group, vocab, cuda);
+    policy.logits_scale = 1.0;
+    policy.loss_scale = 3.0;
+    torch::manual_seed(3);
+    const int64_t rows = blocks * slots;
+    auto hidden = (torch::randn({rows, width}) * 0.5).to(cuda, dtype);
+    auto teacher = (torch::randn({rows, width}) * 0.5).to(cuda, dtype);
+    auto head = (torch::randn({vocab, width}) * 0.2).to(cuda, dtype);
+    auto labels = torch::randint(0, vocab, {rows}, torch::dtype(torch::kInt64).device(cuda));
+    auto weights = torch::rand({rows}, torch::device(cuda));
+    auto run = [&](bool kernel, ops::GspoBackend backend) {
+      policy.backend = backend;
+      ops::VocabObjectiveOptions options;
+      options.ce_weight = 0.1;
+      options.chunk_rows = 5 * slots;
+      options.use_kernel = kernel;
+      options.policy = &policy;
+      auto h = hidden.detach().clone().requires_grad_();
+      auto out = ops::vocab_objective(h, teacher, labels, weights, head, options);
+      out.loss.backward();
+      return std::make_pair(out, h.grad().to(torch::kFloat32));
+    };
+    auto [fused, fused_grad] = run(true, ops::GspoBackend::kFused);
+    auto [ref, ref_grad] = run(false, ops::GspoBackend::kReference);
+    const std::string what = dtype == torch::kFloat32 ? "fp32" : "bf16";
+    const double tol = dtype == torch::kFloat32 ? 2e-5 : 1e-2;
+    const double loss = ref.loss.item<double>();
+    EXPECT_NEAR(fused.loss.item<double>(), loss, tol * (1 + std::abs(loss))) << what;
+    EXPECT_NEAR(fused.policy.loss.item<double>(), ref.policy.loss.item<double>(), tol) << what;
+    EXPECT_NEAR(fused.policy.clipped_fraction.item<double>(),
+                ref.policy.clipped_fraction.item<double>(), 1e-6)
+        << what;
+    const double logprob_error =
+        (fused.policy.logprobs - ref.policy.logprobs).abs().max().item<double>();
+    EXPECT_LT(logprob_error, dtype == torch::kFloat32 ? 1e-4 : 1e-2) << what;
+    const double scale = ref_grad.abs().max().item<double>();
+    const double grad_error = (fused_grad - ref_grad).abs().max().item<double>();
+    const double cosine =
+        torch::cosine_similarity(fused_grad.flatten(), ref_grad.flatten(), 0).item<double>();
+    EXPECT_LT(grad_error, tol * scale) << what;
+    EXPECT_GE(cosine, dtype == torch::kFloat32 ? 0.999999 : 0.9999) << what;
+    std::printf(
+        "row pass with supervised terms, policy folded vs reference %s: loss %.3e, log-prob max "
+        "diff %.3e, grad max diff %.3e of %.3e, cosine %.8f\n",
+        what.c_str(), std::abs(fused.loss.item<double>() - loss), logprob_error, grad_error, scale,
+        cosine);
+  }
+}
+
 // The row pass's update holds no [rows, V] tensor: at the recipe's vocabulary, 3,072 rows, its
 // peak above the inputs stays within one chunk of logits and its gradient buffer's rows.
 TEST(GspoPolicyGpu, RowPassHoldsOneChunkOfLogits) {

@@ -115,6 +115,50 @@ TEST(VocabObjectiveGpu, HandBuiltRowsMatchTheAtenRowPass) {
   EXPECT_EQ(k.argmax[1].item<int64_t>(), 0);
 }
 
+// The GSPO policy gradient folded into the kernel's pass 3 against the ATen row pass: fp32 with
+// 16-byte packs and the scalar path (V 1003), bf16 at the recipe's vocabulary. Samples repeat a
+// token in a row, land on the row's label and on the last column, and one row is masked.
+TEST(VocabObjectiveGpu, PolicyGradientInTheKernelMatchesTheAtenRowPass) {
+  REQUIRE_CUDA();
+  const auto cuda = torch::TensorOptions().device(torch::kCUDA);
+  for (auto [vocab, dtype] : {std::pair<int64_t, torch::Dtype>{4096, torch::kFloat32},
+                              {1003, torch::kFloat32},
+                              {151936, torch::kBFloat16}}) {
+    torch::manual_seed(21);
+    const int64_t rows = 40, group = 4;
+    auto z = (torch::randn({rows, vocab}, cuda) * 3).to(dtype);
+    auto t = (z.to(torch::kFloat32) + torch::randn({rows, vocab}, cuda)).to(dtype);
+    auto labels = torch::randint(0, vocab, {rows}, cuda.dtype(torch::kInt64));
+    auto targets = torch::randint(0, vocab, {rows, group}, cuda.dtype(torch::kInt64));
+    targets.select(1, 1).copy_(targets.select(1, 0));
+    targets.select(1, 2).copy_(labels);
+    targets[0][3] = vocab - 1;
+    targets[5].fill_(-100);
+    auto coefficients = torch::randn({rows, group}, cuda) * 0.3;
+    coefficients[5].zero_();
+    VocabRowGradient gradient{torch::rand({rows}, cuda), 0.1, 0.9};
+    gradient.weights[7] = 0.f;  // the policy gradient alone
+    gradient.policy_total = coefficients.sum(1);
+    gradient.policy_targets = targets;
+    gradient.policy_coefficients = coefficients;
+    auto g_kernel = z.clone(), g_aten = z.clone();
+    vocab_rows(g_kernel, t, labels, &gradient, true);
+    vocab_rows(g_aten, t, labels, &gradient, false);
+    const auto tag = "V " + std::to_string(vocab);
+    if (dtype == torch::kFloat32) {
+      expect_close(g_kernel, g_aten, 1e-5, tag + " gradient");
+    } else {
+      // Both round their fp32 gradient to bf16 once; the exponentials differ in the last bits.
+      const auto a = g_kernel.to(torch::kFloat32), b = g_aten.to(torch::kFloat32);
+      const double cosine = torch::cosine_similarity(a.flatten(), b.flatten(), 0).item<double>();
+      EXPECT_GE(cosine, 0.99999) << tag;
+      const auto at = targets.clamp_min(0);
+      expect_close(a.gather(1, at), b.gather(1, at), 1e-2, tag + " sampled columns");
+    }
+    EXPECT_GT(g_kernel[7].abs().max().item<double>(), 0.0) << tag;
+  }
+}
+
 TEST(VocabObjectiveGpu, Bf16AtTheRecipeVocabularyMatchesTheAtenRowPass) {
   REQUIRE_CUDA();
   const auto in = random_inputs(300, 256, 151936, torch::kBFloat16);

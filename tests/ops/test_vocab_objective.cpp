@@ -194,6 +194,43 @@ TEST(VocabRows, HandBuiltRowsEqualTeacherZeroWeightAndSignTies) {
   EXPECT_TRUE(torch::equal(r.argmax, torch::tensor({1, 0, 0}, torch::kInt64)));  // first maximum
 }
 
+// The GSPO policy term folded into the row pass's gradient (logits scale 1): the supervised
+// gradient plus C_r·p − Σ_g c_{r,g}·δ_{y_{r,g}}, a token drawn twice in a row counted twice, a
+// masked sample (target < 0) ignored, and a row of weight 0 still carrying its policy gradient.
+TEST(VocabRows, PolicyGradientJoinsTheSupervisedOne) {
+  torch::manual_seed(5);
+  const int64_t rows = 4, vocab = 7;
+  auto z = torch::randn({rows, vocab});
+  auto t = torch::randn({rows, vocab});
+  auto labels = torch::tensor({1, 2, 0, 6}, torch::kInt64);
+  auto w = torch::tensor({0.7f, 0.f, 1.3f, 0.4f});
+  auto targets =
+      torch::tensor({{3, 3, 5}, {0, 6, 6}, {-100, -100, -100}, {2, 4, 1}}, torch::kInt64);
+  auto coefficients = torch::tensor(
+      {{0.2f, -0.1f, 0.3f}, {0.5f, 0.25f, -0.4f}, {0.f, 0.f, 0.f}, {-0.3f, 0.1f, 0.6f}});
+  VocabRowGradient supervised{w, 0.25, 0.75};
+  auto g_supervised = z.clone();
+  vocab_rows(g_supervised, t, labels, &supervised, false);
+
+  VocabRowGradient both = supervised;
+  both.policy_total = coefficients.sum(1);
+  both.policy_targets = targets;
+  both.policy_coefficients = coefficients;
+  auto g = z.clone();
+  vocab_rows(g, t, labels, &both, false);
+
+  auto expected = g_supervised + torch::softmax(z, -1) * coefficients.sum(1, true);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t k = 0; k < targets.size(1); ++k) {
+      const int64_t y = targets[r][k].item<int64_t>();
+      if (y >= 0) expected[r][y] -= coefficients[r][k];
+    }
+  }
+  expect_close(g, expected, 1e-6, "supervised + policy");
+  EXPECT_GT(g[1].abs().max().item<double>(), 0.1) << "weight 0 keeps the policy gradient";
+  expect_close(g[2], g_supervised[2], 0.0, "a masked row is the supervised gradient alone");
+}
+
 TEST(VocabRows, ReferenceCandidatesAreAStableDescendingTopKWithTeacherProbabilities) {
   // Row 0: 2.0 at 1 and 3 tie inside the set (index order). Row 1: all equal: the first k.
   // Row 2: NaN ranks first (as torch.topk); 0.5 at 3 and 4 tie across the 2nd place and +0 at 0
