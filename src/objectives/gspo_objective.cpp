@@ -214,11 +214,6 @@ GspoObjective::GspoObjective(const core::Config& config, const DSpineSettings& d
   settings_.rollout.chunk_blocks = dspine.objective_chunk_blocks;
   verifier_ = make_reward_verifier(settings_.reward_source, online_target, model_.lm_head(),
                                    dspine.objective_chunk_blocks);
-  if (settings_.rollout.group_size < 2)
-    fail("gspo: objective.gspo.group_size must be >= 2 (got {})", settings_.rollout.group_size);
-  if (settings_.updates_per_rollout < 1)
-    fail("gspo: objective.gspo.updates_per_rollout must be >= 1 (got {})",
-         settings_.updates_per_rollout);
 }
 
 nlohmann::json GspoObjective::hf_config() const {
