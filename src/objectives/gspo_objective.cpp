@@ -154,8 +154,8 @@ GspoSettings read_gspo_settings(const core::Config& config) {
   auto& r = s.rollout;
   std::string sampling = "backbone", reward = "greedy_match", norm = "group_std";
   std::string reward_source = "target";
-  core::read_objective_section(
-      config, "gspo",
+  core::read_section(
+      config, "objective.gspo",
       {{"group_size", &r.group_size, {}, false, "blocks sampled per kept anchor (G)"},
        {"temperature", &r.temperature, {}, false, "sampling temperature of the rollout"},
        {"sampling", &sampling, {"backbone", "refinement"}, false,

@@ -38,7 +38,7 @@ nlohmann::json simple_hf_config(const core::ModelConfig& model) {
 struct CeSettings final : ObjectiveSettings {};
 
 std::shared_ptr<const ObjectiveSettings> parse_ce(const core::Config& config) {
-  core::read_objective_section(config, "ce", {});
+  core::read_section(config, "objective.ce", {});
   return std::make_shared<CeSettings>();
 }
 
