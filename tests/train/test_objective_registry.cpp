@@ -8,8 +8,11 @@
 #include "common/dspine_tiny.h"
 #include "common/expect_error.h"
 #include "core/config.h"
+#include "data/batch_source.h"
+#include "objectives/dspine_objective.h"
 #include "objectives/dspine_settings.h"
 #include "objectives/gspo_objective.h"
+#include "train/builder.h"
 #include "train/objective_registry.h"
 
 namespace dspine::train {
@@ -47,6 +50,20 @@ TEST(ObjectiveRegistry, ResolvesTheParsedSettings) {
       resolve_objective(tiny({"objective.name=gspo", "objective.dspine.num_anchors=6"}));
   EXPECT_EQ(gspo.settings->dspine()->num_anchors, 6);
   EXPECT_EQ(resolve_objective(core::Config{}).settings->dspine(), nullptr);  // ce
+}
+
+// The build takes the settings resolve_objective parsed: it does not read objective.dspine again
+// (here a configuration saying otherwise is built with them), and the built objective, its
+// acceptance evaluator and BuiltModel::settings all hold the parsed ones.
+TEST(ObjectiveRegistry, BuildTakesTheResolvedSettings) {
+  const auto resolved = resolve_objective(tiny({"objective.dspine.num_anchors=5"}));
+  const auto other = tiny({"objective.dspine.num_anchors=7"});
+  auto source = data::make_batch_source(other, torch::kCPU);
+  const BuiltModel built = build_model(other, resolved, *source, torch::kCPU, torch::kFloat32);
+  EXPECT_EQ(built.settings, resolved.settings);
+  const auto& objective = dynamic_cast<const objectives::DSpineObjective&>(*built.objective);
+  EXPECT_EQ(objective.dspine_settings().num_anchors, 5);
+  EXPECT_NE(built.acceptance, nullptr);
 }
 
 TEST(ObjectiveRegistry, UnknownNameSuggestsTheClosest) {
