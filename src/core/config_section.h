@@ -44,7 +44,7 @@ void check_setting(const Config& config, const std::string& key, bool ok, const 
 
 // While one is alive on a thread, read_section and check_setting on that thread also
 // record each key's type, default, allowed values and description: running an objective's
-// validation on a default configuration lists its settings for the reference.
+// parse on a default configuration lists its settings for the reference.
 class SettingsRecorder {
  public:
   SettingsRecorder();
