@@ -282,7 +282,8 @@ int main(int argc, char** argv) {
   try {
     auto config = core::load_config(o.config_path, o.overrides);
     // GSPO trains the same DSpine draft: its checkpoints are measured alike.
-    if (dspine::train::find_objective(config).architecture != "dspine") {
+    const auto resolved = dspine::train::resolve_objective(config);  // objective.* parsed once
+    if (resolved.settings->dspine() == nullptr) {
       fail("dspine-eval: {} has objective.name '{}', expected dspine or gspo", o.config_path,
            config.objective.name);
     }
@@ -307,8 +308,8 @@ int main(int argc, char** argv) {
       embed = source->embed_tokens();
       head = source->lm_head();
     }
-    auto objective = objectives::make_dspine_objective(
-        config, objectives::read_dspine_settings(config), embed, head, device, dtype);
+    auto objective = objectives::make_dspine_objective(config, *resolved.settings->dspine(), embed,
+                                                       head, device, dtype);
     dspine::model::load_draft(*objective->draft(), o.weights_path);
 
     if (o.acceptance) {

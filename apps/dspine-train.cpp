@@ -40,7 +40,9 @@ int main(int argc, char** argv) {
     }
     if (!resume.empty()) overrides.push_back("checkpoint.resume=" + resume);
     const auto config = dspine::core::load_config(config_path, overrides);
-    dspine::train::find_objective(config);  // a bad objective fails here, before any set-up
+    // objective.* parsed once: a bad objective fails here, before any set-up, and the trainer
+    // builds from these settings.
+    const auto objective = dspine::train::resolve_objective(config);
     if (print_config) {
       if (mpi.rank() == 0) std::fputs(dspine::core::to_yaml(config).c_str(), stdout);
       return 0;
@@ -50,7 +52,7 @@ int main(int argc, char** argv) {
     const auto layout = dspine::dist::rank_layout();
     const auto device = dspine::dist::training_device(config.training.device, layout.local_rank);
     auto comm = dspine::dist::make_communicator(config.distributed, device);
-    dspine::train::Trainer trainer(config, comm);
+    dspine::train::Trainer trainer(config, comm, &objective);
     dspine::train::stop_on_signals();  // Ctrl-C or preemption: save at the next step, then exit
     const auto result = trainer.run();
     if (mpi.rank() == 0 && result.losses.empty()) {

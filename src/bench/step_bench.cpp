@@ -34,7 +34,7 @@
 #include "dist/communicator.h"
 #include "dist/launch.h"
 #include "objectives/dspine_blocks.h"
-#include "objectives/dspine_settings.h"
+#include "train/objective_registry.h"
 #include "train/trainer.h"
 
 namespace dspine::bench {
@@ -265,7 +265,7 @@ void run_step_bench(const StepOptions& options) {
   trainer.set_phase_hook([&](const std::string& phase) { meter.on_phase(phase); });
   AnchorStats anchor_stats;
   if (dspine) {
-    anchor_stats.anchors = objectives::read_dspine_settings(config).num_anchors;
+    anchor_stats.anchors = trainer.objective_settings().dspine()->num_anchors;
     anchor_stats.proposals = config.model.block_size - 1;
     trainer.set_batch_hook([&](int64_t step, int64_t, data::DraftBatch& batch) {
       if (step == 0) anchor_stats.add(batch);

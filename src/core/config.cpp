@@ -1106,7 +1106,7 @@ std::vector<KeyFacts> core_key_facts() {
   return facts;
 }
 
-// config_section.h: an objective's own map, read with the same Reader as every other key.
+// config_section.h: a kept map (an objective's own), read with the same Reader as every other key.
 namespace {
 
 thread_local SettingsRecorder* active_recorder = nullptr;
@@ -1115,40 +1115,48 @@ Context context_of(const Config& config) {
   return Context(config.source.empty() ? "<config>" : config.source);
 }
 
+// The text parse_config kept for the map `map` (Reader::keep_section), null when the
+// configuration does not give it.
+const std::string* kept_text(const Config& config, const std::string& map) {
+  if (is_objective_section(map)) {
+    const auto text = config.objective.sections.find(leaf_of(map));
+    return text == config.objective.sections.end() ? nullptr : &text->second;
+  }
+  fail("config: {} is not a map kept for its owner to read", map);
+}
+
 }  // namespace
 
 SettingsRecorder::SettingsRecorder() : previous_(active_recorder) { active_recorder = this; }
 
 SettingsRecorder::~SettingsRecorder() { active_recorder = previous_; }
 
-void read_objective_section(const Config& config, const std::string& section,
-                            const std::vector<SettingKey>& keys) {
+void read_section(const Config& config, const std::string& map,
+                  const std::vector<SettingKey>& keys) {
   if (active_recorder != nullptr) {
     for (const SettingKey& key : keys) {
-      Key full{"objective." + section + "." + key.name, target_of(key.target), key.choices,
-               key.accepts_bool};
+      Key full{map + "." + key.name, target_of(key.target), key.choices, key.accepts_bool};
       KeyFacts facts = facts_of(full, "");
       facts.description = key.description;
       active_recorder->facts_.push_back(std::move(facts));
     }
   }
-  const auto text = config.objective.sections.find(section);
-  if (text == config.objective.sections.end()) return;
+  const std::string* text = kept_text(config, map);
+  if (text == nullptr) return;
   const Context context = context_of(config);
-  const std::string path = "objective." + section;
   YAML::Node node;
   try {
-    node = YAML::Load(text->second);
+    node = YAML::Load(*text);
   } catch (const YAML::ParserException& e) {
-    context.fail_text(fmt::format("{}: the settings are not valid YAML: {}", path, e.msg));
+    context.fail_text(fmt::format("{}: the settings are not valid YAML: {}", map, e.msg));
   }
   std::vector<Key> full_keys;
   for (const SettingKey& key : keys) {
     full_keys.push_back(
-        {path + "." + key.name, target_of(key.target), key.choices, key.accepts_bool});
+        {map + "." + key.name, target_of(key.target), key.choices, key.accepts_bool});
   }
-  // The section itself is a known map even when it takes no keys (ce).
-  Reader(context, std::move(full_keys), {path}).read_section(node, path);
+  // The map itself is known even when it takes no keys (objective.ce).
+  Reader(context, std::move(full_keys), {map}).read_section(node, map);
 }
 
 void objective_range_error(const Config& config, const std::string& key, const std::string& value,

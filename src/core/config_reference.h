@@ -1,6 +1,6 @@
 // The configuration reference, docs/config.md: every key with its type, default, allowed values
 // and a one-line description. Types, defaults and allowed values come from the key table and the
-// validation (core_key_facts, and the objectives' own through SettingsRecorder); only the
+// validation (core_key_facts, and the objectives' own parses through SettingsRecorder); only the
 // descriptions are written here, and a key without one is an error, so the page cannot drift.
 #pragma once
 

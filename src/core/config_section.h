@@ -1,6 +1,7 @@
-// Reading an objective's own settings, the map `objective.<section>` that parse_config keeps as
-// raw text (core does not know which objectives exist). The checks and messages are core's: type
-// errors, "did you mean" for unknown keys, range errors, all naming the full key.
+// Reading a map that parse_config keeps as raw text for its owner to read, because core does not
+// know its keys: an objective's settings, `objective.<name>` (core does not know which objectives
+// exist). The checks and messages are core's: type errors, "did you mean" for unknown keys, range
+// errors, all naming the full key.
 #pragma once
 
 #include <cstdint>
@@ -22,12 +23,13 @@ struct SettingKey {
   std::string description = "";           // one line for the configuration reference
 };
 
-// Reads config.objective.sections[section] (absent = all defaults) into the targets: type checks
-// as for every other key, unknown keys get "did you mean" over `keys`; errors name the full key
-// ("config error in <source>: objective.gspo.grup_size: unknown key in objective.gspo; did you
-// mean objective.gspo.group_size?").
-void read_objective_section(const Config& config, const std::string& section,
-                            const std::vector<SettingKey>& keys);
+// Reads the kept map `map` (its full key, e.g. "objective.gspo"; absent = all defaults) into the
+// targets: type checks as for every other key, unknown keys get "did you mean" over `keys`; errors
+// name the full key ("config error in <source>: objective.gspo.grup_size: unknown key in
+// objective.gspo; did you mean objective.gspo.group_size?"). `map` must be a kept map
+// (objective.<x>).
+void read_section(const Config& config, const std::string& map,
+                  const std::vector<SettingKey>& keys);
 
 // Range errors in the same format as core's:
 // "config error in <source>: <key> = <value> is out of range; allowed: <allowed>".
@@ -40,9 +42,9 @@ void read_objective_section(const Config& config, const std::string& section,
 void check_setting(const Config& config, const std::string& key, bool ok, const std::string& value,
                    const std::string& allowed);
 
-// While one is alive on a thread, read_objective_section and check_setting on that thread also
+// While one is alive on a thread, read_section and check_setting on that thread also
 // record each key's type, default, allowed values and description: running an objective's
-// validation on a default configuration lists its settings for the reference.
+// parse on a default configuration lists its settings for the reference.
 class SettingsRecorder {
  public:
   SettingsRecorder();
@@ -52,8 +54,7 @@ class SettingsRecorder {
   const std::vector<KeyFacts>& facts() const { return facts_; }
 
  private:
-  friend void read_objective_section(const Config&, const std::string&,
-                                     const std::vector<SettingKey>&);
+  friend void read_section(const Config&, const std::string&, const std::vector<SettingKey>&);
   friend void check_setting(const Config&, const std::string&, bool, const std::string&,
                             const std::string&);
   std::vector<KeyFacts> facts_;

@@ -94,13 +94,7 @@ DSpineTrainingModel::DSpineTrainingModel(const core::Config& config,
       settings_(settings),
       draft_(std::move(draft)),
       mask_token_id_(model::resolved_mask_token_id(config.model)) {
-  if (settings_.objective_chunk_blocks < 0) {
-    fail("objective.dspine.objective_chunk_blocks must be >= 0 (got {})",
-         settings_.objective_chunk_blocks);
-  }
-  if (settings_.num_anchors < 1) {
-    fail("objective.dspine.num_anchors must be >= 1 (got {})", settings_.num_anchors);
-  }
+  // objective.dspine's ranges were checked where the section was parsed (dspine_settings.cpp).
   const auto& weight = draft_->fc->weight;
   auto place = [&](const at::Tensor& t, const char* name) {
     const auto& c = model_config_;

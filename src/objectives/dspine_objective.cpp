@@ -39,11 +39,7 @@ DSpineObjective::DSpineObjective(const core::Config& config, const DSpineSetting
     : config_(config),
       settings_(settings),
       draft_(model::build_placed_draft(config.model, device, dtype)),
-      model_(config, settings, draft_, std::move(embed_tokens), std::move(lm_head)) {
-  if (config.training.accumulation_steps < 1) {
-    fail("training.accumulation_steps must be >= 1 (got {})", config.training.accumulation_steps);
-  }
-}
+      model_(config, settings, draft_, std::move(embed_tokens), std::move(lm_head)) {}
 
 nlohmann::json DSpineObjective::hf_config() const {
   return model::dspine_hf_config(config_, dspine_settings_json(settings_));

@@ -7,11 +7,9 @@
 namespace dspine::objectives {
 namespace {
 
-const char* const kSection = "dspine";
+const char* const kSection = "objective.dspine";
 
-std::string key_of(const std::string& leaf) {
-  return fmt::format("objective.{}.{}", kSection, leaf);
-}
+std::string key_of(const std::string& leaf) { return fmt::format("{}.{}", kSection, leaf); }
 
 // The reference's checks in its order (docs/config.md, objective.dspine); types and finiteness are
 // checked while reading. Each rule is also what docs/config.md lists for its key.
@@ -48,31 +46,31 @@ void check_ranges(const core::Config& config, const DSpineSettings& s) {
 DSpineSettings read_dspine_settings(const core::Config& config) {
   DSpineSettings s;
   std::string prepass = "all";
-  core::read_objective_section(config, kSection,
-                               {
-                                   {"num_anchors", &s.num_anchors, {}, false,
-                                    "most anchor blocks sampled per row"},
-                                   {"loss_decay_gamma", &s.loss_decay_gamma, {}, false,
-                                    "gamma of the loss decay over block positions"},
-                                   {"objective_chunk_blocks", &s.objective_chunk_blocks, {},
-                                    false, "blocks per checkpointed objective chunk"},
-                                   {"ce_weight", &s.ce_weight, {}, false,
-                                    "refinement term: weight of its CE against its L1"},
-                                   {"alignment_weight", &s.alignment_weight, {}, false,
-                                    "final weight of the alignment term"},
-                                   {"alignment_warmup_steps", &s.alignment_warmup_steps, {},
-                                    false, "steps over which the alignment weight ramps up"},
-                                   {"replacement_probability", &s.replacement_probability, {},
-                                    false, "start chance a block's predecessors are true codes"},
-                                   {"replacement_hold_ratio", &s.replacement_hold_ratio, {},
-                                    false, "progress at which replacement starts to fade"},
-                                   {"replacement_end_ratio", &s.replacement_end_ratio, {}, false,
-                                    "progress at which replacement has faded out"},
-                                   {"candidate_mass_threshold", &s.candidate_mass_threshold, {},
-                                    false, "teacher mass the top-k needs for the refinement L1"},
-                                   {"prepass", &prepass, {"all", "skip_first"}, false,
-                                    "window micro-batches given a CE-only prepass"},
-                               });
+  core::read_section(config, kSection,
+                     {
+                         {"num_anchors", &s.num_anchors, {}, false,
+                          "most anchor blocks sampled per row"},
+                         {"loss_decay_gamma", &s.loss_decay_gamma, {}, false,
+                          "gamma of the loss decay over block positions"},
+                         {"objective_chunk_blocks", &s.objective_chunk_blocks, {},
+                          false, "blocks per checkpointed objective chunk"},
+                         {"ce_weight", &s.ce_weight, {}, false,
+                          "refinement term: weight of its CE against its L1"},
+                         {"alignment_weight", &s.alignment_weight, {}, false,
+                          "final weight of the alignment term"},
+                         {"alignment_warmup_steps", &s.alignment_warmup_steps, {},
+                          false, "steps over which the alignment weight ramps up"},
+                         {"replacement_probability", &s.replacement_probability, {},
+                          false, "start chance a block's predecessors are true codes"},
+                         {"replacement_hold_ratio", &s.replacement_hold_ratio, {},
+                          false, "progress at which replacement starts to fade"},
+                         {"replacement_end_ratio", &s.replacement_end_ratio, {}, false,
+                          "progress at which replacement has faded out"},
+                         {"candidate_mass_threshold", &s.candidate_mass_threshold, {},
+                          false, "teacher mass the top-k needs for the refinement L1"},
+                         {"prepass", &prepass, {"all", "skip_first"}, false,
+                          "window micro-batches given a CE-only prepass"},
+                     });
   s.prepass = prepass == "skip_first" ? DSpinePrepass::kSkipFirst : DSpinePrepass::kAll;
   check_ranges(config, s);
   return s;

@@ -154,8 +154,8 @@ GspoSettings read_gspo_settings(const core::Config& config) {
   auto& r = s.rollout;
   std::string sampling = "backbone", reward = "greedy_match", norm = "group_std";
   std::string reward_source = "target";
-  core::read_objective_section(
-      config, "gspo",
+  core::read_section(
+      config, "objective.gspo",
       {{"group_size", &r.group_size, {}, false, "blocks sampled per kept anchor (G)"},
        {"temperature", &r.temperature, {}, false, "sampling temperature of the rollout"},
        {"sampling", &sampling, {"backbone", "refinement"}, false,
@@ -214,11 +214,6 @@ GspoObjective::GspoObjective(const core::Config& config, const DSpineSettings& d
   settings_.rollout.chunk_blocks = dspine.objective_chunk_blocks;
   verifier_ = make_reward_verifier(settings_.reward_source, online_target, model_.lm_head(),
                                    dspine.objective_chunk_blocks);
-  if (settings_.rollout.group_size < 2)
-    fail("gspo: objective.gspo.group_size must be >= 2 (got {})", settings_.rollout.group_size);
-  if (settings_.updates_per_rollout < 1)
-    fail("gspo: objective.gspo.updates_per_rollout must be >= 1 (got {})",
-         settings_.updates_per_rollout);
 }
 
 nlohmann::json GspoObjective::hf_config() const {

@@ -6,7 +6,14 @@ namespace dspine::train {
 
 BuiltModel build_model(const core::Config& config, const data::BatchSource& source,
                        torch::Device device, torch::Dtype dtype) {
-  return find_objective(config).build(config, source, device, dtype);
+  return build_model(config, resolve_objective(config), source, device, dtype);
+}
+
+BuiltModel build_model(const core::Config& config, const ResolvedObjective& objective,
+                       const data::BatchSource& source, torch::Device device, torch::Dtype dtype) {
+  BuiltModel built = objective.entry->build(config, *objective.settings, source, device, dtype);
+  built.settings = objective.settings;
+  return built;
 }
 
 }  // namespace dspine::train

@@ -16,17 +16,25 @@
 
 namespace dspine::train {
 
+struct ObjectiveSettings;  // train/objective_registry.h
+struct ResolvedObjective;  // train/objective_registry.h
+
 struct BuiltModel {
   std::shared_ptr<torch::nn::Module> module;  // trainable parameters + buffers (checkpoint keys)
   std::unique_ptr<objectives::Objective> objective;
   nlohmann::json hf_config;                   // written as config.json
   // Measures acceptance on held-out samples (training.eval_every); null for non-DSpine drafts.
   std::unique_ptr<objectives::AcceptanceEvaluator> acceptance;
+  // The objective's settings as resolve_objective parsed them (what built the objective).
+  std::shared_ptr<const ObjectiveSettings> settings;
 };
 
 // Parameters are created in `dtype`; buffers keep their own dtype (e.g. fp32 transfer codes).
-// Checks the configuration against the registry first (find_objective).
+// Resolves the configuration against the registry first (resolve_objective).
 BuiltModel build_model(const core::Config& config, const data::BatchSource& source,
                        torch::Device device, torch::Dtype dtype);
+// The same from an objective already resolved from `config` (its settings are not read again).
+BuiltModel build_model(const core::Config& config, const ResolvedObjective& objective,
+                       const data::BatchSource& source, torch::Device device, torch::Dtype dtype);
 
 }  // namespace dspine::train

@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include "core/config_section.h"
+#include "core/error.h"
 #include "model/simple_draft.h"
 #include "objectives/ce_objective.h"
 #include "objectives/dspine_objective.h"
@@ -34,10 +35,15 @@ nlohmann::json simple_hf_config(const core::ModelConfig& model) {
 }
 
 // ce has no settings: any key under objective.ce is unknown.
-void validate_ce(const core::Config& config) { core::read_objective_section(config, "ce", {}); }
+struct CeSettings final : ObjectiveSettings {};
 
-BuiltModel build_ce(const core::Config& config, const data::BatchSource& source,
-                    torch::Device device, torch::Dtype dtype) {
+std::shared_ptr<const ObjectiveSettings> parse_ce(const core::Config& config) {
+  core::read_section(config, "objective.ce", {});
+  return std::make_shared<CeSettings>();
+}
+
+BuiltModel build_ce(const core::Config& config, const ObjectiveSettings&,
+                    const data::BatchSource& source, torch::Device device, torch::Dtype dtype) {
   const bool fused = model::use_fused_kernels(config.model.fused_kernels, device);
   model::SimpleDraft draft(config.model, fused);
   cast_parameters(*draft, device, dtype);
@@ -47,6 +53,14 @@ BuiltModel build_ce(const core::Config& config, const data::BatchSource& source,
   built.objective = std::make_unique<objectives::CeObjective>(draft, lm_head);
   built.hf_config = simple_hf_config(config.model);
   return built;
+}
+
+// The settings an entry's own parse made: its build function takes them back in their type.
+template <typename Settings>
+const Settings& settings_of(const ObjectiveSettings& settings) {
+  const auto* typed = dynamic_cast<const Settings*>(&settings);
+  if (typed == nullptr) fail("objective registry: a build was given another objective's settings");
+  return *typed;
 }
 
 // A DSpine-draft objective (it owns its draft) as the trainer's BuiltModel, with an acceptance
@@ -64,33 +78,52 @@ BuiltModel built_from(const core::Config& config, std::unique_ptr<DraftObjective
   return built;
 }
 
-void validate_dspine(const core::Config& config) { objectives::read_dspine_settings(config); }
+struct DSpineObjectiveSettings final : ObjectiveSettings {
+  objectives::DSpineSettings anchors;  // objective.dspine
+  const objectives::DSpineSettings* dspine() const override { return &anchors; }
+};
 
-BuiltModel build_dspine(const core::Config& config, const data::BatchSource& source,
-                        torch::Device device, torch::Dtype dtype) {
-  return built_from(
-      config, objectives::make_dspine_objective(config, objectives::read_dspine_settings(config),
-                                        source.embed_tokens(), source.lm_head(), device, dtype));
+std::shared_ptr<const ObjectiveSettings> parse_dspine(const core::Config& config) {
+  auto settings = std::make_shared<DSpineObjectiveSettings>();
+  settings->anchors = objectives::read_dspine_settings(config);
+  return settings;
+}
+
+BuiltModel build_dspine(const core::Config& config, const ObjectiveSettings& settings,
+                        const data::BatchSource& source, torch::Device device, torch::Dtype dtype) {
+  const auto& s = settings_of<DSpineObjectiveSettings>(settings);
+  return built_from(config,
+                    objectives::make_dspine_objective(config, s.anchors, source.embed_tokens(),
+                                                      source.lm_head(), device, dtype));
 }
 
 // GSPO samples its anchor blocks as the DSpine objective does: it reads both sections.
-void validate_gspo(const core::Config& config) {
-  objectives::read_dspine_settings(config);
-  objectives::read_gspo_settings(config);
+struct GspoObjectiveSettings final : ObjectiveSettings {
+  objectives::DSpineSettings anchors;  // objective.dspine
+  objectives::GspoSettings gspo;       // objective.gspo
+  const objectives::DSpineSettings* dspine() const override { return &anchors; }
+};
+
+std::shared_ptr<const ObjectiveSettings> parse_gspo(const core::Config& config) {
+  auto settings = std::make_shared<GspoObjectiveSettings>();
+  settings->anchors = objectives::read_dspine_settings(config);
+  settings->gspo = objectives::read_gspo_settings(config);
+  return settings;
 }
 
-BuiltModel build_gspo(const core::Config& config, const data::BatchSource& source,
-                      torch::Device device, torch::Dtype dtype) {
-  return built_from(config, objectives::make_gspo_objective(
-      config, objectives::read_dspine_settings(config), objectives::read_gspo_settings(config),
-      source.embed_tokens(), source.lm_head(), device, dtype, source.online_target()));
+BuiltModel build_gspo(const core::Config& config, const ObjectiveSettings& settings,
+                      const data::BatchSource& source, torch::Device device, torch::Dtype dtype) {
+  const auto& s = settings_of<GspoObjectiveSettings>(settings);
+  return built_from(config, objectives::make_gspo_objective(config, s.anchors, s.gspo,
+                                                            source.embed_tokens(), source.lm_head(),
+                                                            device, dtype, source.online_target()));
 }
 
 const std::vector<ObjectiveEntry>& registry() {
   static const std::vector<ObjectiveEntry> entries = {
-      {"ce", "simple", validate_ce, build_ce},
-      {"dspine", "dspine", validate_dspine, build_dspine},
-      {"gspo", "dspine", validate_gspo, build_gspo},
+      {"ce", "simple", parse_ce, build_ce},
+      {"dspine", "dspine", parse_dspine, build_dspine},
+      {"gspo", "dspine", parse_gspo, build_gspo},
   };
   return entries;
 }
@@ -116,7 +149,7 @@ std::vector<core::KeyFacts> objective_key_facts() {
     defaults.objective.name = entry.name;
     defaults.model.architecture = entry.architecture;
     core::SettingsRecorder recorder;
-    entry.validate(defaults);
+    entry.parse(defaults);
     for (const core::KeyFacts& key : recorder.facts()) {
       // An objective may read another's map too (gspo reads objective.dspine): list it once.
       const bool listed = std::any_of(facts.begin(), facts.end(),
@@ -127,7 +160,7 @@ std::vector<core::KeyFacts> objective_key_facts() {
   return facts;
 }
 
-const ObjectiveEntry& find_objective(const core::Config& config) {
+ResolvedObjective resolve_objective(const core::Config& config) {
   const std::vector<std::string> names = objective_names();
   const std::string& name = config.objective.name;
   const auto& entries = registry();
@@ -149,8 +182,7 @@ const ObjectiveEntry& find_objective(const core::Config& config) {
       core::unknown_objective_section_error(config, section, names);
     }
   }
-  entry->validate(config);
-  return *entry;
+  return {&*entry, entry->parse(config)};
 }
 
 }  // namespace dspine::train

@@ -92,7 +92,8 @@ struct Trainer::State {
   BatchHook batch_hook;
 };
 
-Trainer::Trainer(core::Config config, std::shared_ptr<dist::Communicator> comm)
+Trainer::Trainer(core::Config config, std::shared_ptr<dist::Communicator> comm,
+                 const ResolvedObjective* objective)
     : state_(std::make_unique<State>()) {
   auto& s = *state_;
   s.config = std::move(config);
@@ -106,7 +107,8 @@ Trainer::Trainer(core::Config config, std::shared_ptr<dist::Communicator> comm)
   s.config.model.num_target_layers = data::target_depth(s.config);  // recorded in config.json
   s.held_out = data::make_held_out_source(s.config, *s.source);
   const auto dtype = training.dtype == core::Dtype::kBf16 ? torch::kBFloat16 : torch::kFloat;
-  s.built = build_model(s.config, *s.source, s.device, dtype);
+  s.built = objective != nullptr ? build_model(s.config, *objective, *s.source, s.device, dtype)
+                                 : build_model(s.config, *s.source, s.device, dtype);
   for (const auto& p : s.built.module->parameters()) {
     s.parameters += p.numel();
     if (p.requires_grad()) s.trainable_parameters += p.numel();
@@ -123,6 +125,8 @@ Trainer::Trainer(core::Config config, std::shared_ptr<dist::Communicator> comm)
 Trainer::~Trainer() = default;
 
 torch::nn::Module& Trainer::module() { return *state_->built.module; }
+
+const ObjectiveSettings& Trainer::objective_settings() const { return *state_->built.settings; }
 
 void Trainer::set_phase_hook(PhaseHook hook) {
   state_->built.objective->set_phase_hook(hook);

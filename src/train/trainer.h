@@ -24,6 +24,9 @@ struct DraftBatch;
 
 namespace dspine::train {
 
+struct ObjectiveSettings;  // train/objective_registry.h
+struct ResolvedObjective;  // train/objective_registry.h
+
 struct TrainResult {
   std::vector<double> losses;  // global window loss of every optimizer step run by this call
   int64_t first_step = 0;      // the step this call started at (> 0 after a resume)
@@ -44,7 +47,10 @@ void stop_on_signals();
 
 class Trainer {
  public:
-  Trainer(core::Config config, std::shared_ptr<dist::Communicator> comm);
+  // `objective`: the configuration's objective as the caller already resolved it
+  // (resolve_objective), so that its settings are parsed once per run; null: resolved here.
+  Trainer(core::Config config, std::shared_ptr<dist::Communicator> comm,
+          const ResolvedObjective* objective = nullptr);
   ~Trainer();
 
   // Trains until training.total_steps, or for at most `stop_after` optimizer steps when
@@ -52,6 +58,8 @@ class Trainer {
   TrainResult run(int64_t stop_after = -1);
 
   torch::nn::Module& module();
+  // The objective's settings as parsed for this run (e.g. objective.dspine's num_anchors).
+  const ObjectiveSettings& objective_settings() const;
 
   // Called when a phase of a window starts ("data": reading the window's batches, including an
   // online target's forward; "prepass": begin_window, i.e. the CE-only prepass and the global

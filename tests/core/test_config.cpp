@@ -468,12 +468,12 @@ struct GspoSettings {
 
 GspoSettings read_gspo(const Config& config) {
   GspoSettings s;
-  read_objective_section(config, "gspo",
-                         {{"group_size", &s.group_size},
-                          {"clip", &s.clip},
-                          {"mode", &s.mode, {"seq", "token"}},
-                          {"normalize", &s.normalize},
-                          {"layers", &s.layers}});
+  read_section(config, "objective.gspo",
+               {{"group_size", &s.group_size},
+                {"clip", &s.clip},
+                {"mode", &s.mode, {"seq", "token"}},
+                {"normalize", &s.normalize},
+                {"layers", &s.layers}});
   return s;
 }
 
@@ -614,7 +614,7 @@ std::string new_key_of(const std::string& old_key) {
 
 std::string dspine_section_value(const Config& c, const std::string& leaf) {
   std::string value;
-  read_objective_section(c, "dspine", {{leaf, &value}});
+  read_section(c, "objective.dspine", {{leaf, &value}});
   return value;
 }
 

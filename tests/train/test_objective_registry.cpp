@@ -8,8 +8,11 @@
 #include "common/dspine_tiny.h"
 #include "common/expect_error.h"
 #include "core/config.h"
+#include "data/batch_source.h"
+#include "objectives/dspine_objective.h"
 #include "objectives/dspine_settings.h"
 #include "objectives/gspo_objective.h"
+#include "train/builder.h"
 #include "train/objective_registry.h"
 
 namespace dspine::train {
@@ -25,15 +28,42 @@ core::Config tiny(const std::vector<std::string>& overrides = {}) {
 }
 
 void expect_objective_error(const core::Config& config, const std::vector<std::string>& parts) {
-  expect_error_mentioning([&] { find_objective(config); }, parts);
+  expect_error_mentioning([&] { resolve_objective(config); }, parts);
 }
 
 TEST(ObjectiveRegistry, ListsEveryObjective) {
   EXPECT_EQ(objective_names(), (std::vector<std::string>{"ce", "dspine", "gspo"}));
-  EXPECT_EQ(find_objective(tiny()).name, "dspine");
-  EXPECT_EQ(find_objective(tiny()).architecture, "dspine");
-  EXPECT_EQ(find_objective(core::load_config("")).name, "dspine");  // the embedded default
-  EXPECT_EQ(find_objective(core::Config{}).name, "ce");
+  EXPECT_EQ(resolve_objective(tiny()).entry->name, "dspine");
+  EXPECT_EQ(resolve_objective(tiny()).entry->architecture, "dspine");
+  // The embedded default.
+  EXPECT_EQ(resolve_objective(core::load_config("")).entry->name, "dspine");
+  EXPECT_EQ(resolve_objective(core::Config{}).entry->name, "ce");
+}
+
+// resolve_objective parses the entry's settings once; the DSpine-draft objectives hand out
+// objective.dspine from them.
+TEST(ObjectiveRegistry, ResolvesTheParsedSettings) {
+  EXPECT_EQ(
+      resolve_objective(tiny({"objective.dspine.num_anchors=5"})).settings->dspine()->num_anchors,
+      5);
+  const auto gspo =
+      resolve_objective(tiny({"objective.name=gspo", "objective.dspine.num_anchors=6"}));
+  EXPECT_EQ(gspo.settings->dspine()->num_anchors, 6);
+  EXPECT_EQ(resolve_objective(core::Config{}).settings->dspine(), nullptr);  // ce
+}
+
+// The build takes the settings resolve_objective parsed: it does not read objective.dspine again
+// (here a configuration saying otherwise is built with them), and the built objective, its
+// acceptance evaluator and BuiltModel::settings all hold the parsed ones.
+TEST(ObjectiveRegistry, BuildTakesTheResolvedSettings) {
+  const auto resolved = resolve_objective(tiny({"objective.dspine.num_anchors=5"}));
+  const auto other = tiny({"objective.dspine.num_anchors=7"});
+  auto source = data::make_batch_source(other, torch::kCPU);
+  const BuiltModel built = build_model(other, resolved, *source, torch::kCPU, torch::kFloat32);
+  EXPECT_EQ(built.settings, resolved.settings);
+  const auto& objective = dynamic_cast<const objectives::DSpineObjective&>(*built.objective);
+  EXPECT_EQ(objective.dspine_settings().num_anchors, 5);
+  EXPECT_NE(built.acceptance, nullptr);
 }
 
 TEST(ObjectiveRegistry, UnknownNameSuggestsTheClosest) {
@@ -63,7 +93,7 @@ TEST(ObjectiveRegistry, UnknownSectionGetsDidYouMean) {
   // objective.dspine in a ce run).
   const auto ce =
       tiny({"objective.name=ce", "model.architecture=simple", "objective.dspine.num_anchors=3"});
-  EXPECT_EQ(find_objective(ce).name, "ce");
+  EXPECT_EQ(resolve_objective(ce).entry->name, "ce");
 }
 
 TEST(ObjectiveRegistry, CeHasNoSettings) {
@@ -137,8 +167,9 @@ TEST(GspoSettings, DefaultsAndEveryKey) {
   EXPECT_EQ(s.updates_per_rollout, 3);
   EXPECT_EQ(s.ce_weight, 0.1);
   EXPECT_EQ(s.init_from, "runs/x/step-000010");
-  EXPECT_EQ(find_objective(tiny({"objective.name=gspo", "objective.gspo.group_size=2"})).name,
-            "gspo");
+  EXPECT_EQ(
+      resolve_objective(tiny({"objective.name=gspo", "objective.gspo.group_size=2"})).entry->name,
+      "gspo");
 }
 
 TEST(GspoSettings, ErrorsNameTheKeyAndValue) {
