@@ -40,7 +40,7 @@ targets=(test_fused_norm_mlp test_gspo_gpu test_gspo_policy_gpu test_logit_rows_
   dspine-bench attention-check)
 [[ $PHASE == train || $PHASE == profile ]] && targets=(dspine-bench)
 [[ $PHASE == testbed ]] && targets=(test_qwen3_model_gpu dspine-train dspine-eval)
-[[ $PHASE == gspo ]] && targets=(test_gspo_policy_gpu test_logit_rows_gpu dspine-bench)
+[[ $PHASE == gspo ]] && targets=(test_gspo_policy_gpu test_logit_rows_gpu test_vocab_objective_gpu dspine-bench)
 [[ $PHASE == tests ]] && targets=("${targets[@]:0:${#targets[@]}-2}")  # no benchmark binaries
 { cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$TORCH_PREFIX" &&
   ninja -C "$BUILD_DIR" -j "$(nproc)" "${targets[@]}"; } > "$OUT/build.log" 2>&1 ||
@@ -81,7 +81,7 @@ tests=(test_fused_norm_mlp test_gspo_gpu test_gspo_policy_gpu test_logit_rows_gp
   test_dspine_fused_step test_random_source_gpu test_qwen3_model_gpu test_block_attention_gpu test_kernel_profile_gpu
   test_dspine_objective test_trainer test_trainer_start test_vocab_objective_gpu test_fused_vocabulary
   test_injection_residual_gpu test_qk_norm_rope_gpu test_master_adamw_gpu test_wgmma_probe_gpu)
-[[ $PHASE == gspo ]] && tests=(test_gspo_policy_gpu test_logit_rows_gpu)
+[[ $PHASE == gspo ]] && tests=(test_gspo_policy_gpu test_logit_rows_gpu test_vocab_objective_gpu)
 [[ $PHASE == target || $PHASE == testbed ]] && tests=(test_qwen3_model_gpu)
 [[ $PHASE == attention ]] && tests=(test_wgmma_probe_gpu test_block_attention_gpu
   test_qk_norm_rope_gpu test_dspine_fused_step)
