@@ -178,6 +178,9 @@ TEST(GspoPolicyGpu, RowPassFoldsThePolicyIntoTheSupervisedGradient) {
     auto [ref, ref_grad] = run(false, ops::GspoBackend::kReference);
     const std::string what = dtype == torch::kFloat32 ? "fp32" : "bf16";
     const double tol = dtype == torch::kFloat32 ? 2e-5 : 1e-2;
+    // dX sums the row gradient over 151,936 columns; the kernel's fast exponential and its single
+    // rounding differ from ATen's in the last bits of each column (fp32: 3e-5 of the largest).
+    const double grad_tol = dtype == torch::kFloat32 ? 1e-4 : 1e-2;
     const double loss = ref.loss.item<double>();
     EXPECT_NEAR(fused.loss.item<double>(), loss, tol * (1 + std::abs(loss))) << what;
     EXPECT_NEAR(fused.policy.loss.item<double>(), ref.policy.loss.item<double>(), tol) << what;
@@ -191,7 +194,7 @@ TEST(GspoPolicyGpu, RowPassFoldsThePolicyIntoTheSupervisedGradient) {
     const double grad_error = (fused_grad - ref_grad).abs().max().item<double>();
     const double cosine =
         torch::cosine_similarity(fused_grad.flatten(), ref_grad.flatten(), 0).item<double>();
-    EXPECT_LT(grad_error, tol * scale) << what;
+    EXPECT_LT(grad_error, grad_tol * scale) << what;
     EXPECT_GE(cosine, dtype == torch::kFloat32 ? 0.999999 : 0.9999) << what;
     std::printf(
         "row pass with supervised terms, policy folded vs reference %s: loss %.3e, log-prob max "
