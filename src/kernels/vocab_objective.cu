@@ -278,23 +278,29 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   if (threadIdx.x == 0 && stats.l1) stats.l1[row] = l1;
   if constexpr (!kGradient) return;
 
-  // Pass 3: the gradient over z, in place.
-  const float w = gradient.weights[row];
-  const float a_policy = gradient.policy_total != nullptr ? gradient.policy_total[row] : 0.f;
-  if (w == 0.f && a_policy == 0.f) {
-    for (int64_t i = threadIdx.x; i < rows.vocab; i += kThreads) z[i] = detail::from_float<T>(0.f);
-    return;
-  }
-  // The row's sampled tokens and their coefficients, shared by the block.
+  // Pass 3: the gradient over z, in place. The row's sampled tokens and their coefficients are
+  // shared by the block; coefficients may cancel in C_r, so a row is all zero only when every
+  // part of its gradient is.
   __shared__ int64_t sampled[kVocabMaxPolicyGroup];
   __shared__ float sampled_coefficient[kVocabMaxPolicyGroup];
-  const int group = a_policy != 0.f ? gradient.policy_group : 0;
+  const int group = gradient.policy_total != nullptr ? gradient.policy_group : 0;
   if (int(threadIdx.x) < group) {
     const int64_t slot = row * gradient.policy_group + threadIdx.x;
     sampled[threadIdx.x] = gradient.policy_targets[slot];
     sampled_coefficient[threadIdx.x] = gradient.policy_coefficients[slot];
   }
   __syncthreads();
+  bool sparse = false;  // a sampled column with a coefficient
+  for (int k = 0; k < group; ++k) {
+    sparse = sparse || (sampled[k] >= 0 && sampled_coefficient[k] != 0.f);
+  }
+  const int hits = sparse ? group : 0;
+  const float w = gradient.weights[row];
+  const float a_policy = group > 0 ? gradient.policy_total[row] : 0.f;
+  if (w == 0.f && a_policy == 0.f && !sparse) {
+    for (int64_t i = threadIdx.x; i < rows.vocab; i += kThreads) z[i] = detail::from_float<T>(0.f);
+    return;
+  }
   const float a_ce = w * gradient.ce_weight, a_l1 = w * gradient.l1_weight;
   for_each_pack<T, N, kTeacher>(z, t, rows.vocab, ring, [&](int64_t i, const auto& zp,
                                                              const auto& tp) {
@@ -307,7 +313,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
       g[e] = a_ce * (p - static_cast<float>(i + e == y)) + a_l1 * p * (s - signed_mass) +
              a_policy * p;
     }
-    for (int k = 0; k < group; ++k) {
+    for (int k = 0; k < hits; ++k) {
       // One unsigned compare tells whether sample k lands in this pack (masked ids are < 0).
       if (static_cast<uint64_t>(sampled[k] - i) >= static_cast<uint64_t>(n)) continue;
 #pragma unroll

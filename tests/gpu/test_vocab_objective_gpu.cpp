@@ -117,7 +117,8 @@ TEST(VocabObjectiveGpu, HandBuiltRowsMatchTheAtenRowPass) {
 
 // The GSPO policy gradient folded into the kernel's pass 3 against the ATen row pass: fp32 with
 // 16-byte packs and the scalar path (V 1003), bf16 at the recipe's vocabulary. Samples repeat a
-// token in a row, land on the row's label and on the last column, and one row is masked.
+// token in a row, land on the row's label and on the last column, one row is masked, and one of
+// supervised weight 0 has coefficients summing to 0.
 TEST(VocabObjectiveGpu, PolicyGradientInTheKernelMatchesTheAtenRowPass) {
   REQUIRE_CUDA();
   const auto cuda = torch::TensorOptions().device(torch::kCUDA);
@@ -138,6 +139,8 @@ TEST(VocabObjectiveGpu, PolicyGradientInTheKernelMatchesTheAtenRowPass) {
     coefficients[5].zero_();
     VocabRowGradient gradient{torch::rand({rows}, cuda), 0.1, 0.9};
     gradient.weights[7] = 0.f;  // the policy gradient alone
+    gradient.weights[9] = 0.f;  // ... with coefficients that cancel: C = 0, the columns are not
+    coefficients[9].copy_(torch::tensor({0.25f, -0.25f, 0.5f, -0.5f}));
     gradient.policy_total = coefficients.sum(1);
     gradient.policy_targets = targets;
     gradient.policy_coefficients = coefficients;
@@ -156,6 +159,7 @@ TEST(VocabObjectiveGpu, PolicyGradientInTheKernelMatchesTheAtenRowPass) {
       expect_close(a.gather(1, at), b.gather(1, at), 1e-2, tag + " sampled columns");
     }
     EXPECT_GT(g_kernel[7].abs().max().item<double>(), 0.0) << tag;
+    EXPECT_GT(g_kernel[9].abs().max().item<double>(), 0.1) << tag << ": cancelling coefficients";
   }
 }
 
