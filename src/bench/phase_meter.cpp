@@ -94,6 +94,11 @@ void PhaseMeter::on_phase(const std::string& next) {
   opened.started = std::chrono::steady_clock::now();
 }
 
+int64_t PhaseMeter::entries(const std::string& phase) const {
+  const auto count = occurrences.find(phase);
+  return count == occurrences.end() ? 1 : count->second;
+}
+
 void PhaseMeter::close_top_phase(double elapsed_s) {
   const std::string& name = phase.name;
   window_top_seconds[name] += elapsed_s;

@@ -66,6 +66,8 @@ struct PhaseMeter {
   int64_t peak_bytes() const;
   void reset_peak();
   void record(const std::string& name, double elapsed_s, double extra_mib, double peak);
+  // How many times `phase` was entered in the last window recorded (1 when unknown).
+  int64_t entries(const std::string& phase) const;
   // A closed top-level phase, kept for the window's sample.
   void close_top_phase(double elapsed_s);
   // The trainer's phase hook: closes the open phase (or sub-phase) and opens `next`.

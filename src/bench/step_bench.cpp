@@ -149,12 +149,11 @@ void print_phases(PhaseMeter& meter, bool rl, double window_s, const train::Trai
   std::printf("%-10s %12s %16s %10s %10s\n", "phase", "time_ms", "peak_extra_MiB", "peak_GiB",
               "per_window");
   auto phase_row = [&](const std::string& label, const std::string& phase) {
-    const auto count = meter.occurrences.find(phase);
     std::printf("%-10s %12.2f %16.2f %10.3f %10lld\n", label.c_str(),
                 1e3 * median_after_first(meter.seconds[phase]),
                 median_after_first(meter.peak_mib[phase]),
                 median_after_first(meter.peak_gib[phase]),
-                static_cast<long long>(count == meter.occurrences.end() ? 1 : count->second));
+                static_cast<long long>(meter.entries(phase)));
   };
   for (const char* phase : kPhases) {
     phase_row(table_name(phase, rl), phase);
@@ -219,7 +218,7 @@ void print_profile(PhaseMeter& meter, const StepOptions& options, double window_
   if (!meter.profile_phase.empty()) {
     // The phase's entries in the profiled window, against their median time per window.
     const auto& phase = meter.profile_phase;
-    const int64_t entries = meter.occurrences.count(phase) ? meter.occurrences.at(phase) : 1;
+    const int64_t entries = meter.entries(phase);
     meter.kernel_profile.scope =
         fmt::format("the {} {} phase(s) of one window", entries, options.profile_phase);
     meter.kernel_profile.wall_ms = 1e3 * median_after_first(meter.seconds[phase]) * entries;
