@@ -50,7 +50,7 @@ AnchorSample anchors_for(const torch::Tensor& loss_mask, int64_t num_anchors,
     fail("DSpine explicit anchors must be [B, N] with B = {}, got {}", loss_mask.size(0),
          c10::str(anchors.sizes()));
   }
-  if ((anchors < 0).any().item<bool>() || (anchors > loss_mask.size(1) - 2).any().item<bool>()) {
+  if (((anchors < 0) | (anchors > loss_mask.size(1) - 2)).any().item<bool>()) {
     fail("DSpine explicit anchors must lie in [0, S-2] (S = {})", loss_mask.size(1));
   }
   auto keep = overrides->keep.defined()

@@ -132,13 +132,13 @@ PolicyRows refinement_rows(const DraftPass& pass, const GspoRollout& r,
 
 // KL(rollout ‖ policy) per segment by the k3 estimator r − 1 − log r (r = π/π_old, ≥ 0), averaged
 // over the segment's labelled tokens (label_counts broadcasts to the log-probs); this rank's share
-// of the mean over the D segments.
-double kl_share(const at::Tensor& logprobs, const at::Tensor& old_logprobs, const at::Tensor& mask,
-                const at::Tensor& label_counts, double divisor) {
+// of the mean over the D segments, as an fp64 scalar on the log-probs' device.
+at::Tensor kl_share(const at::Tensor& logprobs, const at::Tensor& old_logprobs,
+                    const at::Tensor& mask, const at::Tensor& label_counts, double divisor) {
   auto log_ratio = (logprobs - old_logprobs).masked_fill(~mask, 0.0);
   auto k3 = log_ratio.exp() - 1.0 - log_ratio;
   auto weight = mask.to(torch::kFloat32) / label_counts.clamp_min(1).to(torch::kFloat32);
-  return (k3 * weight).sum().item<double>() / divisor;
+  return (k3 * weight).sum().to(torch::kFloat64) / divisor;
 }
 
 at::Tensor reduced(std::vector<double> values, dist::Communicator& comm) {
@@ -265,14 +265,30 @@ void GspoObjective::begin_window(const std::vector<data::DraftBatch>& micro_batc
 void GspoObjective::adopt_rollouts(std::vector<GspoRollout> rollouts, StepContext& context) {
   rollouts_ = std::move(rollouts);
   rollout_sums_.assign(kRolloutSums, 0.0);
-  update_sums_.assign(kUpdateSums, 0.0);
+  update_sums_ = at::Tensor();
+  rollout_tokens_.clear();
   seam_seconds_ = 0;
-  double weights = 0;
+  // Every rollout's sums in one copy to the host: the updates then run without synchronising.
+  std::vector<at::Tensor> per_rollout;
   for (const auto& rollout : rollouts_) {
-    rollout_sums_[kRolloutSegments] += static_cast<double>(rollout.rewards.numel());
-    rollout_sums_[kRolloutReward] += rollout.rewards.sum().item<double>();
-    rollout_sums_[kRolloutAccepted] += rollout.accepted.sum().item<double>();
-    weights += rollout.supervision_weight;
+    // Each of the G samples of a kept block carries the block's supervised slots.
+    const double group = static_cast<double>(rollout.choices.size(1));
+    per_rollout.push_back(torch::stack({rollout.rewards.sum().to(torch::kFloat64),
+                                        rollout.accepted.sum().to(torch::kFloat64),
+                                        rollout.supervised.sum().to(torch::kFloat64) * group}));
+  }
+  double weights = 0;
+  if (!per_rollout.empty()) {
+    const auto host = torch::stack(per_rollout).cpu();
+    const auto sums = host.accessor<double, 2>();
+    for (size_t i = 0; i < rollouts_.size(); ++i) {
+      const auto& rollout = rollouts_[i];
+      rollout_sums_[kRolloutSegments] += static_cast<double>(rollout.rewards.numel());
+      rollout_sums_[kRolloutReward] += sums[i][0];
+      rollout_sums_[kRolloutAccepted] += sums[i][1];
+      rollout_tokens_.push_back(static_cast<int64_t>(sums[i][2]));
+      weights += rollout.supervision_weight;
+    }
   }
   auto totals = reduced({rollout_sums_[kRolloutSegments], weights}, *context.comm);
   divisor_ = totals[0].item<double>();
@@ -303,14 +319,16 @@ MicroStepResult GspoObjective::micro_step(const data::DraftBatch& batch, int64_t
                         (supervised || rollout.kept.numel() > 0);
   const auto result = row_pass ? row_pass_update(p, rollout, options)
                                : separate_seam_update(p, rollout, options);
-  update_sums_[kUpdateLoss] += result.loss.detach().item<double>();
-  update_sums_[kUpdateGspoLoss] += result.policy.loss.item<double>();
-  update_sums_[kUpdateNewLogprobs] += result.policy.new_logprobs.item<double>();
-  update_sums_[kUpdateClipped] += result.policy.clipped_fraction.item<double>();
-  update_sums_[kUpdateRatioMean] += result.policy.ratio_mean.item<double>();
-  update_sums_[kUpdateKl] += result.kl;
-  update_sums_[kUpdateSupervised] += result.supervised;
-  return {result.loss, result.tokens};
+  // The metric shares stay on the device until end_window: reading them here would empty the
+  // GPU's queue between this forward and its backward.
+  auto f64 = [](const at::Tensor& t) { return t.detach().to(torch::kFloat64); };
+  const auto supervised_part =
+      result.supervised.defined() ? f64(result.supervised) : at::zeros_like(f64(result.kl));
+  auto shares = torch::stack({f64(result.loss), f64(result.policy.loss),
+                              f64(result.policy.new_logprobs), f64(result.policy.clipped_fraction),
+                              f64(result.policy.ratio_mean), f64(result.kl), supervised_part});
+  update_sums_ = update_sums_.defined() ? update_sums_ + shares : shares;
+  return {result.loss, rollout_tokens_[index]};
 }
 
 GspoObjective::Update GspoObjective::row_pass_update(const DraftPass& p, const GspoRollout& rollout,
@@ -352,8 +370,8 @@ GspoObjective::Update GspoObjective::row_pass_update(const DraftPass& p, const G
     auto terms = model_.objective(p, options);
     out.policy = terms.policy;
     out.loss = settings_.ce_weight * (terms.numerator / dspine_denominator_);
-    out.supervised = (terms.numerator.detach().item<double>() -
-                      policy.loss_scale * out.policy.loss.item<double>()) /
+    out.supervised = (terms.numerator.detach().to(torch::kFloat64) -
+                      policy.loss_scale * out.policy.loss.detach().to(torch::kFloat64)) /
                      dspine_denominator_;
   } else {
     ops::VocabObjectiveOptions vocab;
@@ -367,7 +385,6 @@ GspoObjective::Update GspoObjective::row_pass_update(const DraftPass& p, const G
   const auto mask = policy.targets.ge(0);
   out.kl = kl_share(out.policy.logprobs, policy.old_logprobs, mask,
                     policy.label_counts.view({blocks, 1, 1}), divisor_);
-  out.tokens = mask.sum().item<int64_t>();
   return out;
 }
 
@@ -393,18 +410,21 @@ GspoObjective::Update GspoObjective::separate_seam_update(const DraftPass& p,
   if (settings_.ce_weight > 0) {
     auto terms = model_.objective(p, options);
     auto part = terms.numerator / dspine_denominator_;
-    out.supervised = part.detach().item<double>();
+    out.supervised = part.detach();
     out.loss = out.loss + settings_.ce_weight * part.to(out.loss.scalar_type());
   }
   const auto mask = rows.samples.targets.ge(0);
   out.kl = kl_share(policy.logprobs, rows.samples.old_logprobs, mask, rows.samples.label_counts,
                     divisor_);
-  out.tokens = mask.sum().item<int64_t>();
   return out;
 }
 
 std::map<std::string, double> GspoObjective::end_window(StepContext& context) {
-  auto update = update_sums_;
+  std::vector<double> update(kUpdateSums, 0.0);  // a rank may end a window without an update
+  if (update_sums_.defined()) {
+    const auto local = update_sums_.cpu();  // the window's one read of the update metrics
+    std::copy_n(local.data_ptr<double>(), kUpdateSums, update.begin());
+  }
   update.insert(update.end(), rollout_sums_.begin(), rollout_sums_.end());
   auto sums = reduced(update, *context.comm);
   auto s = sums.accessor<double, 1>();

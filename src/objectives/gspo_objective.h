@@ -86,13 +86,12 @@ class GspoObjective final : public Objective {
   DraftPass pass(const data::DraftBatch& batch, const RowStreams& streams, StepContext& context,
                  const BlockOverrides* blocks, bool full_rows);
 
-  // One update's loss (with grad) and its metric shares.
+  // One update's loss (with grad) and its metric shares (scalars on the device).
   struct Update {
     at::Tensor loss;
     ops::VocabPolicyResult policy;
-    double kl = 0;
-    double supervised = 0;  // the DSpine loss part (ce_weight > 0)
-    int64_t tokens = 0;
+    at::Tensor kl;          // fp64
+    at::Tensor supervised;  // fp64, the DSpine loss part (ce_weight > 0), else undefined
   };
   // The policy term inside the vocabulary row pass (ops/vocab_policy.h): the backbone's sampled
   // tokens on the fused vocabulary path.
@@ -113,7 +112,8 @@ class GspoObjective final : public Objective {
   double divisor_ = 1;                 // D: the window's segments over all ranks
   double dspine_denominator_ = 1;      // the window's Σ supervision weights over all ranks
   std::vector<double> rollout_sums_;   // [segments, Σ reward, Σ accepted] of this rank's window
-  std::vector<double> update_sums_;    // this rank's metric shares, summed over the window
+  std::vector<int64_t> rollout_tokens_;  // sampled supervised tokens of each rollout
+  at::Tensor update_sums_;  // fp64 on the device: this rank's metric shares, summed over the window
   double seam_seconds_ = 0;
 };
 
