@@ -77,34 +77,55 @@ BlockVerdict TeacherVerifier::verify(const data::DraftBatch& /*batch*/, const Dr
                                      const at::Tensor& kept, const at::Tensor& tokens,
                                      bool with_probs) const {
   torch::NoGradGuard no_grad;
-  auto teacher = teacher_hidden(pass, kept);  // [K, T, H]
-  const int64_t blocks = teacher.size(0);
-  // objective_chunk_blocks, and at most kLogitElements logits (a recipe vocabulary is large).
-  const int64_t per_block = teacher.size(1) * lm_head_.size(0);
+  const int64_t blocks = tokens.size(0), group = tokens.size(1), slots = tokens.size(2);
+  const int64_t vocab = lm_head_.size(0);
+  // The blocks overlap, so their slots share target positions: each distinct position's logits
+  // are projected once (at most B·S positions for the K·T slots: 6,144 for 16,384 at the recipe).
+  const auto positions =
+      pass.teacher_positions.index_select(0, kept.to(pass.teacher_positions.device()))
+          .reshape({-1});  // [K·T]
+  const auto [distinct, slot_position] = [&] {
+    auto unique = at::_unique2(positions, /*sorted=*/true, /*return_inverse=*/true,
+                               /*return_counts=*/false);
+    return std::pair{std::get<0>(unique), std::get<1>(unique)};
+  }();
+  const int64_t rows = distinct.size(0);
+  // objective_chunk_blocks' rows, and at most kLogitElements logits (a recipe vocabulary is large).
   const int64_t chunk =
-      std::min(chunk_blocks_ > 0 ? chunk_blocks_ : std::max<int64_t>(blocks, 1),
-               std::max<int64_t>(1, kLogitElements / per_block));
-  std::vector<at::Tensor> choices, probs;
-  for (int64_t begin = 0; begin < blocks; begin += chunk) {
-    const int64_t n = std::min(chunk, blocks - begin);
-    auto logits = project_logits(teacher.narrow(0, begin, n), lm_head_);  // [n, T, V]
-    const int64_t slots = logits.size(1);
-    auto rows = logits.reshape({n * slots, -1});
-    auto [argmax, lse] = ops::logit_row_argmax_lse(rows, rows.is_cuda());
-    choices.push_back(argmax.view({n, slots}));
+      std::min(chunk_blocks_ > 0 ? chunk_blocks_ * slots : std::max<int64_t>(rows, 1),
+               std::max<int64_t>(1, kLogitElements / vocab));
+  // Each slot's G drafted tokens, [K·T, G], and their log-probabilities as chunks answer them.
+  const auto drafted = tokens.to(positions.device(), torch::kInt64).permute({0, 2, 1}).reshape(
+      {blocks * slots, group});
+  at::Tensor log_probs;
+  if (with_probs) log_probs = at::zeros(drafted.sizes(), drafted.options().dtype(torch::kFloat32));
+  std::vector<at::Tensor> choices;
+  for (int64_t begin = 0; begin < rows; begin += chunk) {
+    const int64_t n = std::min(chunk, rows - begin);
+    auto logits = project_logits(
+        pass.teacher_states.index_select(0, distinct.narrow(0, begin, n)), lm_head_);  // [n, V]
+    auto [argmax, lse] = ops::logit_row_argmax_lse(logits, logits.is_cuda());
+    choices.push_back(argmax);
     if (with_probs) {
-      auto drafted = tokens.narrow(0, begin, n).permute({0, 2, 1}).reshape({n * slots, -1});
-      auto log_p = rows.gather(1, drafted).to(torch::kFloat32) - lse.unsqueeze(1);  // [n·T, G]
-      probs.push_back(log_p.exp().view({n, slots, -1}).permute({0, 2, 1}));
+      // The slots whose position is in this chunk read their drafted tokens' logits from it.
+      const auto local = slot_position - begin;
+      const auto here = (local >= 0) & (local < n);
+      const auto row = local.clamp(0, n - 1);
+      const auto chosen = logits.contiguous().view({-1}).take(row.unsqueeze(1) * vocab + drafted);
+      log_probs = at::where(here.unsqueeze(1),
+                            chosen.to(torch::kFloat32) - lse.index_select(0, row).unsqueeze(1),
+                            log_probs);
     }
   }
   BlockVerdict verdict;
-  verdict.choices = cat_or_empty(choices, tokens.options())
-                        .view({blocks, 1, tokens.size(2)})
-                        .expand(tokens.sizes());
+  verdict.choices = cat_or_empty(choices, drafted.options())
+                        .index_select(0, slot_position)
+                        .view({blocks, 1, slots})
+                        .expand(tokens.sizes())
+                        .to(tokens.device());
   if (with_probs) {
-    verdict.token_probs = cat_or_empty(probs, teacher.options().dtype(torch::kFloat32))
-                              .view(tokens.sizes());
+    verdict.token_probs =
+        log_probs.exp().view({blocks, slots, group}).permute({0, 2, 1}).to(tokens.device());
   }
   return verdict;
 }

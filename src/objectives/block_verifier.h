@@ -47,7 +47,8 @@ class DataVerifier final : public BlockVerifier {
 
 // "teacher": the target's states stored with the data (its final states through lm_head): its
 // greedy token and distribution after the data's prefix (teacher forcing), whatever was drafted.
-// What a run without an online target knows of the target. Logits in chunks of `chunk_blocks`.
+// What a run without an online target knows of the target. Each distinct target position's
+// logits once, in chunks of `chunk_blocks` blocks' worth of rows.
 class TeacherVerifier final : public BlockVerifier {
  public:
   TeacherVerifier(at::Tensor lm_head, int64_t chunk_blocks)

@@ -270,6 +270,27 @@ TEST(TeacherVerifier, AnswersWithTheTeachersDistributionAfterTheDataPrefix) {
   EXPECT_TRUE(torch::allclose(verdict.token_probs, expected, 1e-5, 1e-7));
 }
 
+// Overlapping blocks share target positions, each projected once: the verdict is the one of every
+// slot projected on its own, whatever the chunking of the distinct positions.
+TEST(TeacherVerifier, SharedPositionsAnswerLikeEverySlotOnItsOwn) {
+  torch::manual_seed(10);
+  DraftPass pass;
+  pass.teacher_states = torch::randn({2 * 6, 8});
+  pass.teacher_positions =
+      torch::tensor({{0, 1, 2}, {1, 2, 3}, {2, 3, 4}, {7, 8, 9}}, torch::kInt64);
+  auto lm_head = torch::randn({20, 8});
+  auto kept = torch::tensor({2, 0, 3, 1}, torch::kInt64);
+  auto tokens = torch::randint(0, 20, {4, 3, 3}, torch::kInt64);
+  auto probs = torch::softmax(teacher_hidden(pass, kept).matmul(lm_head.t()), -1);  // [K, T, V]
+  auto expected = probs.gather(2, tokens.permute({0, 2, 1})).permute({0, 2, 1});
+  for (int64_t chunk_blocks : {0, 1, 2}) {  // 8 distinct positions in 1, 3 and 2 chunks
+    const auto verdict = TeacherVerifier(lm_head, chunk_blocks).verify({}, pass, kept, tokens, true);
+    for (int64_t g = 0; g < 3; ++g)
+      EXPECT_TRUE(torch::equal(verdict.choices.select(1, g), probs.argmax(-1))) << chunk_blocks;
+    EXPECT_TRUE(torch::allclose(verdict.token_probs, expected, 1e-5, 1e-7)) << chunk_blocks;
+  }
+}
+
 TEST(TargetVerifier, IsChosenForASourceWithAnOnlineTargetOnly) {
   const auto config = core::load_config("");  // configs/tiny.yaml: the synthetic target
   auto source = data::make_batch_source(config, torch::kCPU);
