@@ -80,7 +80,7 @@ BlockVerdict TeacherVerifier::verify(const data::DraftBatch& /*batch*/, const Dr
   const int64_t blocks = tokens.size(0), group = tokens.size(1), slots = tokens.size(2);
   const int64_t vocab = lm_head_.size(0);
   // The blocks overlap, so their slots share target positions: each distinct position's logits
-  // are projected once (at most B·S positions for the K·T slots: 6,144 for 16,384 at the recipe).
+  // are projected once (at most B·S positions for the K·T slots: 6,144 for 15,360 at the recipe).
   const auto positions =
       pass.teacher_positions.index_select(0, kept.to(pass.teacher_positions.device()))
           .reshape({-1});  // [K·T]
