@@ -27,6 +27,7 @@
 #include "data/token_samples.h"
 #include "dist/launch.h"
 #include "dist/mpi_context.h"
+#include "model/draft_registry.h"
 #include "train/hf_export.h"
 
 namespace {
@@ -51,7 +52,8 @@ void generate(GenerateArgs args, const dspine::dist::MpiContext& mpi) {
     args.overrides.push_back("data.target.path=" + args.target_dir);
   }
   if (!args.samples_file.empty()) args.overrides.push_back("data.samples=" + args.samples_file);
-  const core::Config config = core::load_config(args.config_path, args.overrides);
+  core::Config config = core::load_config(args.config_path, args.overrides);
+  dspine::model::resolve_drafts(config);  // model.<architecture> checked as every tool does
   using core::DataSource;
   if (config.data.source != DataSource::kSynthetic && config.data.source != DataSource::kTarget) {
     dspine::fail("dspine-data generate: data.source must be synthetic or target, got '{}'",
@@ -122,7 +124,8 @@ struct CheckArgs {
 // the bytes of the files checked once each.
 void check(const CheckArgs& args) {
   namespace fs = std::filesystem;
-  const core::Config config = core::load_config(args.config_path, args.overrides);
+  core::Config config = core::load_config(args.config_path, args.overrides);
+  dspine::model::resolve_drafts(config);  // model.<architecture> checked as every tool does
   data::ShardLayout layout = data::layout_from_config(config);
   if (args.vocab_size > 0) layout.vocab_size = args.vocab_size;
   for (const std::string& path : args.paths) {

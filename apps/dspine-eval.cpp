@@ -24,6 +24,7 @@
 #include "data/held_out.h"
 #include "dist/communicator.h"
 #include "model/draft_loading.h"
+#include "model/draft_registry.h"
 #include "objectives/acceptance.h"
 #include "objectives/dspine_objective.h"
 #include "objectives/dspine_settings.h"
@@ -281,6 +282,7 @@ int main(int argc, char** argv) {
 
   try {
     auto config = core::load_config(o.config_path, o.overrides);
+    dspine::model::resolve_drafts(config);  // model.<architecture> parsed
     // GSPO trains the same DSpine draft: its checkpoints are measured alike.
     const auto resolved = dspine::train::resolve_objective(config);  // objective.* parsed once
     if (resolved.settings->dspine() == nullptr) {

@@ -11,6 +11,7 @@
 #include "core/config_reference.h"
 #include "dist/launch.h"
 #include "dist/mpi_context.h"
+#include "model/draft_registry.h"
 #include "train/objective_registry.h"
 #include "train/trainer.h"
 
@@ -34,14 +35,16 @@ int main(int argc, char** argv) {
   try {
     if (config_reference) {
       const auto text = dspine::core::config_reference_markdown(
-          dspine::train::objective_names(), dspine::train::objective_key_facts());
+          dspine::train::objective_names(), dspine::train::objective_key_facts(),
+          dspine::model::draft_key_facts());
       if (mpi.rank() == 0) std::fputs(text.c_str(), stdout);
       return 0;
     }
     if (!resume.empty()) overrides.push_back("checkpoint.resume=" + resume);
-    const auto config = dspine::core::load_config(config_path, overrides);
-    // objective.* parsed once: a bad objective fails here, before any set-up, and the trainer
-    // builds from these settings.
+    auto config = dspine::core::load_config(config_path, overrides);
+    // model.<architecture> and objective.* parsed: a bad setting fails here, before any set-up;
+    // the trainer builds from these settings.
+    dspine::model::resolve_drafts(config);
     const auto objective = dspine::train::resolve_objective(config);
     if (print_config) {
       if (mpi.rank() == 0) std::fputs(dspine::core::to_yaml(config).c_str(), stdout);

@@ -189,7 +189,7 @@ void print_dspine_rates(const core::Config& config, int world, const AnchorStats
   const StepShape shape{t.batch_size, config.data.seq_len, anchor_stats.anchors,
                         anchor_stats.mean(anchor_stats.anchor_sum),
                         anchor_stats.mean(anchor_stats.teacher_sum)};
-  const auto parts = dspine_step_flops(config.model, shape);
+  const auto parts = dspine_step_flops(model::dspine_model_config(config), shape);
   const double micro = static_cast<double>(t.accumulation_steps);
   const double flop = micro * total_flops(parts);
   const double replay_s = median_after_first(meter.seconds["replay"]);

@@ -25,7 +25,8 @@ namespace dspine::bench {
 //                 the proposals read (B · teacher_positions rows × H → V), without gradient:
 //                 overlapping blocks share positions, and the objective projects each once.
 //   draft_logits    P × H → V; the lm_head is frozen: the backward is dX only (1×).
-std::vector<FlopPart> dspine_step_flops(const core::ModelConfig& model, const StepShape& shape) {
+std::vector<FlopPart> dspine_step_flops(const model::DSpineModelConfig& model,
+                                        const StepShape& shape) {
   const double b = static_cast<double>(shape.rows), s = static_cast<double>(shape.seq_len);
   const double n = static_cast<double>(shape.anchors), bs = static_cast<double>(model.block_size);
   const double h = static_cast<double>(model.hidden_size);

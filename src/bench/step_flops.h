@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "core/config.h"
+#include "model/dspine_config.h"
 
 namespace dspine::bench {
 
@@ -32,7 +32,8 @@ struct FlopPart {
 
 // Every GEMM of the draft and the objective, grouped (context, projections, mlp, attention,
 // injection, refinement, teacher_logits, draft_logits); see step_flops.cpp for the rules.
-std::vector<FlopPart> dspine_step_flops(const core::ModelConfig& model, const StepShape& shape);
+std::vector<FlopPart> dspine_step_flops(const model::DSpineModelConfig& model,
+                                        const StepShape& shape);
 
 // Forward + backward over all parts.
 double total_flops(const std::vector<FlopPart>& parts);

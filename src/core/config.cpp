@@ -63,11 +63,12 @@ std::vector<std::string> allowed_choices(const Key& key) {
       key.target);
 }
 
-// The maps that hold keys; "model.dspine", "data.synthetic" and "data.target" are nested in
-// their sections.
-const std::vector<std::string> kMaps = {"model",    "model.dspine", "data",
-                                        "data.synthetic", "data.target", "training", "objective",
-                                        "checkpoint", "logging", "distributed"};
+// The maps that hold keys; "data.synthetic" and "data.target" are nested in their sections.
+const std::vector<std::string> kMaps = {"model",       "data",     "data.synthetic",
+                                        "data.target", "training", "objective",
+                                        "checkpoint",  "logging",  "distributed"};
+// model.architecture's choices; each names a kept map model.<name> (model/draft_registry.h).
+const std::vector<std::string> kArchitectures = {"simple", "dspine"};
 const char* const kLrAlias = "training.lr";
 const char* const kLearningRate = "training.learning_rate";
 const char* const kObjectiveName = "objective.name";
@@ -90,12 +91,11 @@ const std::vector<std::pair<std::string, std::string>> kMovedKeys = {
 // Every settable key, in struct order (which is also the order to_yaml writes them).
 std::vector<Key> keys_of(Config& c) {
   ModelConfig& m = c.model;
-  DSpineConfig& d = c.model.dspine;
   DataConfig& data = c.data;
   SyntheticTargetConfig& s = c.data.synthetic;
   TrainingConfig& t = c.training;
   return {
-      {"model.architecture", &m.architecture, {"simple", "dspine"}},
+      {"model.architecture", &m.architecture, kArchitectures},
       {"model.hidden_size", &m.hidden_size},
       {"model.intermediate_size", &m.intermediate_size},
       {"model.num_hidden_layers", &m.num_hidden_layers},
@@ -111,10 +111,6 @@ std::vector<Key> keys_of(Config& c) {
       {"model.target_layer_ids", &m.target_layer_ids},
       {"model.num_target_layers", &m.num_target_layers},
       {"model.fused_kernels", &m.fused_kernels, {}, true},
-      {"model.dspine.transfer_rank", &d.transfer_rank},
-      {"model.dspine.message_size", &d.message_size},
-      {"model.dspine.top_k", &d.top_k},
-      {"model.dspine.replacement_layers", &d.replacement_layers},
       {"data.source", &data.source},
       {"data.shards_dir", &data.shards_dir},
       {"data.samples", &data.samples},
@@ -279,6 +275,23 @@ bool is_objective_section(const std::string& key) {
   return parent_of(key) == "objective" && key != kObjectiveName;
 }
 
+// `model.<architecture>`: one draft architecture's settings, kept raw for its registry entry.
+bool is_architecture_section(const std::string& key) {
+  return parent_of(key) == "model" && std::find(kArchitectures.begin(), kArchitectures.end(),
+                                                leaf_of(key)) != kArchitectures.end();
+}
+
+bool is_kept_section(const std::string& key) {
+  return is_objective_section(key) || is_architecture_section(key);
+}
+
+// The maps unknown-key messages suggest from: core's and the architectures' kept maps.
+std::vector<std::string> known_maps() {
+  std::vector<std::string> maps = kMaps;
+  for (const std::string& name : kArchitectures) maps.push_back("model." + name);
+  return maps;
+}
+
 // Where errors are reported: the text's source, and which keys came from which override.
 class Context {
  public:
@@ -287,6 +300,7 @@ class Context {
   const std::string& source() const { return source_; }
 
   void note_override(const std::string& key, const std::string& text) { overrides_[key] = text; }
+  const std::map<std::string, std::string>& overrides() const { return overrides_; }
 
   // What validate() accepts for a key, in the words of its error message; kept only while the
   // configuration reference is being generated (rules_ set).
@@ -304,10 +318,10 @@ class Context {
     fail("config error in {}: {} = {} is out of range; allowed: {}{}", source_, key, value,
          allowed, origin(key));
   }
-  // docs/model.md ("config.json"): every DSpine message contains "DSpine" and the rule it broke.
-  [[noreturn]] void fail_dspine(const std::string& key, const std::string& value,
-                                const std::string& rule) const {
-    fail("config error in {}: {} = {} is out of range: DSpine {}{}", source_, key, value, rule,
+  // A kept map's rule: "<key> = <value> is out of range: <problem>", the owner's own words.
+  [[noreturn]] void fail_rule(const std::string& key, const std::string& value,
+                              const std::string& problem) const {
+    fail("config error in {}: {} = {} is out of range: {}{}", source_, key, value, problem,
          origin(key));
   }
   [[noreturn]] void fail_text(const std::string& message) const {
@@ -397,11 +411,11 @@ std::string unknown_key_message(const std::string& full_key, const std::vector<K
 // Reads a YAML tree into a Config, checking each value's type (ranges come later, in validate).
 class Reader {
  public:
-  // `maps`: the maps that hold `keys`; `sections`: where the objective.<x> maps are kept (null
-  // when reading one such section).
+  // `maps`: the maps that hold `keys`; `kept`: the configuration whose objective.<x> and
+  // model.<architecture> maps are kept (null when reading one such map).
   Reader(const Context& context, std::vector<Key> keys, std::vector<std::string> maps,
-         std::map<std::string, std::string>* sections = nullptr)
-      : context_(context), keys_(std::move(keys)), maps_(std::move(maps)), sections_(sections) {}
+         Config* kept = nullptr)
+      : context_(context), keys_(std::move(keys)), maps_(std::move(maps)), kept_(kept) {}
 
   void read_root(const YAML::Node& root) {
     if (!root.IsDefined() || root.IsNull()) return;  // empty text: all defaults
@@ -462,22 +476,25 @@ class Reader {
       const YAML::Node value = it->second;
       if (const Key* target = find(canonical)) {
         read_value(*target, value);
+      } else if (kept_ != nullptr && is_kept_section(key)) {
+        keep_section(key, value);
       } else if (std::find(maps_.begin(), maps_.end(), key) != maps_.end()) {
         read_section(value, key);  // "section:" with nothing under it keeps the defaults
-      } else if (sections_ != nullptr && is_objective_section(key)) {
-        keep_section(key, value);
       } else {
         context_.fail_text(unknown_key_message(key, keys_, maps_));
       }
     }
   }
 
-  // objective.<x> is kept as YAML text for the objective named x to read (config_section.h);
-  // whether x names an objective is the registry's check.
+  // objective.<x> is kept as YAML text for the objective named x to read (config_section.h),
+  // whether x names an objective being the objective registry's check; model.<architecture> for
+  // that architecture's entry of the draft registry.
   void keep_section(const std::string& key, const YAML::Node& value) {
+    const bool objective = is_objective_section(key);
     if (!value.IsNull() && !value.IsMap()) {
       std::string problem =
-          fmt::format("an objective's settings must be a map, got {}", describe_kind(value));
+          fmt::format("{} settings must be a map, got {}",
+                      objective ? "an objective's" : "an architecture's", describe_kind(value));
       if (!closest_candidate(leaf_of(key), {leaf_of(kObjectiveName)}).empty()) {
         problem += fmt::format("; did you mean {}?", kObjectiveName);
       }
@@ -485,7 +502,8 @@ class Reader {
     }
     YAML::Emitter text;
     text << (value.IsNull() ? YAML::Node(YAML::NodeType::Map) : value);
-    (*sections_)[leaf_of(key)] = text.c_str();
+    auto& sections = objective ? kept_->objective.sections : kept_->model.sections;
+    sections[leaf_of(key)] = text.c_str();
   }
 
   void read_value(const Key& key, const YAML::Node& node) const {
@@ -581,7 +599,7 @@ class Reader {
   const Context& context_;
   std::vector<Key> keys_;
   std::vector<std::string> maps_;
-  std::map<std::string, std::string>* sections_;
+  Config* kept_;
   std::map<std::string, std::string> seen_;  // canonical key -> spelling used
 };
 
@@ -651,9 +669,10 @@ void move_legacy_keys(YAML::Node& root, const Context& context) {
   }
 }
 
-// objective.<section>.<key...>: an objective's setting, checked when that objective reads it.
-bool is_objective_setting(const std::vector<std::string>& parts) {
-  return parts.size() >= 3 && parts[0] == "objective" && parts[1] != leaf_of(kObjectiveName);
+// objective.<section>.<key...> or model.<architecture>.<key...>: a kept map's setting, checked
+// when its owner reads the map.
+bool is_kept_setting(const std::vector<std::string>& parts) {
+  return parts.size() >= 3 && is_kept_section(parts[0] + "." + parts[1]);
 }
 
 void apply_override(YAML::Node& root, const std::string& text, Context& context,
@@ -668,7 +687,7 @@ void apply_override(YAML::Node& root, const std::string& text, Context& context,
                     "training.learning_rate=3e-4",
                     text));
   }
-  if (std::find(kMaps.begin(), kMaps.end(), key) != kMaps.end() || is_objective_section(key)) {
+  if (std::find(kMaps.begin(), kMaps.end(), key) != kMaps.end() || is_kept_section(key)) {
     context.fail_text(fmt::format("override '{}' names the map {}, not a key; set its keys one "
                                   "at a time",
                                   text, key));
@@ -678,9 +697,9 @@ void apply_override(YAML::Node& root, const std::string& text, Context& context,
     key = new_key;
     parts = split(key, '.');
   }
-  if (key != kLrAlias && reader.find(key) == nullptr && !is_objective_setting(parts)) {
+  if (key != kLrAlias && reader.find(key) == nullptr && !is_kept_setting(parts)) {
     context.fail_text(fmt::format("override '{}': {}", text,
-                                  unknown_key_message(key, reader.keys(), kMaps)));
+                                  unknown_key_message(key, reader.keys(), known_maps())));
   }
   const std::string value_text = trim(text.substr(equals + 1));
   YAML::Node value;
@@ -817,40 +836,6 @@ void validate_model(const RangeRules& r, const Config& c) {
   }
 }
 
-void validate_dspine(const RangeRules& r, const ModelConfig& m) {
-  // The reference's DSpine checks, in its order (integer and finiteness checks happened while
-  // reading); the training settings are objective.dspine's (objectives/dspine_settings.cpp). The
-  // bounds that involve hidden_size / vocab_size apply when the model is a DSpine model: the simple
-  // architecture ignores these fields, and their reference defaults exceed tiny models.
-  const DSpineConfig& d = m.dspine;
-  const bool dspine = m.architecture == "dspine";
-  const int64_t max_rank = std::min(m.hidden_size, m.vocab_size - 1);
-  r.ctx.allow("model.dspine.transfer_rank", "integer in [1, min(hidden_size, vocab_size - 1)]");
-  r.ctx.allow("model.dspine.message_size", "integer >= 1");
-  r.ctx.allow("model.dspine.top_k", "integer in [1, vocab_size]");
-  r.ctx.allow("model.dspine.replacement_layers", "integer >= 0");
-  if (d.transfer_rank < 1 || (dspine && d.transfer_rank > max_rank)) {
-    r.ctx.fail_dspine("model.dspine.transfer_rank", show(d.transfer_rank),
-                      fmt::format("transfer_rank must be in [1, min(hidden_size, vocab_size - 1)] "
-                                  "= [1, {}]",
-                                  max_rank));
-  }
-  if (d.message_size < 1) {
-    r.ctx.fail_dspine("model.dspine.message_size", show(d.message_size),
-                      "requires message_size > 0 and top_k in [1, vocab_size]");
-  }
-  if (d.top_k < 1 || (dspine && d.top_k > m.vocab_size)) {
-    r.ctx.fail_dspine("model.dspine.top_k", show(d.top_k),
-                      fmt::format("requires message_size > 0 and top_k in [1, vocab_size] "
-                                  "(vocab_size = {})",
-                                  m.vocab_size));
-  }
-  if (d.replacement_layers < 0) {
-    r.ctx.fail_dspine("model.dspine.replacement_layers", show(d.replacement_layers),
-                      "warmup steps and replacement layers must be nonnegative");
-  }
-}
-
 void validate_data(const RangeRules& r, const DataConfig& data) {
   r.ctx.allow("data.shards_dir",
               "a directory written by dspine-data generate; needed when data.source is shards");
@@ -938,7 +923,6 @@ void validate_run(const RangeRules& r, const Config& c) {
 void validate(const Context& ctx, const Config& c) {
   const RangeRules rules{ctx};
   validate_model(rules, c);
-  validate_dspine(rules, c.model);
   validate_data(rules, c.data);
   validate_synthetic(rules, c.data);
   validate_run(rules, c);
@@ -958,11 +942,12 @@ Config parse_config(const std::string& yaml_text, const std::string& source,
   }
   Config config;
   config.source = source;
-  Reader reader(context, keys_of(config), kMaps, &config.objective.sections);
+  Reader reader(context, keys_of(config), known_maps(), &config);
   for (const std::string& text : overrides) apply_override(root, text, context, reader);
   move_legacy_keys(root, context);
   reader.read_root(root);
   validate(context, config);
+  config.overrides = context.overrides();
   return config;
 }
 
@@ -998,12 +983,16 @@ std::string to_yaml(const Config& config) {
   YAML::Emitter out;
   out << YAML::BeginMap;
   std::vector<std::string> open;  // the maps currently open, e.g. {"model", "dspine"}
-  auto close_map = [&] {
-    if (open == std::vector<std::string>{"objective"}) {  // the objectives' own maps, verbatim
-      for (const auto& [section, text] : config.objective.sections) {
-        out << YAML::Key << section << YAML::Value << YAML::Load(text);
-      }
+  // The kept maps, verbatim: an architecture's as its registry entry resolved it
+  // (model/draft_registry.h: resolve_drafts), every key with its value.
+  auto write_kept = [&](const std::map<std::string, std::string>& sections) {
+    for (const auto& [section, text] : sections) {
+      out << YAML::Key << section << YAML::Value << YAML::Load(text);
     }
+  };
+  auto close_map = [&] {
+    if (open == std::vector<std::string>{"model"}) write_kept(config.model.sections);
+    if (open == std::vector<std::string>{"objective"}) write_kept(config.objective.sections);
     out << YAML::EndMap;
     open.pop_back();
   };
@@ -1112,15 +1101,19 @@ namespace {
 thread_local SettingsRecorder* active_recorder = nullptr;
 
 Context context_of(const Config& config) {
-  return Context(config.source.empty() ? "<config>" : config.source);
+  Context context(config.source.empty() ? "<config>" : config.source);
+  for (const auto& [key, text] : config.overrides) context.note_override(key, text);
+  return context;
 }
 
 // The text parse_config kept for the map `map` (Reader::keep_section), null when the
 // configuration does not give it.
 const std::string* kept_text(const Config& config, const std::string& map) {
-  if (is_objective_section(map)) {
-    const auto text = config.objective.sections.find(leaf_of(map));
-    return text == config.objective.sections.end() ? nullptr : &text->second;
+  if (is_kept_section(map)) {
+    const auto& sections =
+        is_objective_section(map) ? config.objective.sections : config.model.sections;
+    const auto text = sections.find(leaf_of(map));
+    return text == sections.end() ? nullptr : &text->second;
   }
   fail("config: {} is not a map kept for its owner to read", map);
 }
@@ -1164,13 +1157,24 @@ void objective_range_error(const Config& config, const std::string& key, const s
   context_of(config).fail_range(key, value, allowed);
 }
 
+void check_rule(const Config& config, const std::string& key, bool ok, const std::string& value,
+                const std::string& allowed, const std::string& problem) {
+  SettingsRecorder::record_allowed(key, allowed);
+  if (!ok) context_of(config).fail_rule(key, value, problem);
+}
+
+const std::vector<std::string>& architecture_names() { return kArchitectures; }
+
+void SettingsRecorder::record_allowed(const std::string& key, const std::string& allowed) {
+  if (active_recorder == nullptr) return;
+  for (KeyFacts& facts : active_recorder->facts_) {
+    if (facts.key == key && facts.allowed.empty()) facts.allowed = allowed;
+  }
+}
+
 void check_setting(const Config& config, const std::string& key, bool ok, const std::string& value,
                    const std::string& allowed) {
-  if (active_recorder != nullptr) {
-    for (KeyFacts& facts : active_recorder->facts_) {
-      if (facts.key == key && facts.allowed.empty()) facts.allowed = allowed;
-    }
-  }
+  SettingsRecorder::record_allowed(key, allowed);
   if (!ok) objective_range_error(config, key, value, allowed);
 }
 

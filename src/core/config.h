@@ -84,21 +84,11 @@ std::string to_string(E value) {
   return std::to_string(static_cast<std::underlying_type_t<E>>(value));  // not in the table
 }
 
-// docs/model.md ("config.json"): the DSpine draft's architecture / inference hyper-parameters (the
-// reference's dspine_config, same names/defaults). Its training settings are objective.dspine
-// (objectives/dspine_settings.h).
-struct DSpineConfig {
-  int64_t transfer_rank = 1024;
-  int64_t message_size = 512;
-  int64_t top_k = 16;
-  int64_t replacement_layers = 3;
-};
-
 // The draft model. hidden_size / vocab_size are shared with the target (frozen embedding and
 // lm_head come from it); target_layer_ids says which target layers feed hidden_states (K of them).
 struct ModelConfig {
-  // simple | dspine. A string, not an enum: it names what the registered objectives train
-  // (train/objective_registry.h), which core does not know.
+  // simple | dspine. A string, not an enum: it names an entry of the draft registry
+  // (model/draft_registry.h), which core does not know.
   std::string architecture = "simple";
   int64_t hidden_size = 64;
   int64_t intermediate_size = 128;
@@ -117,7 +107,9 @@ struct ModelConfig {
   // the target's config.json, or data.synthetic.num_layers (data/target_depth.h).
   int64_t num_target_layers = 0;
   FusedKernels fused_kernels = FusedKernels::kAuto;
-  DSpineConfig dspine;
+  // An architecture's own settings: each map `model.<architecture>` kept as its YAML text, read
+  // by that architecture's registry entry (model/draft_registry.h, core/config_section.h).
+  std::map<std::string, std::string> sections;  // "dspine" -> YAML text of the map model.dspine
 };
 
 // The embedded synthetic target: a few Qwen3-style layers with seeded random weights.
@@ -232,6 +224,9 @@ struct Config {
   LoggingConfig logging;
   DistributedConfig distributed;
   std::string source;  // names the parsed text in error messages (set by parse_config)
+  // The --set text that gave a key, by full key: errors about a kept map's settings end with
+  // "(from override '<text>')" as core's own do.
+  std::map<std::string, std::string> overrides;
 };
 
 // The YAML text of configs/tiny.yaml, compiled in (what dspine-train runs without --config).
@@ -268,7 +263,11 @@ struct KeyFacts {
   std::string description;    // objective keys: from the objective; core keys: config_reference
 };
 
-// Every key of the sections above (not the objectives' own maps), in to_yaml order.
+// The draft architectures model.architecture accepts; each may have a kept map model.<name>.
+const std::vector<std::string>& architecture_names();
+
+// Every key of the sections above (not the kept maps of objectives and architectures), in to_yaml
+// order.
 std::vector<KeyFacts> core_key_facts();
 
 }  // namespace dspine::core

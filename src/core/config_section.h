@@ -1,7 +1,8 @@
 // Reading a map that parse_config keeps as raw text for its owner to read, because core does not
 // know its keys: an objective's settings, `objective.<name>` (core does not know which objectives
-// exist). The checks and messages are core's: type errors, "did you mean" for unknown keys, range
-// errors, all naming the full key.
+// exist), and a draft architecture's, `model.<architecture>` (model/draft_registry.h). The checks
+// and messages are core's: type errors, "did you mean" for unknown keys, range errors, all naming
+// the full key.
 #pragma once
 
 #include <cstdint>
@@ -27,7 +28,8 @@ struct SettingKey {
 // targets: type checks as for every other key, unknown keys get "did you mean" over `keys`; errors
 // name the full key ("config error in <source>: objective.gspo.grup_size: unknown key in
 // objective.gspo; did you mean objective.gspo.group_size?"). `map` must be a kept map
-// (objective.<x>).
+// (objective.<x> or model.<architecture>). A setting given by --set ends its errors with
+// "(from override '<text>')".
 void read_section(const Config& config, const std::string& map,
                   const std::vector<SettingKey>& keys);
 
@@ -42,6 +44,12 @@ void read_section(const Config& config, const std::string& map,
 void check_setting(const Config& config, const std::string& key, bool ok, const std::string& value,
                    const std::string& allowed);
 
+// A rule of a kept map's setting in its owner's words: when !ok, throws
+// "config error in <source>: <key> = <value> is out of range: <problem>" (plus the override it
+// came from); either way `allowed` is what the configuration reference lists for the key.
+void check_rule(const Config& config, const std::string& key, bool ok, const std::string& value,
+                const std::string& allowed, const std::string& problem);
+
 // While one is alive on a thread, read_section and check_setting on that thread also
 // record each key's type, default, allowed values and description: running an objective's
 // parse on a default configuration lists its settings for the reference.
@@ -52,11 +60,11 @@ class SettingsRecorder {
   SettingsRecorder(const SettingsRecorder&) = delete;
   SettingsRecorder& operator=(const SettingsRecorder&) = delete;
   const std::vector<KeyFacts>& facts() const { return facts_; }
+  // Records `allowed` for `key` in the live recorder, if any (check_setting, check_rule).
+  static void record_allowed(const std::string& key, const std::string& allowed);
 
  private:
   friend void read_section(const Config&, const std::string&, const std::vector<SettingKey>&);
-  friend void check_setting(const Config&, const std::string&, bool, const std::string&,
-                            const std::string&);
   std::vector<KeyFacts> facts_;
   SettingsRecorder* previous_;
 };

@@ -2,11 +2,59 @@
 
 #include <algorithm>
 
+#include <fmt/format.h>
+
+#include "core/config_section.h"
 #include "core/error.h"
 
 namespace dspine::model {
 
-void validate_dspine_model_config(const core::ModelConfig& c) {
+DSpineConfig read_dspine_config(const core::Config& config) {
+  DSpineConfig d;
+  core::read_section(
+      config, "model.dspine",
+      {{"transfer_rank", &d.transfer_rank, {}, false, "r, rank of the fixed transfer space"},
+       {"message_size", &d.message_size, {}, false, "m, width of the adjacent-injection message"},
+       {"top_k", &d.top_k, {}, false, "candidates of the refinement head"},
+       {"replacement_layers",
+        &d.replacement_layers,
+        {},
+        false,
+        "layers whose predecessors replacement may swap"}});
+  const core::ModelConfig& m = config.model;
+  const bool dspine = m.architecture == "dspine";
+  const int64_t max_rank = std::min(m.hidden_size, m.vocab_size - 1);
+  const auto text = [](int64_t value) { return std::to_string(value); };
+  core::check_rule(config, "model.dspine.transfer_rank",
+                   d.transfer_rank >= 1 && (!dspine || d.transfer_rank <= max_rank),
+                   text(d.transfer_rank), "integer in [1, min(hidden_size, vocab_size - 1)]",
+                   fmt::format("DSpine transfer_rank must be in [1, min(hidden_size, vocab_size - "
+                               "1)] = [1, {}]",
+                               max_rank));
+  core::check_rule(config, "model.dspine.message_size", d.message_size >= 1, text(d.message_size),
+                   "integer >= 1", "DSpine requires message_size > 0 and top_k in [1, vocab_size]");
+  core::check_rule(config, "model.dspine.top_k",
+                   d.top_k >= 1 && (!dspine || d.top_k <= m.vocab_size), text(d.top_k),
+                   "integer in [1, vocab_size]",
+                   fmt::format("DSpine requires message_size > 0 and top_k in [1, vocab_size] "
+                               "(vocab_size = {})",
+                               m.vocab_size));
+  core::check_rule(config, "model.dspine.replacement_layers", d.replacement_layers >= 0,
+                   text(d.replacement_layers), "integer >= 0",
+                   "DSpine warmup steps and replacement layers must be nonnegative");
+  return d;
+}
+
+std::string dspine_yaml(const DSpineConfig& d) {
+  return fmt::format("transfer_rank: {}\nmessage_size: {}\ntop_k: {}\nreplacement_layers: {}",
+                     d.transfer_rank, d.message_size, d.top_k, d.replacement_layers);
+}
+
+DSpineModelConfig dspine_model_config(const core::Config& config) {
+  return {config.model, read_dspine_config(config)};
+}
+
+void validate_dspine_model_config(const DSpineModelConfig& c) {
   const auto& d = c.dspine;
   if (c.hidden_size <= 0 || c.intermediate_size <= 0 || c.num_hidden_layers <= 0 ||
       c.vocab_size <= 1) {
@@ -70,10 +118,10 @@ HfConfigContext hf_config_context(const core::Config& run, const nlohmann::json&
 }
 
 nlohmann::json dspine_hf_config(const core::Config& run, const nlohmann::json& training_settings) {
-  return dspine_hf_config(run.model, hf_config_context(run, training_settings));
+  return dspine_hf_config(dspine_model_config(run), hf_config_context(run, training_settings));
 }
 
-nlohmann::json dspine_hf_config(const core::ModelConfig& c, const HfConfigContext& context) {
+nlohmann::json dspine_hf_config(const DSpineModelConfig& c, const HfConfigContext& context) {
   const auto& d = c.dspine;
   nlohmann::json dspine = context.training_settings;
   dspine.update({

@@ -1,5 +1,6 @@
-// DSpine draft configuration: the checks of docs/model.md ("config.json") applied to the typed
-// config, and the Hugging Face `config.json` of §2.1 that accompanies every checkpoint.
+// DSpine draft configuration: its own settings (the map model.dspine, read by the draft registry's
+// dspine entry), the checks of docs/model.md ("config.json") applied to the typed config, and the
+// Hugging Face `config.json` of §2.1 that accompanies every checkpoint.
 #pragma once
 
 #include <cstdint>
@@ -10,9 +11,36 @@
 
 namespace dspine::model {
 
+// docs/model.md ("config.json"): the DSpine draft's architecture / inference hyper-parameters, the
+// map model.dspine (the reference's dspine_config, same names/defaults). Its training settings are
+// objective.dspine (objectives/dspine_settings.h).
+struct DSpineConfig {
+  int64_t transfer_rank = 1024;
+  int64_t message_size = 512;
+  int64_t top_k = 16;
+  int64_t replacement_layers = 3;
+};
+
+// A DSpine draft's whole configuration: the model section's shared keys and model.dspine.
+struct DSpineModelConfig : core::ModelConfig {
+  DSpineConfig dspine;
+};
+
+// Reads the kept map model.dspine (core/config_section.h) and checks it in the reference's order
+// and words: core's config errors, every range message containing "DSpine" and the rule. The
+// bounds that involve hidden_size / vocab_size apply when model.architecture is dspine: the simple
+// architecture ignores these settings, and their reference defaults exceed tiny models.
+DSpineConfig read_dspine_config(const core::Config& config);
+
+// The map model.dspine as YAML text, every setting written (the form to_yaml writes).
+std::string dspine_yaml(const DSpineConfig& dspine);
+
+// The run's DSpine draft configuration: config.model with model.dspine read (read_dspine_config).
+DSpineModelConfig dspine_model_config(const core::Config& config);
+
 // Throws dspine::Error (every message contains "DSpine") when the draft sizes or dspine_config
 // violate docs/model.md ("config.json").
-void validate_dspine_model_config(const core::ModelConfig& config);
+void validate_dspine_model_config(const DSpineModelConfig& config);
 
 // model.mask_token_id with -1 resolved to the last vocabulary id.
 int64_t resolved_mask_token_id(const core::ModelConfig& config);
@@ -34,7 +62,7 @@ HfConfigContext hf_config_context(const core::Config& run, const nlohmann::json&
 
 // The Qwen3Config-style config.json of the draft (docs/model.md#configjson): every key of the
 // reference draft config, with the complete dspine_config.
-nlohmann::json dspine_hf_config(const core::ModelConfig& config, const HfConfigContext& context);
+nlohmann::json dspine_hf_config(const DSpineModelConfig& config, const HfConfigContext& context);
 nlohmann::json dspine_hf_config(const core::Config& run, const nlohmann::json& training_settings);
 
 }  // namespace dspine::model

@@ -15,7 +15,7 @@
 
 namespace dspine::model {
 
-DSpineDraftImpl::DSpineDraftImpl(const core::ModelConfig& config, bool fused)
+DSpineDraftImpl::DSpineDraftImpl(const DSpineModelConfig& config, bool fused)
     : config_(config), fused_(fused) {
   validate_dspine_model_config(config);
   const int64_t hidden = config.hidden_size;
@@ -146,7 +146,7 @@ void place_draft(DSpineDraftImpl& draft, const torch::Device& device, torch::Dty
   for (auto& b : draft.buffers()) b.set_data(b.to(device));
 }
 
-DSpineDraft build_placed_draft(const core::ModelConfig& config, const torch::Device& device,
+DSpineDraft build_placed_draft(const DSpineModelConfig& config, const torch::Device& device,
                                torch::Dtype dtype) {
   DSpineDraft draft(config, use_fused_kernels(config.fused_kernels, device));
   place_draft(*draft, device, dtype);

@@ -15,6 +15,7 @@
 #include "core/config.h"
 #include "model/adjacent_injection.h"
 #include "model/decoder_layer.h"
+#include "model/dspine_config.h"
 #include "model/norm_mlp.h"
 #include "model/unit_observer.h"
 
@@ -33,7 +34,7 @@ class DSpineDraftImpl : public torch::nn::Module, public ObservableUnits {
   // Validates the config, builds the modules in reference order and initializes them: backbone
   // Linear weights N(0, initializer_range), norms 1 (global torch RNG); injection per §3.1;
   // transfer_codes zero and transfer_ready false until initialize_transfer_space().
-  DSpineDraftImpl(const core::ModelConfig& config, bool fused);
+  DSpineDraftImpl(const DSpineModelConfig& config, bool fused);
 
   // position_ids [B, S+Q]; anchors [B, N] int64 and keep [B, N] bool (the blocks, which define
   // the attention mask: block_attention_mask); noise_embedding [B, Q, H]; target_hidden
@@ -57,7 +58,7 @@ class DSpineDraftImpl : public torch::nn::Module, public ObservableUnits {
   void initialize_transfer_space(const torch::Tensor& head, int64_t chunk_size = 4096);
   bool transfer_ready() const;
 
-  const core::ModelConfig& config() const { return config_; }
+  const DSpineModelConfig& config() const { return config_; }
   void set_unit_observer(std::shared_ptr<UnitObserver> observer) override;
 
   torch::nn::ModuleList layers{nullptr};
@@ -73,7 +74,7 @@ class DSpineDraftImpl : public torch::nn::Module, public ObservableUnits {
   void enter(const std::string& unit);
   torch::Tensor leave(const std::string& unit, const torch::Tensor& output);
 
-  core::ModelConfig config_;
+  DSpineModelConfig config_;
   bool fused_;
   torch::Tensor inv_freq_;  // non-persistent rotary_emb.inv_freq
   std::shared_ptr<UnitObserver> observer_;
@@ -86,7 +87,7 @@ void place_draft(DSpineDraftImpl& draft, const torch::Device& device, torch::Dty
 
 // A draft built on CPU fp32 from the global torch RNG, with the kernels model.fused_kernels picks
 // for `device`, then placed there.
-DSpineDraft build_placed_draft(const core::ModelConfig& config, const torch::Device& device,
+DSpineDraft build_placed_draft(const DSpineModelConfig& config, const torch::Device& device,
                                torch::Dtype dtype);
 
 }  // namespace dspine::model

@@ -152,9 +152,9 @@ json parse_json_object(const std::string& text, const std::string& path) {
   return value;
 }
 
-core::ModelConfig model_config_from_hf(const json& hf, const std::string& path) {
+DSpineModelConfig model_config_from_hf(const json& hf, const std::string& path) {
   check_supported(hf, path);
-  core::ModelConfig c;
+  DSpineModelConfig c;
   c.architecture = "dspine";
   c.hidden_size = integer(hf, "/hidden_size", path);
   c.intermediate_size = integer(hf, "/intermediate_size", path);
@@ -197,9 +197,9 @@ core::ModelConfig model_config_from_hf(const json& hf, const std::string& path) 
   return c;
 }
 
-void check_hf_config(const json& hf, const core::ModelConfig& run, const std::string& path) {
+void check_hf_config(const json& hf, const DSpineModelConfig& run, const std::string& path) {
   // Both sides in the canonical form config.json is written in, minus what only training reads.
-  auto canonical = [](const core::ModelConfig& model) {
+  auto canonical = [](const DSpineModelConfig& model) {
     json config = dspine_hf_config(model, HfConfigContext{});
     for (const char* key : {"dtype", "initializer_range", "num_target_layers",
                             "max_position_embeddings"}) {

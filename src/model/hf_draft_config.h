@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/config.h"
+#include "model/dspine_config.h"
 
 namespace dspine::model {
 
@@ -22,13 +23,13 @@ nlohmann::json parse_json_object(const std::string& text, const std::string& pat
 // architecture, is_causal false, attention biases, sliding layers, a RoPE type other than
 // "default"), integers past 2^31 - 1 and sizes that fail validate_dspine_model_config; errors
 // name `path` and the key.
-core::ModelConfig model_config_from_hf(const nlohmann::json& hf, const std::string& path);
+DSpineModelConfig model_config_from_hf(const nlohmann::json& hf, const std::string& path);
 
 // Throws naming `path` and, for every key whose value differs, the key, the saved value and the
 // run's, when `hf` describes another draft than `run` (sizes, heads, vocabulary, block size,
 // mask token, target layers, RoPE and norm constants, dspine_config's model keys). Training-only
 // keys (the objective's dspine_config keys, dtype, initializer_range) may differ.
-void check_hf_config(const nlohmann::json& hf, const core::ModelConfig& run,
+void check_hf_config(const nlohmann::json& hf, const DSpineModelConfig& run,
                      const std::string& path);
 
 }  // namespace dspine::model

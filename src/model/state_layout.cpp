@@ -4,7 +4,7 @@
 
 namespace dspine::model {
 
-std::vector<StateEntry> dspine_state_layout(const core::ModelConfig& c) {
+std::vector<StateEntry> dspine_state_layout(const DSpineModelConfig& c) {
   const int64_t hidden = c.hidden_size, q_width = c.num_attention_heads * c.head_dim;
   const int64_t kv_width = c.num_key_value_heads * c.head_dim;
   const int64_t rank = c.dspine.transfer_rank, message = c.dspine.message_size;

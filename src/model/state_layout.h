@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/config.h"
+#include "model/dspine_config.h"
 
 namespace dspine::model {
 
@@ -18,6 +19,6 @@ struct StateEntry {
 };
 
 // Parameters in registration order, then the buffers transfer_codes and transfer_ready.
-std::vector<StateEntry> dspine_state_layout(const core::ModelConfig& config);
+std::vector<StateEntry> dspine_state_layout(const DSpineModelConfig& config);
 
 }  // namespace dspine::model

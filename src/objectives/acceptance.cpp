@@ -100,7 +100,7 @@ AcceptanceEvaluator::AcceptanceEvaluator(const core::Config& config, DSpineSetti
                                          at::Tensor lm_head)
     : model_(config, every_anchor(settings, config), std::move(draft), std::move(embed_tokens),
              std::move(lm_head)),
-      top_k_(config.model.dspine.top_k),
+      top_k_(model_.draft()->config().dspine.top_k),
       chunk_blocks_(settings.objective_chunk_blocks),
       seed_(static_cast<uint64_t>(config.training.seed)) {}
 

@@ -90,7 +90,7 @@ at::Tensor teacher_hidden(const DraftPass& pass, const at::Tensor& blocks) {
 DSpineTrainingModel::DSpineTrainingModel(const core::Config& config,
                                          const DSpineSettings& settings, model::DSpineDraft draft,
                                          at::Tensor embed_tokens, at::Tensor lm_head)
-    : model_config_(config.model),
+    : model_config_(draft->config()),
       settings_(settings),
       draft_(std::move(draft)),
       mask_token_id_(model::resolved_mask_token_id(config.model)) {

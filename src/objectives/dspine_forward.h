@@ -121,7 +121,7 @@ class DSpineTrainingModel {
   void pin_candidates(at::Tensor candidates) { pinned_candidates_ = std::move(candidates); }
 
  private:
-  core::ModelConfig model_config_;
+  model::DSpineModelConfig model_config_;  // the draft's
   DSpineSettings settings_;
   model::DSpineDraft draft_;
   at::Tensor embed_tokens_, lm_head_;

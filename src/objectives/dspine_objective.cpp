@@ -38,7 +38,7 @@ DSpineObjective::DSpineObjective(const core::Config& config, const DSpineSetting
                                  torch::Dtype dtype)
     : config_(config),
       settings_(settings),
-      draft_(model::build_placed_draft(config.model, device, dtype)),
+      draft_(model::build_placed_draft(model::dspine_model_config(config), device, dtype)),
       model_(config, settings, draft_, std::move(embed_tokens), std::move(lm_head)) {}
 
 nlohmann::json DSpineObjective::hf_config() const {

@@ -198,7 +198,7 @@ GspoSettings read_gspo_settings(const core::Config& config) {
   r.advantage_norm =
       norm == "group_mean" ? GspoAdvantageNorm::kGroupMean : GspoAdvantageNorm::kGroupStd;
   s.reward_source = reward_source == "data" ? RewardSource::kData : RewardSource::kTarget;
-  r.top_k = config.model.dspine.top_k;
+  r.top_k = model::read_dspine_config(config).top_k;
   return s;
 }
 
@@ -209,7 +209,7 @@ GspoObjective::GspoObjective(const core::Config& config, const DSpineSettings& d
     : config_(config),
       dspine_(dspine),
       settings_(settings),
-      draft_(model::build_placed_draft(config.model, device, dtype)),
+      draft_(model::build_placed_draft(model::dspine_model_config(config), device, dtype)),
       model_(config, dspine, draft_, std::move(embed_tokens), std::move(lm_head)) {
   settings_.rollout.chunk_blocks = dspine.objective_chunk_blocks;
   verifier_ = make_reward_verifier(settings_.reward_source, online_target, model_.lm_head(),

@@ -49,7 +49,7 @@ json training_settings(const json& hf, const std::string& path) {
 // The saved tensors in the reference order; checks names, shapes, dtypes and values against the
 // configuration. Returns the parameters' dtype.
 core::NamedTensors reference_tensors(const core::SafetensorsFile& file,
-                                     const core::ModelConfig& config, core::Dtype& dtype) {
+                                     const model::DSpineModelConfig& config, core::Dtype& dtype) {
   const auto layout = model::dspine_state_layout(config);
   std::set<std::string> expected;
   for (const auto& entry : layout) expected.insert(entry.name);
@@ -98,7 +98,7 @@ core::NamedTensors reference_tensors(const core::SafetensorsFile& file,
 
 // config.json of the export: the source's keys, then every key of the reference draft config
 // written from the parsed model configuration.
-json complete_config(const json& hf, const core::ModelConfig& model, core::Dtype dtype,
+json complete_config(const json& hf, const model::DSpineModelConfig& model, core::Dtype dtype,
                      const std::string& path) {
   model::HfConfigContext context;
   context.dtype = dtype;
@@ -138,7 +138,7 @@ ExportSummary export_draft(const std::string& source_dir, const std::string& out
   const std::string config_path = (source / "config.json").string();
   if (!fs::exists(config_path)) fail("{}: no such file; {} is not a draft checkpoint", config_path, source_dir);
   const json hf = model::read_json_file(config_path);
-  const core::ModelConfig model = model::model_config_from_hf(hf, config_path);
+  const model::DSpineModelConfig model = model::model_config_from_hf(hf, config_path);
 
   const std::string weights_path = (source / "model.safetensors").string();
   if (!fs::exists(weights_path)) fail("{}: no such file; {} is not a draft checkpoint", weights_path, source_dir);

@@ -145,16 +145,18 @@ std::vector<std::string> objective_names() {
 std::vector<core::KeyFacts> objective_key_facts() {
   std::vector<core::KeyFacts> facts;
   for (const ObjectiveEntry& entry : registry()) {
+    // The default architecture: the DSpine draft's reference settings exceed the default sizes,
+    // and gspo reads model.dspine.top_k.
     core::Config defaults;
     defaults.objective.name = entry.name;
-    defaults.model.architecture = entry.architecture;
     core::SettingsRecorder recorder;
     entry.parse(defaults);
     for (const core::KeyFacts& key : recorder.facts()) {
-      // An objective may read another's map too (gspo reads objective.dspine): list it once.
+      // An objective may read another's map too (gspo reads objective.dspine): list it once;
+      // the architectures' maps are listed by the draft registry (model/draft_registry.h).
       const bool listed = std::any_of(facts.begin(), facts.end(),
                                       [&](const core::KeyFacts& f) { return f.key == key.key; });
-      if (!listed) facts.push_back(key);
+      if (!listed && key.key.rfind("objective.", 0) == 0) facts.push_back(key);
     }
   }
   return facts;

@@ -100,7 +100,7 @@ TEST(StepFlops, ExpectedTeacherPositionsMatchHandCounts) {
 // micro-batch, of which the two vocabulary projections are 45.4 (teacher 7.1 forward; draft 19.1
 // forward + 19.1 dX).
 TEST(StepFlops, RecipeSize) {
-  core::ModelConfig model;
+  dspine::model::DSpineModelConfig model;
   model.hidden_size = 4096;
   model.intermediate_size = 12288;
   model.num_hidden_layers = 5;

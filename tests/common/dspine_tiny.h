@@ -8,6 +8,7 @@
 
 #include "core/config.h"
 #include "data/batch.h"
+#include "model/dspine_config.h"
 #include "objectives/dspine_objective.h"
 #include "objectives/dspine_settings.h"
 
@@ -15,8 +16,8 @@ namespace dspine::testing {
 
 // hidden 16, 4 heads / 2 kv heads of 4, 3 layers, vocab 32, block 4, mask 31, K = 3 (fc: 48 → 16),
 // transfer rank 8, message 4, top-k 3; reference (unfused) kernels.
-inline core::ModelConfig tiny_model_config() {
-  core::ModelConfig c;
+inline model::DSpineModelConfig tiny_model_config() {
+  model::DSpineModelConfig c;
   c.architecture = "dspine";
   c.hidden_size = 16;
   c.intermediate_size = 32;
@@ -37,7 +38,9 @@ inline core::ModelConfig tiny_model_config() {
 
 inline core::Config tiny_config(int64_t accumulation = 1) {
   core::Config c;
-  c.model = tiny_model_config();
+  const model::DSpineModelConfig draft = tiny_model_config();
+  c.model = draft;
+  c.model.sections["dspine"] = model::dspine_yaml(draft.dspine);  // as parse_config keeps it
   c.training.accumulation_steps = accumulation;
   c.objective.name = "dspine";
   return c;

@@ -39,9 +39,7 @@ core::Config step_config(const std::string& fused, bool kernel_heads) {
   m.mask_token_id = 255;
   m.target_layer_ids = {0, 1, 2};
   m.fused_kernels = testing::choice_named<core::FusedKernels>(fused);
-  m.dspine.transfer_rank = 32;
-  m.dspine.message_size = 16;
-  m.dspine.top_k = 8;
+  m.sections["dspine"] = model::dspine_yaml({32, 16, 8});
   c.training.accumulation_steps = 2;
   c.objective.name = "dspine";
   return c;

@@ -21,9 +21,9 @@
 namespace dspine::model {
 namespace {
 
-core::ModelConfig tiny_config() { return testing::tiny_model_config(); }
+DSpineModelConfig tiny_config() { return testing::tiny_model_config(); }
 
-DSpineDraft initialized_draft(const core::ModelConfig& config = tiny_config()) {
+DSpineDraft initialized_draft(const DSpineModelConfig& config = tiny_config()) {
   torch::manual_seed(17);
   DSpineDraft draft(config, false);
   auto head = torch::randn({config.vocab_size, config.hidden_size});
@@ -326,11 +326,11 @@ TEST(DSpineConfig, InvalidOptionsAreRejectedNamingDSpine) {
       EXPECT_NE(std::string(e.what()).find("DSpine"), std::string::npos) << e.what();
     }
   };
-  expect_rejected([](core::ModelConfig& c) { c.dspine.transfer_rank = 17; });
-  expect_rejected([](core::ModelConfig& c) { c.dspine.top_k = 0; });
-  expect_rejected([](core::ModelConfig& c) { c.dspine.message_size = 0; });
-  expect_rejected([](core::ModelConfig& c) { c.dspine.replacement_layers = -1; });
-  expect_rejected([](core::ModelConfig& c) { c.block_size = 1; });
+  expect_rejected([](DSpineModelConfig& c) { c.dspine.transfer_rank = 17; });
+  expect_rejected([](DSpineModelConfig& c) { c.dspine.top_k = 0; });
+  expect_rejected([](DSpineModelConfig& c) { c.dspine.message_size = 0; });
+  expect_rejected([](DSpineModelConfig& c) { c.dspine.replacement_layers = -1; });
+  expect_rejected([](DSpineModelConfig& c) { c.block_size = 1; });
   EXPECT_NO_THROW(validate_dspine_model_config(tiny_config()));
 }
 

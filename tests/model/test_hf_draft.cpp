@@ -30,7 +30,7 @@ using testing::expect_error;
 using testing::expect_error_mentioning;
 using testing::fresh_dir;
 
-core::ModelConfig tiny_config() { return testing::tiny_model_config(); }
+DSpineModelConfig tiny_config() { return testing::tiny_model_config(); }
 
 json tiny_hf_config() {
   return dspine_hf_config(tiny_config(),
@@ -89,7 +89,7 @@ TEST(HfDraftConfig, AcceptsTheReferenceFallbacks) {
   hf["dspine_config"] = {{"transfer_rank", 8}, {"message_size", 4}, {"top_k", 3}};
   const auto c = model_config_from_hf(hf, "config.json");
   EXPECT_EQ(c.block_size, 4);
-  EXPECT_EQ(c.dspine.replacement_layers, core::DSpineConfig{}.replacement_layers);
+  EXPECT_EQ(c.dspine.replacement_layers, DSpineConfig{}.replacement_layers);
 }
 
 TEST(HfDraftConfig, RefusesWhatTheDraftDoesNotImplementNamingTheKey) {

@@ -22,9 +22,7 @@ TEST(TargetSharing, DraftFreezesTheTargetsOwnTables) {
   c.model.vocab_size = 96;
   c.model.target_layer_ids = {0, 2, 3};
   c.model.fused_kernels = dspine::core::FusedKernels::kOff;
-  c.model.dspine.transfer_rank = 8;
-  c.model.dspine.message_size = 4;
-  c.model.dspine.top_k = 3;
+  c.model.sections["dspine"] = dspine::model::dspine_yaml({8, 4, 3});
   c.data.source = dspine::core::DataSource::kTarget;
   c.data.seq_len = 8;
   c.data.target.path = model.string();

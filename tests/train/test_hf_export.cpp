@@ -197,7 +197,9 @@ TEST(HfExport, GspoStartsFromTheExport) {
   }
 
   // Same shapes, another draft: only config.json tells them apart.
-  config.model.dspine.top_k = 4;
+  auto dspine = dspine::model::read_dspine_config(config);
+  dspine.top_k = 4;
+  config.model.sections["dspine"] = dspine::model::dspine_yaml(dspine);
   config.checkpoint.dir = (dir / "rl2").string();
   expect_error_mentioning(
       [&] {

@@ -14,6 +14,7 @@
 #include "core/config.h"
 #include "core/error.h"
 #include "core/safetensors.h"
+#include "model/dspine_config.h"
 #include "data/batch.h"
 #include "dist/communicator.h"
 #include "train/checkpoint.h"
@@ -168,9 +169,7 @@ TEST(TrainerStart, DefaultEvaluationRowsTheRunTrainsOnAreRefused) {
   Config config = online_target_config(dir, dir / "samples.jsonl", 5);  // reads all 20 rows
   config.model.architecture = "dspine";
   config.objective.name = "dspine";
-  config.model.dspine.transfer_rank = 16;
-  config.model.dspine.message_size = 16;
-  config.model.dspine.top_k = 4;
+  config.model.sections["dspine"] = dspine::model::dspine_yaml({16, 16, 4});
   config.model.target_layer_ids = {0, 2};
   config.training.eval_every = 5;
   config.data.eval_samples = 4;

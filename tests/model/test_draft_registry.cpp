@@ -1,0 +1,144 @@
+// The draft registry (model/draft_registry.h): each architecture's map model.<name>, kept raw by
+// core, parsed and checked by its entry with core's messages; the DSpine option checks of
+// docs/model.md ("config.json"; the reference's test T10); the resolved map to_yaml writes.
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "core/config.h"
+#include "core/error.h"
+#include "model/draft_registry.h"
+#include "model/dspine_config.h"
+
+namespace dspine::model {
+namespace {
+
+// A tiny DSpine model as in the reference's unit tests (H = 16, V = 32, r = 8, m = 4, k = 3).
+const char* const kTinyDSpine = R"(
+model:
+  architecture: dspine
+  hidden_size: 16
+  intermediate_size: 32
+  num_hidden_layers: 3
+  num_attention_heads: 4
+  num_key_value_heads: 2
+  head_dim: 4
+  vocab_size: 32
+  target_layer_ids: [1, 2, 3]
+  dspine:
+    transfer_rank: 8
+    message_size: 4
+    top_k: 3
+objective:
+  name: dspine
+)";
+
+core::Config resolved(const std::string& yaml, const std::vector<std::string>& overrides = {}) {
+  core::Config config = core::parse_config(yaml, "test.yaml", overrides);
+  resolve_drafts(config);
+  return config;
+}
+
+// The message parsing and resolving `yaml` throws; fails the test when it does not throw.
+std::string resolve_error(const std::string& yaml, const std::vector<std::string>& overrides = {}) {
+  try {
+    resolved(yaml, overrides);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "no error for:\n" << yaml;
+  return "";
+}
+
+std::string tiny_dspine_with(const std::string& key, const std::string& value) {
+  return resolve_error(kTinyDSpine, {"model.dspine." + key + "=" + value});
+}
+
+TEST(DraftRegistry, OneEntryPerArchitectureCoreAccepts) {
+  EXPECT_EQ(draft_names(), core::architecture_names());
+}
+
+TEST(DraftRegistry, DefaultsAreTheReferencesAndToYamlWritesThemAll) {
+  const core::Config c = resolved("");
+  const DSpineConfig d = read_dspine_config(c);
+  EXPECT_EQ(d.transfer_rank, 1024);
+  EXPECT_EQ(d.message_size, 512);
+  EXPECT_EQ(d.top_k, 16);
+  EXPECT_EQ(d.replacement_layers, 3);
+  const std::string yaml = core::to_yaml(c);
+  EXPECT_NE(yaml.find("  fused_kernels: \"auto\"\n  dspine:\n    transfer_rank: 1024\n    "
+                      "message_size: 512\n    top_k: 16\n    replacement_layers: 3\ndata:\n"),
+            std::string::npos)
+      << yaml;
+  EXPECT_EQ(c.model.sections.count("simple"), 0u);  // no settings, no map
+}
+
+TEST(DraftRegistry, OverrideReplacesTheFileValue) {
+  const core::Config c = resolved(kTinyDSpine, {"model.dspine.top_k=8"});
+  EXPECT_EQ(read_dspine_config(c).top_k, 8);
+  EXPECT_EQ(read_dspine_config(c).transfer_rank, 8);
+}
+
+TEST(DraftRegistry, UnknownKeySuggestsClosestKeyOfItsMap) {
+  const std::string nested = resolve_error("model:\n  dspine:\n    topk: 4\n");
+  EXPECT_NE(nested.find("did you mean model.dspine.top_k?"), std::string::npos) << nested;
+  const std::string simple = resolve_error("model:\n  simple:\n    top_k: 4\n");
+  EXPECT_NE(simple.find("model.simple.top_k: unknown key in model.simple"), std::string::npos)
+      << simple;
+}
+
+TEST(DraftRegistry, RangeErrorsNameTheOverride) {
+  const std::string message = tiny_dspine_with("top_k", "0");
+  EXPECT_NE(message.find("config error in test.yaml: model.dspine.top_k = 0 is out of range: "
+                         "DSpine requires"),
+            std::string::npos)
+      << message;
+  EXPECT_NE(message.find("(from override 'model.dspine.top_k=0')"), std::string::npos) << message;
+}
+
+TEST(DraftRegistry, TinyDSpineConfigIsValid) {
+  const DSpineModelConfig c = dspine_model_config(core::parse_config(kTinyDSpine, "tiny"));
+  EXPECT_EQ(c.dspine.transfer_rank, 8);
+  EXPECT_EQ(c.dspine.replacement_layers, 3);
+}
+
+// The reference's test T10: invalid options are rejected with messages containing "DSpine".
+TEST(DraftRegistry, DSpineTransferRankAboveHiddenAndVocabBoundIsRejected) {
+  const std::string message = tiny_dspine_with("transfer_rank", "17");
+  EXPECT_NE(message.find("model.dspine.transfer_rank = 17"), std::string::npos) << message;
+  EXPECT_NE(message.find("DSpine transfer_rank must be in [1, min(hidden_size, vocab_size - 1)]"),
+            std::string::npos)
+      << message;
+  EXPECT_NO_THROW(resolved(kTinyDSpine, {"model.dspine.transfer_rank=16"}));
+}
+
+TEST(DraftRegistry, DSpineTopKZeroIsRejected) {
+  const std::string message = tiny_dspine_with("top_k", "0");
+  EXPECT_NE(message.find("model.dspine.top_k = 0"), std::string::npos) << message;
+  EXPECT_NE(message.find("DSpine requires message_size > 0 and top_k in [1, vocab_size]"),
+            std::string::npos)
+      << message;
+  EXPECT_NE(tiny_dspine_with("top_k", "33").find("DSpine requires"), std::string::npos);
+}
+
+TEST(DraftRegistry, DSpineMessageSizeZeroIsRejected) {
+  const std::string message = tiny_dspine_with("message_size", "0");
+  EXPECT_NE(message.find("model.dspine.message_size = 0"), std::string::npos) << message;
+  EXPECT_NE(message.find("DSpine requires message_size > 0"), std::string::npos) << message;
+}
+
+TEST(DraftRegistry, DSpineNonIntegerTopKIsRejected) {
+  const std::string message = tiny_dspine_with("top_k", "2.5");
+  EXPECT_NE(message.find("model.dspine.top_k = 2.5: DSpine top_k must be an integer"),
+            std::string::npos)
+      << message;
+  EXPECT_NE(
+      tiny_dspine_with("transfer_rank", "1024.0").find("DSpine transfer_rank must be an integer"),
+      std::string::npos);
+  EXPECT_NE(tiny_dspine_with("top_k", "true").find("DSpine top_k must be an integer"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace dspine::model
