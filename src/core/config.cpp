@@ -495,7 +495,7 @@ class Reader {
       std::string problem =
           fmt::format("{} settings must be a map, got {}",
                       objective ? "an objective's" : "an architecture's", describe_kind(value));
-      if (!closest_candidate(leaf_of(key), {leaf_of(kObjectiveName)}).empty()) {
+      if (objective && !closest_candidate(leaf_of(key), {leaf_of(kObjectiveName)}).empty()) {
         problem += fmt::format("; did you mean {}?", kObjectiveName);
       }
       context_.fail_value(key, show(value), problem);
