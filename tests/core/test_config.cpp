@@ -11,6 +11,7 @@
 #include "core/config.h"
 #include "core/config_section.h"
 #include "core/error.h"
+#include "common/tiny_dspine_yaml.h"
 
 namespace dspine::core {
 namespace {
@@ -42,25 +43,7 @@ std::string write_temp(const std::string& name, const std::string& text) {
   return path;
 }
 
-// A tiny DSpine model as in the reference's unit tests (H = 16, V = 32, r = 8, m = 4, k = 3).
-const char* const kTinyDSpine = R"(
-model:
-  architecture: dspine
-  hidden_size: 16
-  intermediate_size: 32
-  num_hidden_layers: 3
-  num_attention_heads: 4
-  num_key_value_heads: 2
-  head_dim: 4
-  vocab_size: 32
-  target_layer_ids: [1, 2, 3]
-  dspine:
-    transfer_rank: 8
-    message_size: 4
-    top_k: 3
-objective:
-  name: dspine
-)";
+const char* const kTinyDSpine = testing::kTinyDSpineYaml;
 
 TEST(Config, EmptyYamlGivesStructDefaults) {
   const Config parsed = parse_config("", "empty");
