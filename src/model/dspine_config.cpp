@@ -117,10 +117,6 @@ HfConfigContext hf_config_context(const core::Config& run, const nlohmann::json&
   return context;
 }
 
-nlohmann::json dspine_hf_config(const core::Config& run, const nlohmann::json& training_settings) {
-  return dspine_hf_config(dspine_model_config(run), hf_config_context(run, training_settings));
-}
-
 nlohmann::json dspine_hf_config(const DSpineModelConfig& c, const HfConfigContext& context) {
   const auto& d = c.dspine;
   nlohmann::json dspine = context.training_settings;

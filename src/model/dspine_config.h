@@ -63,6 +63,5 @@ HfConfigContext hf_config_context(const core::Config& run, const nlohmann::json&
 // The Qwen3Config-style config.json of the draft (docs/model.md#configjson): every key of the
 // reference draft config, with the complete dspine_config.
 nlohmann::json dspine_hf_config(const DSpineModelConfig& config, const HfConfigContext& context);
-nlohmann::json dspine_hf_config(const core::Config& run, const nlohmann::json& training_settings);
 
 }  // namespace dspine::model

@@ -42,7 +42,9 @@ DSpineObjective::DSpineObjective(const core::Config& config, const DSpineSetting
       model_(config, settings, draft_, std::move(embed_tokens), std::move(lm_head)) {}
 
 nlohmann::json DSpineObjective::hf_config() const {
-  return model::dspine_hf_config(config_, dspine_settings_json(settings_));
+  // The draft's own configuration, as its build read model.dspine (not read again here).
+  return model::dspine_hf_config(
+      draft_->config(), model::hf_config_context(config_, dspine_settings_json(settings_)));
 }
 
 std::string DSpineObjective::on_fresh_start(const std::string& init_from) {

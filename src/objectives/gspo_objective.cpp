@@ -217,7 +217,9 @@ GspoObjective::GspoObjective(const core::Config& config, const DSpineSettings& d
 }
 
 nlohmann::json GspoObjective::hf_config() const {
-  return model::dspine_hf_config(config_, dspine_settings_json(dspine_));
+  // The draft's own configuration, as its build read model.dspine (not read again here).
+  return model::dspine_hf_config(
+      draft_->config(), model::hf_config_context(config_, dspine_settings_json(dspine_)));
 }
 
 std::string GspoObjective::on_fresh_start(const std::string& init_from) {
