@@ -16,6 +16,7 @@
 #include "data/target_depth.h"
 #include "dist/launch.h"
 #include "dist/sharded_parameters.h"
+#include "model/draft_registry.h"
 #include "model/module_state.h"
 #include "model/norm_mlp.h"
 #include "train/builder.h"
@@ -97,6 +98,9 @@ Trainer::Trainer(core::Config config, std::shared_ptr<dist::Communicator> comm,
     : state_(std::make_unique<State>()) {
   auto& s = *state_;
   s.config = std::move(config);
+  // The tools resolve model.<architecture> at start-up; a configuration handed over directly is
+  // resolved here, so every checkpoint records each draft setting with its value.
+  model::resolve_drafts(s.config);
   s.comm = std::move(comm);
   const auto& training = s.config.training;
   s.device = dist::training_device(training.device, dist::rank_layout().local_rank);
