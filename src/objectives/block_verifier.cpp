@@ -84,11 +84,10 @@ BlockVerdict TeacherVerifier::verify(const data::DraftBatch& /*batch*/, const Dr
   const auto positions =
       pass.teacher_positions.index_select(0, kept.to(pass.teacher_positions.device()))
           .reshape({-1});  // [K·T]
-  const auto [distinct, slot_position] = [&] {
-    auto unique = at::_unique2(positions, /*sorted=*/true, /*return_inverse=*/true,
-                               /*return_counts=*/false);
-    return std::pair{std::get<0>(unique), std::get<1>(unique)};
-  }();
+  const auto unique = at::_unique2(positions, /*sorted=*/true, /*return_inverse=*/true,
+                                   /*return_counts=*/false);
+  const at::Tensor& distinct = std::get<0>(unique);       // [P] ascending positions
+  const at::Tensor& slot_position = std::get<1>(unique);  // [K·T] each slot's index in distinct
   const int64_t rows = distinct.size(0);
   // objective_chunk_blocks' rows, and at most kLogitElements logits (a recipe vocabulary is large).
   const int64_t chunk =
