@@ -23,7 +23,6 @@
 #include "data/batch_source.h"
 #include "data/held_out.h"
 #include "dist/communicator.h"
-#include "model/draft_loading.h"
 #include "model/draft_registry.h"
 #include "objectives/acceptance.h"
 #include "objectives/dspine_objective.h"
@@ -282,9 +281,9 @@ int main(int argc, char** argv) {
 
   try {
     auto config = core::load_config(o.config_path, o.overrides);
-    dspine::model::resolve_drafts(config);  // model.<architecture> parsed
-    // GSPO trains the same DSpine draft: its checkpoints are measured alike.
-    const auto resolved = dspine::train::resolve_objective(config);  // objective.* parsed once
+    // model.<architecture> and objective.* parsed once. GSPO trains the same DSpine draft: its
+    // checkpoints are measured alike.
+    const auto resolved = dspine::train::resolve_run(config);
     if (resolved.settings->dspine() == nullptr) {
       fail("dspine-eval: {} has objective.name '{}', expected dspine or gspo", o.config_path,
            config.objective.name);
@@ -311,8 +310,8 @@ int main(int argc, char** argv) {
       head = source->lm_head();
     }
     auto objective = objectives::make_dspine_objective(config, *resolved.settings->dspine(), embed,
-                                                       head, device, dtype);
-    dspine::model::load_draft(*objective->draft(), o.weights_path);
+                                                       head, device, dtype, &resolved.draft);
+    resolved.draft.entry->load(*objective->module(), o.weights_path);
 
     if (o.acceptance) {
       if (!source) fail("dspine-eval: --acceptance reads the config's data source, not --target");

@@ -44,8 +44,7 @@ int main(int argc, char** argv) {
     auto config = dspine::core::load_config(config_path, overrides);
     // model.<architecture> and objective.* parsed: a bad setting fails here, before any set-up;
     // the trainer builds from these settings.
-    dspine::model::resolve_drafts(config);
-    const auto objective = dspine::train::resolve_objective(config);
+    const auto objective = dspine::train::resolve_run(config);
     if (print_config) {
       if (mpi.rank() == 0) std::fputs(dspine::core::to_yaml(config).c_str(), stdout);
       return 0;

@@ -33,6 +33,7 @@
 #include "data/batch.h"
 #include "dist/communicator.h"
 #include "dist/launch.h"
+#include "model/draft_registry.h"
 #include "objectives/dspine_blocks.h"
 #include "train/objective_registry.h"
 #include "train/trainer.h"
@@ -176,8 +177,8 @@ void print_phases(PhaseMeter& meter, bool rl, double window_s, const train::Trai
 
 // Proposals per second and the analytic FLOPs of a DSpine replay with its MFU (one rank's replay:
 // accumulation_steps forward + backward micro-steps).
-void print_dspine_rates(const core::Config& config, int world, const AnchorStats& anchor_stats,
-                        PhaseMeter& meter, double window_s) {
+void print_dspine_rates(const core::Config& config, const model::DraftSettings& draft, int world,
+                        const AnchorStats& anchor_stats, PhaseMeter& meter, double window_s) {
   const auto& t = config.training;
   auto per_second = [](double count, double s) { return s > 0 ? count / s : 0.0; };
   const int64_t rows = t.batch_size * t.accumulation_steps * world;
@@ -189,7 +190,7 @@ void print_dspine_rates(const core::Config& config, int world, const AnchorStats
   const StepShape shape{t.batch_size, config.data.seq_len, anchor_stats.anchors,
                         anchor_stats.mean(anchor_stats.anchor_sum),
                         anchor_stats.mean(anchor_stats.teacher_sum)};
-  const auto parts = dspine_step_flops(model::dspine_model_config(config), shape);
+  const auto parts = dspine_step_flops(model::dspine_model_config(config.model, draft), shape);
   const double micro = static_cast<double>(t.accumulation_steps);
   const double flop = micro * total_flops(parts);
   const double replay_s = median_after_first(meter.seconds["replay"]);
@@ -260,7 +261,8 @@ void run_step_bench(const StepOptions& options) {
   if (comm->rank() == 0) meter.trace_path = options.profile_trace;
   if (!meter.cuda) CpuMemoryTracker::install();
   const bool dspine = config.objective.name == "dspine";
-  train::Trainer trainer(config, comm);
+  const auto objective = train::resolve_run(config);  // objective and draft parsed once
+  train::Trainer trainer(config, comm, &objective);
   trainer.set_phase_hook([&](const std::string& phase) { meter.on_phase(phase); });
   AnchorStats anchor_stats;
   if (dspine) {
@@ -305,7 +307,8 @@ void run_step_bench(const StepOptions& options) {
   std::printf("tokens_per_window: %.0f\n", tokens);
   std::printf("tokens_per_s: %.1f\n", per_second(tokens, window_s));
   std::printf("tokens_per_s_per_gpu: %.1f\n", per_second(tokens, window_s) / world);
-  if (dspine) print_dspine_rates(config, world, anchor_stats, meter, window_s);
+  if (dspine)
+    print_dspine_rates(config, *objective.draft.settings, world, anchor_stats, meter, window_s);
   std::printf("peak_allocated_gib_max_rank: %.3f\n", peak_gib);
   std::printf("peak_allocated_gib_total_max_rank: %.3f\n", total_peak_gib);
   std::printf("collective_bytes_per_rank_per_step: %.0f\n", bytes_per_step);

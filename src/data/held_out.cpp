@@ -5,18 +5,9 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "data/source_registry.h"
 
 namespace dspine::data {
-namespace {
-
-// The key of the separate held-out source of each data.source that reads a finite set.
-const char* held_out_key(core::DataSource source) {
-  if (source == core::DataSource::kTarget) return "data.eval_samples_file";
-  if (source == core::DataSource::kShards) return "data.eval_shards_dir";
-  return "data.eval_specforge_dir";
-}
-
-}  // namespace
 
 HeldOutRows held_out_rows(const BatchSource& training, const BatchSource* held_out,
                           int64_t trained_rows, int64_t offset, int64_t samples) {
@@ -56,13 +47,20 @@ std::string HeldOutRows::describe() const {
 
 void require_unread(const HeldOutRows& rows, const core::Config& config) {
   if (rows.trained_on == 0) return;
+  const std::string key = data_source_entry(config.data.source).held_out_key;
+  if (key.empty()) {  // an endless source: its later samples are never read
+    fail("the acceptance evaluation has no held-out rows: {} of the samples {}..{} of {} are among "
+         "the {} the run trains on. Set data.eval_offset to at least {}",
+         rows.trained_on, rows.offset, rows.offset + rows.samples - 1, rows.source,
+         rows.trained_rows, rows.trained_rows);
+  }
   const int64_t unread = std::max<int64_t>(rows.distinct - rows.trained_rows, 0);
   fail("the acceptance evaluation has no held-out rows: {} holds {} samples and the run's "
        "training.total_steps = {} read {} (steps x accumulation_steps x batch_size x ranks), "
        "leaving {} never read, fewer than data.eval_samples = {}. Set {} to a separate held-out "
        "set, or lower data.eval_samples or training.total_steps",
        rows.source, rows.distinct, config.training.total_steps, rows.trained_rows, unread,
-       rows.samples, held_out_key(config.data.source));
+       rows.samples, key);
 }
 
 }  // namespace dspine::data

@@ -24,12 +24,4 @@ void load_draft(DSpineDraftImpl& draft, const std::string& path) {
   }
 }
 
-void start_draft(DSpineDraftImpl& draft, const at::Tensor& lm_head, const std::string& init_from) {
-  if (init_from.empty()) {
-    draft.initialize_transfer_space(lm_head);
-  } else {
-    load_draft(draft, init_from);
-  }
-}
-
 }  // namespace dspine::model

@@ -1,7 +1,14 @@
 #include "model/draft_registry.h"
 
+#include <torch/torch.h>
+
 #include "core/config_section.h"
-#include "model/dspine_config.h"
+#include "core/error.h"
+#include "core/safetensors.h"
+#include "model/draft_loading.h"
+#include "model/dspine_draft.h"
+#include "model/module_state.h"
+#include "model/simple_draft.h"
 
 namespace dspine::model {
 namespace {
@@ -14,24 +21,81 @@ std::shared_ptr<const DraftSettings> parse_simple(const core::Config& config) {
   return std::make_shared<SimpleSettings>();
 }
 
-struct DSpineSettings final : DraftSettings {
-  DSpineConfig dspine;  // model.dspine
-  std::string yaml() const override { return dspine_yaml(dspine); }
+std::shared_ptr<torch::nn::Module> build_simple(const core::ModelConfig& model,
+                                                const DraftSettings&, c10::Device device,
+                                                c10::ScalarType dtype) {
+  SimpleDraft draft(model, use_fused_kernels(model.fused_kernels, device));
+  torch::NoGradGuard no_grad;
+  draft->to(device);
+  for (auto& parameter : draft->parameters()) parameter.set_data(parameter.to(dtype));
+  return draft.ptr();
+}
+
+// Strict: the draft's own keys and shapes.
+void load_simple(torch::nn::Module& draft, const std::string& path) {
+  load_module_state(draft, core::load_safetensors(weights_file(path)));
+}
+
+nlohmann::json simple_hf_config(const core::ModelConfig& model, const DraftSettings&,
+                                const HfConfigContext&) {
+  return {{"architectures", {"SimpleDraftModel"}},
+          {"model_type", "dspine-simple"},
+          {"hidden_size", model.hidden_size},
+          {"intermediate_size", model.intermediate_size},
+          {"num_hidden_layers", model.num_hidden_layers},
+          {"vocab_size", model.vocab_size},
+          {"rms_norm_eps", model.rms_norm_eps},
+          {"target_layer_ids", model.target_layer_ids}};
+}
+
+struct DSpineDraftSettings final : DraftSettings {
+  DSpineConfig settings;  // model.dspine
+  std::string yaml() const override { return dspine_yaml(settings); }
+  const DSpineConfig* dspine() const override { return &settings; }
 };
 
 std::shared_ptr<const DraftSettings> parse_dspine(const core::Config& config) {
-  auto settings = std::make_shared<DSpineSettings>();
-  settings->dspine = read_dspine_config(config);
-  return settings;
+  auto parsed = std::make_shared<DSpineDraftSettings>();
+  parsed->settings = read_dspine_config(config);
+  return parsed;
+}
+
+std::shared_ptr<torch::nn::Module> build_dspine(const core::ModelConfig& model,
+                                                const DraftSettings& settings, c10::Device device,
+                                                c10::ScalarType dtype) {
+  return build_placed_draft(dspine_model_config(model, settings), device, dtype).ptr();
+}
+
+DSpineDraftImpl& as_dspine(torch::nn::Module& draft) {
+  auto* dspine = dynamic_cast<DSpineDraftImpl*>(&draft);
+  if (dspine == nullptr) fail("draft registry: the dspine entry was given another draft");
+  return *dspine;
+}
+
+void load_dspine(torch::nn::Module& draft, const std::string& path) {
+  load_draft(as_dspine(draft), path);
+}
+
+nlohmann::json dspine_hf(const core::ModelConfig& model, const DraftSettings& settings,
+                         const HfConfigContext& context) {
+  return dspine_hf_config(dspine_model_config(model, settings), context);
 }
 
 // One entry per name of core::architecture_names(), in its order (a model test checks both).
 const std::vector<DraftEntry>& registry() {
   static const std::vector<DraftEntry> entries = {
-      {"simple", parse_simple},
-      {"dspine", parse_dspine},
+      {"simple", parse_simple, build_simple, load_simple, simple_hf_config},
+      {"dspine", parse_dspine, build_dspine, load_dspine, dspine_hf},
   };
   return entries;
+}
+
+const DraftEntry& entry_of(const core::Config& config) {
+  for (const DraftEntry& entry : registry()) {
+    if (entry.name == config.model.architecture) return entry;
+  }
+  // core::validate already checked model.architecture against core::architecture_names().
+  fail("model.architecture '{}' has no draft registry entry", config.model.architecture);
 }
 
 }  // namespace
@@ -42,15 +106,34 @@ std::vector<std::string> draft_names() {
   return names;
 }
 
-void resolve_drafts(core::Config& config) {
+ResolvedDraft resolve_drafts(core::Config& config) {
+  ResolvedDraft chosen;
   for (const DraftEntry& entry : registry()) {
-    const std::string yaml = entry.parse(config)->yaml();
+    auto settings = entry.parse(config);
+    const std::string yaml = settings->yaml();
     if (yaml.empty()) {
       config.model.sections.erase(entry.name);
     } else {
       config.model.sections[entry.name] = yaml;
     }
+    if (entry.name == config.model.architecture) chosen = {&entry, std::move(settings)};
   }
+  if (chosen.entry == nullptr) entry_of(config);  // throws
+  return chosen;
+}
+
+ResolvedDraft resolve_draft(const core::Config& config) {
+  const DraftEntry& entry = entry_of(config);
+  return {&entry, entry.parse(config)};
+}
+
+DSpineModelConfig dspine_model_config(const core::ModelConfig& model,
+                                      const DraftSettings& settings) {
+  if (settings.dspine() == nullptr) {
+    fail("model.architecture '{}': a DSpine draft needs the dspine architecture's settings",
+         model.architecture);
+  }
+  return {model, *settings.dspine()};
 }
 
 std::vector<core::KeyFacts> draft_key_facts() {

@@ -50,10 +50,6 @@ std::string dspine_yaml(const DSpineConfig& d) {
                      d.transfer_rank, d.message_size, d.top_k, d.replacement_layers);
 }
 
-DSpineModelConfig dspine_model_config(const core::Config& config) {
-  return {config.model, read_dspine_config(config)};
-}
-
 void validate_dspine_model_config(const DSpineModelConfig& c) {
   const auto& d = c.dspine;
   if (c.hidden_size <= 0 || c.intermediate_size <= 0 || c.num_hidden_layers <= 0 ||

@@ -35,9 +35,6 @@ DSpineConfig read_dspine_config(const core::Config& config);
 // The map model.dspine as YAML text, every setting written (the form to_yaml writes).
 std::string dspine_yaml(const DSpineConfig& dspine);
 
-// The run's DSpine draft configuration: config.model with model.dspine read (read_dspine_config).
-DSpineModelConfig dspine_model_config(const core::Config& config);
-
 // Throws dspine::Error (every message contains "DSpine") when the draft sizes or dspine_config
 // violate docs/model.md ("config.json").
 void validate_dspine_model_config(const DSpineModelConfig& config);

@@ -21,6 +21,8 @@
 
 namespace dspine::model {
 
+struct ResolvedDraft;  // model/draft_registry.h
+
 struct DraftOutput {
   at::Tensor hidden_states;   // [B, N, bs, H] final, normed
   at::Tensor pre_injection;   // [B, N, bs, H] last layer's decoder output before injection
@@ -89,5 +91,11 @@ void place_draft(DSpineDraftImpl& draft, const torch::Device& device, torch::Dty
 // for `device`, then placed there.
 DSpineDraft build_placed_draft(const DSpineModelConfig& config, const torch::Device& device,
                                torch::Dtype dtype);
+
+// The DSpine draft of config.model's sizes that the registry entry of `draft` builds
+// (model/draft_registry.h; null: model.architecture's entry, its map parsed here). Throws when
+// the architecture is not dspine.
+DSpineDraft build_dspine_draft(const core::Config& config, const ResolvedDraft* draft,
+                               const torch::Device& device, torch::Dtype dtype);
 
 }  // namespace dspine::model

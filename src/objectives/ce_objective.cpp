@@ -3,7 +3,6 @@
 #include <torch/torch.h>
 
 #include "core/error.h"
-#include "model/module_state.h"
 
 namespace dspine::objectives {
 namespace {
@@ -18,12 +17,8 @@ torch::Tensor label_mask(const data::DraftBatch& batch) {
 CeObjective::CeObjective(model::SimpleDraft model, torch::Tensor lm_head)
     : model_(std::move(model)), lm_head_(std::move(lm_head)) {}
 
-std::string CeObjective::on_fresh_start(const std::string& init_from) {
-  if (!init_from.empty()) {
-    model::load_module_state(*model_, core::load_safetensors(model::weights_file(init_from)));
-  }
-  return init_from;
-}
+// Nothing derives from the target: a fresh draft keeps its random initialisation.
+std::string CeObjective::on_fresh_start(const std::string& init_from) { return init_from; }
 
 CeObjective::Terms CeObjective::compute(const data::DraftBatch& batch) {
   const auto mask = label_mask(batch).reshape({-1});

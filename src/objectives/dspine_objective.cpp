@@ -34,21 +34,15 @@ at::Tensor output_sums(const DSpineOutput& out) {
 }  // namespace
 
 DSpineObjective::DSpineObjective(const core::Config& config, const DSpineSettings& settings,
-                                 at::Tensor embed_tokens, at::Tensor lm_head, torch::Device device,
-                                 torch::Dtype dtype)
+                                 model::DSpineDraft draft, at::Tensor embed_tokens,
+                                 at::Tensor lm_head)
     : config_(config),
       settings_(settings),
-      draft_(model::build_placed_draft(model::dspine_model_config(config), device, dtype)),
+      draft_(std::move(draft)),
       model_(config, settings, draft_, std::move(embed_tokens), std::move(lm_head)) {}
 
-nlohmann::json DSpineObjective::hf_config() const {
-  // The draft's own configuration, as its build read model.dspine (not read again here).
-  return model::dspine_hf_config(
-      draft_->config(), model::hf_config_context(config_, dspine_settings_json(settings_)));
-}
-
 std::string DSpineObjective::on_fresh_start(const std::string& init_from) {
-  model::start_draft(*draft_, model_.lm_head(), init_from);
+  if (init_from.empty()) draft_->initialize_transfer_space(model_.lm_head());
   return init_from;
 }
 
@@ -200,9 +194,11 @@ std::map<std::string, double> DSpineObjective::evaluate(const data::DraftBatch& 
 std::unique_ptr<DSpineObjective> make_dspine_objective(const core::Config& config,
                                                        const DSpineSettings& settings,
                                                        at::Tensor embed_tokens, at::Tensor lm_head,
-                                                       torch::Device device, torch::Dtype dtype) {
-  return std::make_unique<DSpineObjective>(config, settings, std::move(embed_tokens),
-                                           std::move(lm_head), device, dtype);
+                                                       torch::Device device, torch::Dtype dtype,
+                                                       const model::ResolvedDraft* draft) {
+  return std::make_unique<DSpineObjective>(config, settings,
+                                           model::build_dspine_draft(config, draft, device, dtype),
+                                           std::move(embed_tokens), std::move(lm_head));
 }
 
 }  // namespace dspine::objectives

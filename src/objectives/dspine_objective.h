@@ -3,13 +3,14 @@
 //
 // Trainer usage:
 //   auto objective = make_dspine_objective(config, read_dspine_settings(config),
-//                                          source.embed_tokens(), source.lm_head(), device, dtype);
+//                                          source.embed_tokens(), source.lm_head(), device, dtype,
+//                                          &draft);  // model::resolve_drafts(config)
 //   auto module = objective->module();        // trainable draft: optimizer, sharding, checkpoints
 //   fresh run:  objective->on_fresh_start("");  // transfer space from the frozen lm_head (§6)
 //   resume:     load the checkpoint's parameters AND buffers into module (transfer_codes [V, r]
 //               fp32, transfer_ready bool) — never cast buffers with Module::to(dtype).
 //   checkpoint: module->named_parameters() + named_buffers() are the reference state-dict keys;
-//               objective->hf_config() is config.json.
+//               config.json comes from the draft registry (model/draft_registry.h).
 //   window:     begin_window(all A micro-batches) → micro_step(i) for i = 0..A-1 in order, each
 //               followed by backward(loss) → end_window() → optimizer step.
 // Each micro_step loss is numerator / D_glob (D_glob = Σ over the window's micro-batches and all
@@ -30,6 +31,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/config.h"
+#include "model/draft_registry.h"
 #include "model/dspine_draft.h"
 #include "objectives/dspine_forward.h"
 #include "objectives/dspine_settings.h"
@@ -40,11 +42,9 @@ namespace dspine::objectives {
 
 class DSpineObjective final : public Objective {
  public:
-  // Builds the draft on CPU fp32 from the global torch RNG (seed it first), then places its
-  // parameters on (device, dtype); buffers keep their dtypes. Kernels: model.fused_kernels.
+  // Trains `draft`, as the draft registry built it (make_dspine_objective).
   DSpineObjective(const core::Config& config, const DSpineSettings& settings,
-                  at::Tensor embed_tokens, at::Tensor lm_head, torch::Device device,
-                  torch::Dtype dtype);
+                  model::DSpineDraft draft, at::Tensor embed_tokens, at::Tensor lm_head);
 
   std::string name() const override { return "dspine"; }
   std::shared_ptr<torch::nn::Module> module() { return draft_.ptr(); }
@@ -52,7 +52,6 @@ class DSpineObjective final : public Objective {
   DSpineTrainingModel& training_model() { return model_; }
   // objective.dspine as read once when the objective was made.
   const DSpineSettings& dspine_settings() const { return settings_; }
-  nlohmann::json hf_config() const;
 
   // Builds the transfer space from the frozen lm_head, or loads init_from (model/draft_loading.h).
   std::string on_fresh_start(const std::string& init_from) override;
@@ -90,10 +89,12 @@ class DSpineObjective final : public Objective {
   ForwardObserver observer_;
 };
 
-// The trainer's entry point for objective.name = dspine (see the usage above).
-std::unique_ptr<DSpineObjective> make_dspine_objective(const core::Config& config,
-                                                       const DSpineSettings& settings,
-                                                       at::Tensor embed_tokens, at::Tensor lm_head,
-                                                       torch::Device device, torch::Dtype dtype);
+// The trainer's entry point for objective.name = dspine (see the usage above). The draft is built
+// by the registry entry of `draft` (model.architecture as parsed; null: parsed here from `config`)
+// on CPU fp32 from the global torch RNG (seed it first), then placed on (device, dtype).
+std::unique_ptr<DSpineObjective> make_dspine_objective(
+    const core::Config& config, const DSpineSettings& settings, at::Tensor embed_tokens,
+    at::Tensor lm_head, torch::Device device, torch::Dtype dtype,
+    const model::ResolvedDraft* draft = nullptr);
 
 }  // namespace dspine::objectives

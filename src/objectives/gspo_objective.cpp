@@ -198,33 +198,27 @@ GspoSettings read_gspo_settings(const core::Config& config) {
   r.advantage_norm =
       norm == "group_mean" ? GspoAdvantageNorm::kGroupMean : GspoAdvantageNorm::kGroupStd;
   s.reward_source = reward_source == "data" ? RewardSource::kData : RewardSource::kTarget;
-  r.top_k = model::read_dspine_config(config).top_k;
   return s;
 }
 
 GspoObjective::GspoObjective(const core::Config& config, const DSpineSettings& dspine,
-                             const GspoSettings& settings, at::Tensor embed_tokens,
-                             at::Tensor lm_head, torch::Device device, torch::Dtype dtype,
+                             const GspoSettings& settings, model::DSpineDraft draft,
+                             at::Tensor embed_tokens, at::Tensor lm_head,
                              const data::Qwen3Model* online_target)
     : config_(config),
       dspine_(dspine),
       settings_(settings),
-      draft_(model::build_placed_draft(model::dspine_model_config(config), device, dtype)),
+      draft_(std::move(draft)),
       model_(config, dspine, draft_, std::move(embed_tokens), std::move(lm_head)) {
+  settings_.rollout.top_k = draft_->config().dspine.top_k;
   settings_.rollout.chunk_blocks = dspine.objective_chunk_blocks;
   verifier_ = make_reward_verifier(settings_.reward_source, online_target, model_.lm_head(),
                                    dspine.objective_chunk_blocks);
 }
 
-nlohmann::json GspoObjective::hf_config() const {
-  // The draft's own configuration, as its build read model.dspine (not read again here).
-  return model::dspine_hf_config(
-      draft_->config(), model::hf_config_context(config_, dspine_settings_json(dspine_)));
-}
-
 std::string GspoObjective::on_fresh_start(const std::string& init_from) {
   const std::string& path = settings_.init_from.empty() ? init_from : settings_.init_from;
-  model::start_draft(*draft_, model_.lm_head(), path);
+  if (path.empty()) draft_->initialize_transfer_space(model_.lm_head());
   return path;
 }
 
@@ -476,14 +470,13 @@ std::map<std::string, double> GspoObjective::evaluate(const data::DraftBatch& ba
   };
 }
 
-std::unique_ptr<GspoObjective> make_gspo_objective(const core::Config& config,
-                                                   const DSpineSettings& dspine,
-                                                   const GspoSettings& settings,
-                                                   at::Tensor embed_tokens, at::Tensor lm_head,
-                                                   torch::Device device, torch::Dtype dtype,
-                                                   const data::Qwen3Model* online_target) {
-  return std::make_unique<GspoObjective>(config, dspine, settings, std::move(embed_tokens),
-                                         std::move(lm_head), device, dtype, online_target);
+std::unique_ptr<GspoObjective> make_gspo_objective(
+    const core::Config& config, const DSpineSettings& dspine, const GspoSettings& settings,
+    at::Tensor embed_tokens, at::Tensor lm_head, torch::Device device, torch::Dtype dtype,
+    const data::Qwen3Model* online_target, const model::ResolvedDraft* draft) {
+  return std::make_unique<GspoObjective>(
+      config, dspine, settings, model::build_dspine_draft(config, draft, device, dtype),
+      std::move(embed_tokens), std::move(lm_head), online_target);
 }
 
 }  // namespace dspine::objectives

@@ -21,6 +21,7 @@
 
 #include "core/config.h"
 #include "data/qwen3_model.h"
+#include "model/draft_registry.h"
 #include "model/dspine_draft.h"
 #include "objectives/block_verifier.h"
 #include "objectives/dspine_forward.h"
@@ -48,11 +49,12 @@ GspoSettings read_gspo_settings(const core::Config& config);
 
 class GspoObjective final : public Objective {
  public:
-  // `online_target` (may be null) verifies the rollouts when reward_source is target.
+  // Trains `draft`, as the draft registry built it (make_gspo_objective); the rollout's
+  // refinement candidates are the draft's model.dspine.top_k. `online_target` (may be null)
+  // verifies the rollouts when reward_source is target.
   GspoObjective(const core::Config& config, const DSpineSettings& dspine,
-                const GspoSettings& settings, at::Tensor embed_tokens, at::Tensor lm_head,
-                torch::Device device, torch::Dtype dtype,
-                const data::Qwen3Model* online_target = nullptr);
+                const GspoSettings& settings, model::DSpineDraft draft, at::Tensor embed_tokens,
+                at::Tensor lm_head, const data::Qwen3Model* online_target = nullptr);
 
   std::string name() const override { return "gspo"; }
   std::shared_ptr<torch::nn::Module> module() { return draft_.ptr(); }
@@ -60,7 +62,6 @@ class GspoObjective final : public Objective {
   DSpineTrainingModel& training_model() { return model_; }
   // objective.dspine (how anchor blocks are sampled) as read once when the objective was made.
   const DSpineSettings& dspine_settings() const { return dspine_; }
-  nlohmann::json hf_config() const;
   int64_t updates_per_window() const override { return settings_.updates_per_rollout; }
 
   // Loads training.init_from or its alias objective.gspo.init_from (weights and transfer codes),
@@ -117,11 +118,11 @@ class GspoObjective final : public Objective {
   double seam_seconds_ = 0;
 };
 
-std::unique_ptr<GspoObjective> make_gspo_objective(const core::Config& config,
-                                                   const DSpineSettings& dspine,
-                                                   const GspoSettings& settings,
-                                                   at::Tensor embed_tokens, at::Tensor lm_head,
-                                                   torch::Device device, torch::Dtype dtype,
-                                                   const data::Qwen3Model* online_target = nullptr);
+// The trainer's entry point for objective.name = gspo; the draft is built as by
+// make_dspine_objective (objectives/dspine_objective.h), from `draft` or, when null, `config`.
+std::unique_ptr<GspoObjective> make_gspo_objective(
+    const core::Config& config, const DSpineSettings& dspine, const GspoSettings& settings,
+    at::Tensor embed_tokens, at::Tensor lm_head, torch::Device device, torch::Dtype dtype,
+    const data::Qwen3Model* online_target = nullptr, const model::ResolvedDraft* draft = nullptr);
 
 }  // namespace dspine::objectives

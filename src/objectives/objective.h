@@ -52,11 +52,11 @@ class Objective {
   virtual ~Objective() = default;
   virtual std::string name() const = 0;
 
-  // Called once when training starts from scratch (not on resume): one-time initialisation of
-  // model state derived from the frozen target weights (e.g. DSpine's transfer space), or, when
-  // `init_from` (training.init_from) names a checkpoint or export directory or a weights file,
-  // the draft's weights loaded from it instead. Returns what the weights were loaded from ("" when
-  // initialised).
+  // Called once when training starts from scratch (not on resume). Returns where the draft's
+  // weights are to be loaded from: `init_from` (training.init_from: a checkpoint or export
+  // directory, or a weights file) or the objective's own alias of it; the trainer loads them
+  // through the draft registry (model/draft_registry.h). When that is "", the objective
+  // initialises what it derives from the frozen target weights (e.g. DSpine's transfer space).
   virtual std::string on_fresh_start(const std::string& init_from) = 0;
 
   // Optimizer updates per window: RL objectives reuse one rollout for several (the trainer runs

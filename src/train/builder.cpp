@@ -4,15 +4,12 @@
 
 namespace dspine::train {
 
-BuiltModel build_model(const core::Config& config, const data::BatchSource& source,
-                       torch::Device device, torch::Dtype dtype) {
-  return build_model(config, resolve_objective(config), source, device, dtype);
-}
-
 BuiltModel build_model(const core::Config& config, const ResolvedObjective& objective,
                        const data::BatchSource& source, torch::Device device, torch::Dtype dtype) {
-  BuiltModel built = objective.entry->build(config, *objective.settings, source, device, dtype);
+  BuiltModel built =
+      objective.entry->build(config, *objective.settings, objective.draft, source, device, dtype);
   built.settings = objective.settings;
+  built.draft = objective.draft;
   return built;
 }
 

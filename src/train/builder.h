@@ -11,6 +11,7 @@
 
 #include "core/config.h"
 #include "data/batch_source.h"
+#include "model/draft_registry.h"
 #include "objectives/acceptance.h"
 #include "objectives/objective.h"
 
@@ -27,13 +28,13 @@ struct BuiltModel {
   std::unique_ptr<objectives::AcceptanceEvaluator> acceptance;
   // The objective's settings as resolve_objective parsed them (what built the objective).
   std::shared_ptr<const ObjectiveSettings> settings;
+  // The draft's registry entry and settings (what built `module`; it loads trained weights).
+  model::ResolvedDraft draft;
 };
 
-// Parameters are created in `dtype`; buffers keep their own dtype (e.g. fp32 transfer codes).
-// Resolves the configuration against the registry first (resolve_objective).
-BuiltModel build_model(const core::Config& config, const data::BatchSource& source,
-                       torch::Device device, torch::Dtype dtype);
-// The same from an objective already resolved from `config` (its settings are not read again).
+// Draft and objective of an objective already resolved from `config` (resolve_run or
+// resolve_objective; their settings are not read again). Parameters are created in `dtype`;
+// buffers keep their own dtype (e.g. fp32 transfer codes).
 BuiltModel build_model(const core::Config& config, const ResolvedObjective& objective,
                        const data::BatchSource& source, torch::Device device, torch::Dtype dtype);
 

@@ -16,22 +16,11 @@
 namespace dspine::train {
 namespace {
 
-// Casts parameters only: buffers such as DSpine's transfer codes stay in their own dtype.
-void cast_parameters(torch::nn::Module& module, torch::Device device, torch::Dtype dtype) {
-  torch::NoGradGuard no_grad;
-  module.to(device);
-  for (auto& parameter : module.parameters()) parameter.set_data(parameter.to(dtype));
-}
-
-nlohmann::json simple_hf_config(const core::ModelConfig& model) {
-  return {{"architectures", {"SimpleDraftModel"}},
-          {"model_type", "dspine-simple"},
-          {"hidden_size", model.hidden_size},
-          {"intermediate_size", model.intermediate_size},
-          {"num_hidden_layers", model.num_hidden_layers},
-          {"vocab_size", model.vocab_size},
-          {"rms_norm_eps", model.rms_norm_eps},
-          {"target_layer_ids", model.target_layer_ids}};
+// config.json: the draft's, from its registry entry, with the objective's training settings.
+nlohmann::json hf_config_of(const core::Config& config, const model::ResolvedDraft& draft,
+                            const nlohmann::json& training_settings) {
+  return draft.entry->hf_config(config.model, *draft.settings,
+                                model::hf_config_context(config, training_settings));
 }
 
 // ce has no settings: any key under objective.ce is unknown.
@@ -43,15 +32,16 @@ std::shared_ptr<const ObjectiveSettings> parse_ce(const core::Config& config) {
 }
 
 BuiltModel build_ce(const core::Config& config, const ObjectiveSettings&,
-                    const data::BatchSource& source, torch::Device device, torch::Dtype dtype) {
-  const bool fused = model::use_fused_kernels(config.model.fused_kernels, device);
-  model::SimpleDraft draft(config.model, fused);
-  cast_parameters(*draft, device, dtype);
+                    const model::ResolvedDraft& draft, const data::BatchSource& source,
+                    torch::Device device, torch::Dtype dtype) {
+  auto module = std::dynamic_pointer_cast<model::SimpleDraftImpl>(
+      draft.entry->build(config.model, *draft.settings, device, dtype));
+  if (module == nullptr) fail("objective registry: ce trains the simple draft");
   auto lm_head = source.lm_head().to(device, dtype);
   BuiltModel built;
-  built.module = draft.ptr();
-  built.objective = std::make_unique<objectives::CeObjective>(draft, lm_head);
-  built.hf_config = simple_hf_config(config.model);
+  built.module = module;
+  built.objective = std::make_unique<objectives::CeObjective>(model::SimpleDraft(module), lm_head);
+  built.hf_config = hf_config_of(config, draft, nlohmann::json::object());
   return built;
 }
 
@@ -66,10 +56,12 @@ const Settings& settings_of(const ObjectiveSettings& settings) {
 // A DSpine-draft objective (it owns its draft) as the trainer's BuiltModel, with an acceptance
 // evaluator sharing that draft and its target tables.
 template <typename DraftObjective>
-BuiltModel built_from(const core::Config& config, std::unique_ptr<DraftObjective> objective) {
+BuiltModel built_from(const core::Config& config, const model::ResolvedDraft& draft,
+                      std::unique_ptr<DraftObjective> objective) {
   BuiltModel built;
   built.module = objective->module();
-  built.hf_config = objective->hf_config();
+  built.hf_config =
+      hf_config_of(config, draft, objectives::dspine_settings_json(objective->dspine_settings()));
   auto& model = objective->training_model();
   built.acceptance = std::make_unique<objectives::AcceptanceEvaluator>(
       config, objective->dspine_settings(), objective->draft(), model.embed_tokens(),
@@ -90,11 +82,12 @@ std::shared_ptr<const ObjectiveSettings> parse_dspine(const core::Config& config
 }
 
 BuiltModel build_dspine(const core::Config& config, const ObjectiveSettings& settings,
-                        const data::BatchSource& source, torch::Device device, torch::Dtype dtype) {
+                        const model::ResolvedDraft& draft, const data::BatchSource& source,
+                        torch::Device device, torch::Dtype dtype) {
   const auto& s = settings_of<DSpineObjectiveSettings>(settings);
-  return built_from(config,
+  return built_from(config, draft,
                     objectives::make_dspine_objective(config, s.anchors, source.embed_tokens(),
-                                                      source.lm_head(), device, dtype));
+                                                      source.lm_head(), device, dtype, &draft));
 }
 
 // GSPO samples its anchor blocks as the DSpine objective does: it reads both sections.
@@ -112,11 +105,13 @@ std::shared_ptr<const ObjectiveSettings> parse_gspo(const core::Config& config) 
 }
 
 BuiltModel build_gspo(const core::Config& config, const ObjectiveSettings& settings,
-                      const data::BatchSource& source, torch::Device device, torch::Dtype dtype) {
+                      const model::ResolvedDraft& draft, const data::BatchSource& source,
+                      torch::Device device, torch::Dtype dtype) {
   const auto& s = settings_of<GspoObjectiveSettings>(settings);
-  return built_from(config, objectives::make_gspo_objective(config, s.anchors, s.gspo,
-                                                            source.embed_tokens(), source.lm_head(),
-                                                            device, dtype, source.online_target()));
+  return built_from(config, draft,
+                    objectives::make_gspo_objective(config, s.anchors, s.gspo,
+                                                    source.embed_tokens(), source.lm_head(), device,
+                                                    dtype, source.online_target(), &draft));
 }
 
 const std::vector<ObjectiveEntry>& registry() {
@@ -145,8 +140,7 @@ std::vector<std::string> objective_names() {
 std::vector<core::KeyFacts> objective_key_facts() {
   std::vector<core::KeyFacts> facts;
   for (const ObjectiveEntry& entry : registry()) {
-    // The default architecture: the DSpine draft's reference settings exceed the default sizes,
-    // and gspo reads model.dspine.top_k.
+    // The default architecture, as the draft registry's key facts are recorded.
     core::Config defaults;
     defaults.objective.name = entry.name;
     core::SettingsRecorder recorder;
@@ -162,7 +156,11 @@ std::vector<core::KeyFacts> objective_key_facts() {
   return facts;
 }
 
-ResolvedObjective resolve_objective(const core::Config& config) {
+namespace {
+
+// resolve_objective with model.architecture's draft: `draft` when given, else parsed here once
+// the objective's own checks have passed.
+ResolvedObjective resolve_with(const core::Config& config, const model::ResolvedDraft* draft) {
   const std::vector<std::string> names = objective_names();
   const std::string& name = config.objective.name;
   const auto& entries = registry();
@@ -184,7 +182,19 @@ ResolvedObjective resolve_objective(const core::Config& config) {
       core::unknown_objective_section_error(config, section, names);
     }
   }
-  return {&*entry, entry->parse(config)};
+  model::ResolvedDraft resolved_draft = draft != nullptr ? *draft : model::resolve_draft(config);
+  return {&*entry, entry->parse(config), std::move(resolved_draft)};
+}
+
+}  // namespace
+
+ResolvedObjective resolve_objective(const core::Config& config) {
+  return resolve_with(config, nullptr);
+}
+
+ResolvedObjective resolve_run(core::Config& config) {
+  const model::ResolvedDraft draft = model::resolve_drafts(config);
+  return resolve_with(config, &draft);
 }
 
 }  // namespace dspine::train

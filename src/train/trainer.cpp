@@ -24,6 +24,7 @@
 #include "train/config_diff.h"
 #include "train/lr_schedule.h"
 #include "train/metrics_log.h"
+#include "train/objective_registry.h"
 #include "train/optimizer.h"
 #include "train/sharding_observer.h"
 
@@ -98,9 +99,11 @@ Trainer::Trainer(core::Config config, std::shared_ptr<dist::Communicator> comm,
     : state_(std::make_unique<State>()) {
   auto& s = *state_;
   s.config = std::move(config);
-  // The tools resolve model.<architecture> at start-up; a configuration handed over directly is
-  // resolved here, so every checkpoint records each draft setting with its value.
-  model::resolve_drafts(s.config);
+  ResolvedObjective resolved_here;
+  if (objective == nullptr) {
+    resolved_here = resolve_run(s.config);
+    objective = &resolved_here;
+  }
   s.comm = std::move(comm);
   const auto& training = s.config.training;
   s.device = dist::training_device(training.device, dist::rank_layout().local_rank);
@@ -111,8 +114,7 @@ Trainer::Trainer(core::Config config, std::shared_ptr<dist::Communicator> comm,
   s.config.model.num_target_layers = data::target_depth(s.config);  // recorded in config.json
   s.held_out = data::make_held_out_source(s.config, *s.source);
   const auto dtype = training.dtype == core::Dtype::kBf16 ? torch::kBFloat16 : torch::kFloat;
-  s.built = objective != nullptr ? build_model(s.config, *objective, *s.source, s.device, dtype)
-                                 : build_model(s.config, *s.source, s.device, dtype);
+  s.built = build_model(s.config, *objective, *s.source, s.device, dtype);
   for (const auto& p : s.built.module->parameters()) {
     s.parameters += p.numel();
     if (p.requires_grad()) s.trainable_parameters += p.numel();
@@ -218,6 +220,7 @@ void Trainer::Run::resume_or_start() {
   if (resume_from.empty()) {
     s.sharded->gather_all();
     started_from = s.built.objective->on_fresh_start(cfg.training.init_from);
+    if (!started_from.empty()) s.built.draft.entry->load(*s.built.module, started_from);
     s.sharded->load_masters_from_model();  // initialisation done on the model counts
     s.sharded->release_all();
     return;

@@ -86,7 +86,13 @@ TEST(HeldOut, ChosenRowsAreMeasuredAndCountedWhenTrainedOn) {
 TEST(HeldOut, UnboundedSourcesAreHeldOutPastTheTrainingRows) {
   const SizedSource training(0, "the synthetic target");
   EXPECT_EQ(held_out_rows(training, nullptr, 480, 480, 64).trained_on, 0);
-  EXPECT_EQ(held_out_rows(training, nullptr, 480, 470, 64).trained_on, 10);
+  const auto overlapping = held_out_rows(training, nullptr, 480, 470, 64);
+  EXPECT_EQ(overlapping.trained_on, 10);
+  // An endless source has no separate held-out set: the refusal says how far to move the rows.
+  expect_error_mentioning(
+      [&] { dspine::data::require_unread(overlapping, dspine::core::Config{}); },
+      {"10 of the samples 470..533 of the synthetic target are among the 480 the run trains on",
+       "Set data.eval_offset to at least 480"});
 }
 
 TEST(HeldOut, ASeparateSourceStartsAtZeroAndIsNeverTrainedOn) {

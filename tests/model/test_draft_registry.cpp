@@ -5,11 +5,17 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <torch/torch.h>
 
 #include "core/config.h"
 #include "core/error.h"
+#include "core/safetensors.h"
 #include "model/draft_registry.h"
 #include "model/dspine_config.h"
+#include "model/dspine_draft.h"
+#include "model/module_state.h"
+#include "model/simple_draft.h"
+#include "common/fresh_dir.h"
 #include "common/tiny_dspine_yaml.h"
 
 namespace dspine::model {
@@ -81,9 +87,83 @@ TEST(DraftRegistry, RangeErrorsNameTheOverride) {
 }
 
 TEST(DraftRegistry, TinyDSpineConfigIsValid) {
-  const DSpineModelConfig c = dspine_model_config(core::parse_config(kTinyDSpine, "tiny"));
+  const core::Config config = core::parse_config(kTinyDSpine, "tiny");
+  const DSpineModelConfig c = dspine_model_config(config.model, *resolve_draft(config).settings);
   EXPECT_EQ(c.dspine.transfer_rank, 8);
   EXPECT_EQ(c.dspine.replacement_layers, 3);
+}
+
+// resolve_drafts hands back model.architecture's draft as it parsed it; dspine_model_config
+// joins its settings to the model section, and refuses another architecture's.
+TEST(DraftRegistry, ResolvedDraftIsTheArchitecturesOwn) {
+  core::Config config = core::parse_config(kTinyDSpine, "tiny", {"model.dspine.top_k=5"});
+  const ResolvedDraft draft = resolve_drafts(config);
+  ASSERT_NE(draft.entry, nullptr);
+  EXPECT_EQ(draft.entry->name, "dspine");
+  ASSERT_NE(draft.settings->dspine(), nullptr);
+  EXPECT_EQ(draft.settings->dspine()->top_k, 5);
+  EXPECT_EQ(dspine_model_config(config.model, *draft.settings).dspine.top_k, 5);
+
+  const core::Config defaults;
+  const ResolvedDraft simple = resolve_draft(defaults);
+  EXPECT_EQ(simple.entry->name, "simple");
+  EXPECT_EQ(simple.settings->dspine(), nullptr);
+  EXPECT_THROW(dspine_model_config(defaults.model, *simple.settings), Error);
+}
+
+// The build and config.json take the settings handed to them, not the configuration's map: a
+// configuration saying otherwise builds the parsed draft (one parse per run).
+TEST(DraftRegistry, BuildAndConfigJsonTakeTheResolvedSettings) {
+  const ResolvedDraft draft =
+      resolve_draft(core::parse_config(kTinyDSpine, "tiny", {"model.dspine.top_k=5"}));
+  const core::Config other = core::parse_config(kTinyDSpine, "tiny", {"model.dspine.top_k=7"});
+  const auto module = draft.entry->build(other.model, *draft.settings, torch::kCPU, torch::kFloat);
+  const auto* dspine = dynamic_cast<const DSpineDraftImpl*>(module.get());
+  ASSERT_NE(dspine, nullptr);
+  EXPECT_EQ(dspine->config().dspine.top_k, 5);
+  const auto hf = draft.entry->hf_config(other.model, *draft.settings, HfConfigContext{});
+  EXPECT_EQ(hf.at("dspine_config").at("top_k"), 5);
+
+  const core::Config defaults;
+  const ResolvedDraft simple = resolve_draft(defaults);
+  const auto built =
+      simple.entry->build(defaults.model, *simple.settings, torch::kCPU, torch::kBFloat16);
+  ASSERT_NE(dynamic_cast<const SimpleDraftImpl*>(built.get()), nullptr);
+  for (const auto& parameter : built->parameters()) {
+    EXPECT_EQ(parameter.scalar_type(), torch::kBFloat16);
+  }
+  EXPECT_EQ(
+      simple.entry->hf_config(defaults.model, *simple.settings, HfConfigContext{}).at("model_type"),
+      "dspine-simple");
+}
+
+// Each entry's load takes back, exactly, the weights of a draft its build made; the DSpine
+// entry's also its transfer space.
+TEST(DraftRegistry, LoadTakesBackASavedDraft) {
+  const auto dir = testing::fresh_dir("draft_registry_load");
+  for (const std::string& yaml : {std::string(kTinyDSpine), std::string("{}")}) {
+    const core::Config config = core::parse_config(yaml, "test.yaml");
+    const ResolvedDraft draft = resolve_draft(config);
+    SCOPED_TRACE(draft.entry->name);
+    torch::manual_seed(1);
+    auto saved = draft.entry->build(config.model, *draft.settings, torch::kCPU, torch::kFloat);
+    if (auto* dspine = dynamic_cast<DSpineDraftImpl*>(saved.get())) {
+      dspine->initialize_transfer_space(
+          torch::randn({config.model.vocab_size, config.model.hidden_size}));
+    }
+    const std::string path = (dir / (draft.entry->name + ".safetensors")).string();
+    core::save_safetensors(path, module_state(*saved));
+    torch::manual_seed(2);
+    auto loaded = draft.entry->build(config.model, *draft.settings, torch::kCPU, torch::kFloat);
+    draft.entry->load(*loaded, path);
+    const auto expected = module_state(*saved);
+    const auto actual = module_state(*loaded);
+    ASSERT_EQ(actual.size(), expected.size());
+    for (size_t i = 0; i < expected.size(); ++i) {
+      EXPECT_EQ(actual[i].first, expected[i].first);
+      EXPECT_TRUE(torch::equal(actual[i].second, expected[i].second)) << expected[i].first;
+    }
+  }
 }
 
 // The reference's test T10: invalid options are rejected with messages containing "DSpine".

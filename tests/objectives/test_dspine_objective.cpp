@@ -97,11 +97,15 @@ TEST(DSpineSchedule, EndpointsMatchTheSpec) {
   EXPECT_EQ(dspine_schedule(c, 0, 0).replacement_probability, 0.0);
 }
 
-// config.json's dspine_config carries every reference key: the model's and the objective's.
+// config.json's dspine_config carries every reference key: the model's (the draft registry's
+// dspine entry writes config.json) and the objective's.
 TEST(DSpineObjective, HfConfigCarriesTheFullDSpineConfig) {
   auto settings = tiny_settings();
   settings.ce_weight = 0.25;
-  const auto json = training_objective(tiny_config(), settings)->hf_config()["dspine_config"];
+  const auto config = tiny_config();
+  const auto draft = dspine::model::resolve_draft(config);
+  const auto context = dspine::model::hf_config_context(config, dspine_settings_json(settings));
+  const auto json = draft.entry->hf_config(config.model, *draft.settings, context)["dspine_config"];
   for (const char* key :
        {"transfer_rank", "message_size", "top_k", "ce_weight", "alignment_weight",
         "alignment_warmup_steps", "replacement_layers", "replacement_probability",
