@@ -90,12 +90,12 @@ const std::vector<DraftEntry>& registry() {
   return entries;
 }
 
-const DraftEntry& entry_of(const core::Config& config) {
+// core::validate already checked model.architecture against core::architecture_names().
+const DraftEntry& entry_named(const std::string& name) {
   for (const DraftEntry& entry : registry()) {
-    if (entry.name == config.model.architecture) return entry;
+    if (entry.name == name) return entry;
   }
-  // core::validate already checked model.architecture against core::architecture_names().
-  fail("model.architecture '{}' has no draft registry entry", config.model.architecture);
+  fail("model.architecture '{}' has no draft registry entry", name);
 }
 
 }  // namespace
@@ -118,12 +118,12 @@ ResolvedDraft resolve_drafts(core::Config& config) {
     }
     if (entry.name == config.model.architecture) chosen = {&entry, std::move(settings)};
   }
-  if (chosen.entry == nullptr) entry_of(config);  // throws
+  if (chosen.entry == nullptr) entry_named(config.model.architecture);  // throws
   return chosen;
 }
 
-ResolvedDraft resolve_draft(const core::Config& config) {
-  const DraftEntry& entry = entry_of(config);
+ResolvedDraft resolve_draft(const core::Config& config, const std::string& name) {
+  const DraftEntry& entry = entry_named(name.empty() ? config.model.architecture : name);
   return {&entry, entry.parse(config)};
 }
 

@@ -72,8 +72,9 @@ std::vector<std::string> draft_names();
 // model.architecture, as parsed here. Throws config errors.
 ResolvedDraft resolve_drafts(core::Config& config);
 
-// The draft of model.architecture: its entry's parse of its own map, alone (no write-back).
-ResolvedDraft resolve_draft(const core::Config& config);
+// The draft of model.architecture, or of the architecture `name` when given: its entry's parse of
+// its own map, alone (no write-back).
+ResolvedDraft resolve_draft(const core::Config& config, const std::string& name = "");
 
 // The DSpine draft's whole configuration: `model`'s shared keys with the settings' model.dspine.
 // Throws when `settings` are another architecture's.

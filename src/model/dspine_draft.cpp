@@ -156,7 +156,7 @@ DSpineDraft build_placed_draft(const DSpineModelConfig& config, const torch::Dev
 
 DSpineDraft build_dspine_draft(const core::Config& config, const ResolvedDraft* draft,
                                const torch::Device& device, torch::Dtype dtype) {
-  const ResolvedDraft resolved = draft != nullptr ? *draft : resolve_draft(config);
+  const ResolvedDraft resolved = draft != nullptr ? *draft : resolve_draft(config, "dspine");
   auto module = std::dynamic_pointer_cast<DSpineDraftImpl>(
       resolved.entry->build(config.model, *resolved.settings, device, dtype));
   if (module == nullptr) {

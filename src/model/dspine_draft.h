@@ -93,8 +93,8 @@ DSpineDraft build_placed_draft(const DSpineModelConfig& config, const torch::Dev
                                torch::Dtype dtype);
 
 // The DSpine draft of config.model's sizes that the registry entry of `draft` builds
-// (model/draft_registry.h; null: model.architecture's entry, its map parsed here). Throws when
-// the architecture is not dspine.
+// (model/draft_registry.h; null: the dspine entry, model.dspine parsed here). Throws when `draft`
+// is another architecture's.
 DSpineDraft build_dspine_draft(const core::Config& config, const ResolvedDraft* draft,
                                const torch::Device& device, torch::Dtype dtype);
 

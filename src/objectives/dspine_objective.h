@@ -90,7 +90,7 @@ class DSpineObjective final : public Objective {
 };
 
 // The trainer's entry point for objective.name = dspine (see the usage above). The draft is built
-// by the registry entry of `draft` (model.architecture as parsed; null: parsed here from `config`)
+// by the registry entry of `draft` (model.architecture as parsed; null: model.dspine parsed here)
 // on CPU fp32 from the global torch RNG (seed it first), then placed on (device, dtype).
 std::unique_ptr<DSpineObjective> make_dspine_objective(
     const core::Config& config, const DSpineSettings& settings, at::Tensor embed_tokens,

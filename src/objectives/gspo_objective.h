@@ -62,6 +62,9 @@ class GspoObjective final : public Objective {
   DSpineTrainingModel& training_model() { return model_; }
   // objective.dspine (how anchor blocks are sampled) as read once when the objective was made.
   const DSpineSettings& dspine_settings() const { return dspine_; }
+  // objective.gspo as read once, with the rollout's top_k from the draft (model.dspine.top_k) and
+  // its chunking from objective.dspine.
+  const GspoSettings& gspo_settings() const { return settings_; }
   int64_t updates_per_window() const override { return settings_.updates_per_rollout; }
 
   // Loads training.init_from or its alias objective.gspo.init_from (weights and transfer codes),

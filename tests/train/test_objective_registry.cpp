@@ -144,11 +144,21 @@ TEST(DSpineSettings, TypeAndUnknownKeyErrorsNameTheObjectiveKey) {
                           "mean objective.dspine.num_anchors?"});
 }
 
+// The rollout's refinement candidates are the built draft's model.dspine.top_k (parsed once, by
+// the draft registry), not a setting of objective.gspo.
+TEST(GspoSettings, RolloutTopKIsTheDraftsOwn) {
+  const auto config = tiny({"objective.name=gspo"});
+  auto source = data::make_batch_source(config, torch::kCPU);
+  const BuiltModel built = build_model(config, resolve_objective(config), *source, torch::kCPU,
+                                       torch::kFloat32);
+  const auto& objective = dynamic_cast<const objectives::GspoObjective&>(*built.objective);
+  EXPECT_EQ(objective.gspo_settings().rollout.top_k, 3);  // model.dspine.top_k of the tiny draft
+}
+
 TEST(GspoSettings, DefaultsAndEveryKey) {
   const auto defaults = objectives::read_gspo_settings(tiny({"objective.name=gspo"}));
   EXPECT_EQ(defaults.rollout.group_size, 4);
   EXPECT_EQ(defaults.updates_per_rollout, 1);
-  EXPECT_EQ(defaults.rollout.top_k, 3);  // model.dspine.top_k of the tiny draft
   const auto s = objectives::read_gspo_settings(tiny(
       {"objective.name=gspo", "objective.gspo.group_size=8", "objective.gspo.temperature=0.7",
        "objective.gspo.sampling=refinement", "objective.gspo.reward=expected_acceptance",
