@@ -307,8 +307,9 @@ void run_step_bench(const StepOptions& options) {
   std::printf("tokens_per_window: %.0f\n", tokens);
   std::printf("tokens_per_s: %.1f\n", per_second(tokens, window_s));
   std::printf("tokens_per_s_per_gpu: %.1f\n", per_second(tokens, window_s) / world);
-  if (dspine)
+  if (dspine) {
     print_dspine_rates(config, *objective.draft.settings, world, anchor_stats, meter, window_s);
+  }
   std::printf("peak_allocated_gib_max_rank: %.3f\n", peak_gib);
   std::printf("peak_allocated_gib_total_max_rank: %.3f\n", total_peak_gib);
   std::printf("collective_bytes_per_rank_per_step: %.0f\n", bytes_per_step);
