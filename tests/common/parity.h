@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace dspine::testing {
 
@@ -75,6 +76,19 @@ inline void expect_allclose(const at::Tensor& actual, const at::Tensor& expected
                          << ": max (|actual - expected| - rtol |expected| - atol) = " << excess
                          << " (max |actual - expected| " << max_abs_diff(actual, expected)
                          << "), rtol " << rtol << ", atol " << atol;
+}
+
+// Two module states (model::module_state) alike bitwise: the same names in the same order, and
+// each tensor of the same dtype and values.
+inline void expect_same_state(const std::vector<std::pair<std::string, at::Tensor>>& actual,
+                              const std::vector<std::pair<std::string, at::Tensor>>& expected) {
+  ASSERT_EQ(actual.size(), expected.size());
+  for (size_t i = 0; i < expected.size(); ++i) {
+    const auto& [name, tensor] = expected[i];
+    EXPECT_EQ(actual[i].first, name);
+    EXPECT_EQ(actual[i].second.scalar_type(), tensor.scalar_type()) << name;
+    EXPECT_TRUE(torch::equal(actual[i].second, tensor)) << name;
+  }
 }
 
 }  // namespace dspine::testing

@@ -16,6 +16,7 @@
 #include "model/module_state.h"
 #include "model/simple_draft.h"
 #include "common/fresh_dir.h"
+#include "common/parity.h"
 #include "common/tiny_dspine_yaml.h"
 
 namespace dspine::model {
@@ -156,13 +157,7 @@ TEST(DraftRegistry, LoadTakesBackASavedDraft) {
     torch::manual_seed(2);
     auto loaded = draft.entry->build(config.model, *draft.settings, torch::kCPU, torch::kFloat);
     draft.entry->load(*loaded, path);
-    const auto expected = module_state(*saved);
-    const auto actual = module_state(*loaded);
-    ASSERT_EQ(actual.size(), expected.size());
-    for (size_t i = 0; i < expected.size(); ++i) {
-      EXPECT_EQ(actual[i].first, expected[i].first);
-      EXPECT_TRUE(torch::equal(actual[i].second, expected[i].second)) << expected[i].first;
-    }
+    testing::expect_same_state(module_state(*loaded), module_state(*saved));
   }
 }
 

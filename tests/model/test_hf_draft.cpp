@@ -13,6 +13,7 @@
 #include "common/dspine_tiny.h"
 #include "common/expect_error.h"
 #include "common/fresh_dir.h"
+#include "common/parity.h"
 #include "core/safetensors.h"
 #include "model/draft_loading.h"
 #include "model/dspine_config.h"
@@ -28,6 +29,7 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 using testing::expect_error;
 using testing::expect_error_mentioning;
+using testing::expect_same_state;
 using testing::fresh_dir;
 
 DSpineModelConfig tiny_config() { return testing::tiny_model_config(); }
@@ -202,12 +204,7 @@ TEST(LoadDraft, TakesWeightsAndTransferSpaceFromTheDirectory) {
   torch::manual_seed(4);
   DSpineDraft loaded(tiny_config(), false);
   load_draft(*loaded, dir.string());
-  const auto expected = module_state(*saved);
-  const auto actual = module_state(*loaded);
-  for (size_t i = 0; i < expected.size(); ++i) {
-    EXPECT_TRUE(torch::equal(actual[i].second, expected[i].second)) << expected[i].first;
-    EXPECT_EQ(actual[i].second.scalar_type(), expected[i].second.scalar_type()) << expected[i].first;
-  }
+  expect_same_state(module_state(*loaded), module_state(*saved));
   EXPECT_TRUE(loaded->transfer_ready());
 
   auto other = tiny_config();
