@@ -43,8 +43,12 @@ ShardedUnit::ShardedUnit(std::string name, NamedParameters parameters, Communica
     offset += n;
   }
   master_ = at::empty({shard_numel_}, options.dtype(at::kFloat));
-  gradient_ =
-      at::zeros({strategy_.shards_state ? shard_numel_ : padded_numel_}, options.dtype(at::kFloat));
+  // A world of one with the whole state has nothing to reduce: the optimizer reads the model-dtype
+  // gradient itself (widening it is exact), instead of an fp32 copy of it.
+  gradient_ = reduces_gradient()
+                  ? at::zeros({strategy_.shards_state ? shard_numel_ : padded_numel_},
+                              options.dtype(at::kFloat))
+                  : full_gradient_;
   load_master_from_model();
 }
 
@@ -66,6 +70,7 @@ bool ShardedUnit::note_gradient_accumulated() {
 void ShardedUnit::start_gradient_reduce() {
   if (reduce_started_) return;
   reduce_started_ = true;
+  if (!reduces_gradient()) return;
   c10::NoGradGuard no_grad;
   if (!strategy_.shards_state) {
     gradient_.copy_(full_gradient_);
@@ -103,6 +108,14 @@ void ShardedUnit::publish_master() {
   }
   auto shard = master_.to(full_.scalar_type());
   comm_.all_gather(shard, full_);
+}
+
+bool ShardedUnit::reduces_gradient() const {
+  return strategy_.shards_state || comm_.world_size() > 1;
+}
+
+at::Tensor ShardedUnit::whole_weights() const {
+  return strategy_.shards_state ? at::Tensor() : full_;
 }
 
 bool ShardedUnit::resident() const {

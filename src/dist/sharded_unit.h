@@ -1,7 +1,8 @@
 // One sharding unit (docs/distributed.md): a group of parameters that is gathered, reduced and
 // stepped together. Its parameters become views into one flat buffer padded to a multiple of
-// the sharding degree; this rank owns slice `rank` of it: the fp32 master weights, the fp32
-// gradient the optimizer reads, and (zero3) the only resident copy of its model-dtype weights.
+// the sharding degree; this rank owns slice `rank` of it: the fp32 master weights, the reduced
+// gradient the optimizer reads (fp32; in a world of one with the whole state, the model-dtype
+// gradient itself), and (zero3) the only resident copy of its model-dtype weights.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -32,9 +33,15 @@ class ShardedUnit {
   int64_t shard_numel() const { return shard_numel_; }  // elements owned by this rank
   int64_t shard_offset() const { return shard_offset_; }
 
-  // fp32 [shard_numel]: the optimizer's weights and (after finish_gradient_reduce) gradient.
+  // [shard_numel]: the optimizer's fp32 weights and (after finish_gradient_reduce) gradient, fp32
+  // or, when reduces_gradient() is false, the model's dtype (the parameters' own gradient).
   at::Tensor& master() { return master_; }
   const at::Tensor& gradient() const { return gradient_; }
+  // Whether the gradient goes through a collective: the state is sharded or there are ranks.
+  bool reduces_gradient() const;
+  // State not sharded: the model-dtype weights, laid out as master(), which an optimizer step may
+  // write itself instead of publish_master(); undefined when the state is sharded.
+  at::Tensor whole_weights() const;
 
   // Copies the model's current weights into the master (fresh start, after initialisation).
   void load_master_from_model();
@@ -73,7 +80,8 @@ class ShardedUnit {
   at::Tensor full_gradient_;  // model dtype [padded]: what the parameters' .grad view
   at::Tensor shard_weights_;  // gathered per unit: model dtype [shard], this rank's resident slice
   at::Tensor master_;         // fp32 [shard]
-  at::Tensor gradient_;       // fp32 [shard] (state not sharded: [padded], all-reduced)
+  at::Tensor gradient_;       // fp32 [shard] (state not sharded: [padded], all-reduced), or
+                              // full_gradient_ when nothing is reduced
   std::unique_ptr<PendingCollective> pending_reduce_;
   bool reduce_started_ = false;
   int64_t accumulated_ = 0;  // parameters whose gradient arrived in this backward

@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include "core/error.h"
+#include "ops/master_adamw_ops.h"
 
 namespace dspine::train {
 namespace {
@@ -40,8 +41,9 @@ double MasterAdamW::gradient_norm() {
   std::vector<torch::Tensor> grads;
   for (auto& unit : sharded_.units()) grads.push_back(unit.gradient());
   // The squares are summed over every rank's slices (padding is zero). A NaN or inf in any rank's
-  // gradient reaches every rank: through the gradient reduce, and through this sum.
-  const double local = torch::stack(torch::_foreach_norm(grads))
+  // gradient reaches every rank: through the gradient reduce, and through this sum. Norms in fp32
+  // whatever the gradient's dtype (a model-dtype gradient that nothing reduces).
+  const double local = torch::stack(at::_foreach_norm(grads, 2, at::kFloat))
                            .to(torch::kDouble)
                            .square()
                            .sum()
@@ -58,44 +60,72 @@ void MasterAdamW::step(double lr, double norm) {
   for (auto& group : adamw_->param_groups()) {
     static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
   }
+  std::vector<bool> weights_written(sharded_.units().size(), false);
   if (fused_) {
-    fused_step(lr, coefficient);
+    weights_written = fused_step(lr, coefficient);
   } else {
     std::vector<torch::Tensor> grads;
     for (auto& unit : sharded_.units()) {
-      // Under none the reduced gradient is the whole (unpadded) unit, as is the master.
-      unit.master().mutable_grad() = unit.gradient();
-      grads.push_back(unit.gradient());
+      // Under none the reduced gradient is the whole (unpadded) unit, as is the master; a
+      // model-dtype gradient (nothing reduced) is widened for torch::optim::AdamW.
+      unit.master().mutable_grad() = unit.gradient().to(torch::kFloat);
+      grads.push_back(unit.master().grad());
     }
     if (coefficient < 1.0) torch::_foreach_mul_(grads, coefficient);
     adamw_->step();
   }
-  sharded_.publish_masters();
+  auto& units = sharded_.units();
+  for (size_t u = 0; u < units.size(); ++u) {
+    if (!weights_written[u]) units[u].publish_master();
+  }
   ++steps_;
 }
 
-void MasterAdamW::fused_step(double lr, double clip_coefficient) {
-  if (sharded_.units().empty()) return;  // nothing trainable, as adamw_->step() would do
+torch::optim::AdamWParamState& MasterAdamW::next_step_state(const torch::Tensor& master) {
+  auto& slot = adamw_->state()[master.unsafeGetTensorImpl()];
+  if (!slot) {  // the first step creates the state as torch::optim::AdamW does
+    auto created = std::make_unique<torch::optim::AdamWParamState>();
+    created->exp_avg(torch::zeros_like(master, torch::MemoryFormat::Preserve));
+    created->exp_avg_sq(torch::zeros_like(master, torch::MemoryFormat::Preserve));
+    slot = std::move(created);
+  }
+  auto& adam = static_cast<torch::optim::AdamWParamState&>(*slot);
+  adam.step(adam.step() + 1);
+  return adam;
+}
+
+std::vector<bool> MasterAdamW::fused_step(double lr, double clip_coefficient) {
+  auto& units = sharded_.units();
+  std::vector<bool> weights_written(units.size(), false);
+  if (units.empty()) return weights_written;  // nothing trainable, as adamw_->step() would do
   const auto& options =
       static_cast<const torch::optim::AdamWOptions&>(adamw_->param_groups().front().options());
-  auto& states = adamw_->state();
-  std::vector<torch::Tensor> masters, grads, exp_avgs, exp_avg_sqs, step_counts;
-  for (auto& unit : sharded_.units()) {
-    auto& master = unit.master();
-    auto& slot = states[master.unsafeGetTensorImpl()];
-    if (!slot) {  // the first step creates the state as torch::optim::AdamW does
-      auto created = std::make_unique<torch::optim::AdamWParamState>();
-      created->exp_avg(torch::zeros_like(master, torch::MemoryFormat::Preserve));
-      created->exp_avg_sq(torch::zeros_like(master, torch::MemoryFormat::Preserve));
-      slot = std::move(created);
+  const auto [beta1, beta2] = options.betas();
+  if (units.front().master().is_cuda()) {
+    // The project's kernel (ATen's arithmetic, bitwise): it reads a bf16 gradient as it is and
+    // writes a whole unit's model weights in the same pass (docs/kernels.md, "Master AdamW").
+    for (size_t u = 0; u < units.size(); ++u) {
+      auto& master = units[u].master();
+      auto& adam = next_step_state(master);
+      const ops::AdamWStep step{
+          lr, beta1, beta2, options.weight_decay(), options.eps(), adam.step(), clip_coefficient};
+      const auto weights = units[u].whole_weights();
+      ops::master_adamw_step(master, units[u].gradient(), adam.exp_avg(), adam.exp_avg_sq(),
+                             weights, step);
+      weights_written[u] = weights.defined();
     }
-    auto& adam = static_cast<torch::optim::AdamWParamState&>(*slot);
-    adam.step(adam.step() + 1);
+    return weights_written;
+  }
+  // On the CPU: ATen's fused multi-tensor AdamW kernel.
+  std::vector<torch::Tensor> masters, grads, exp_avgs, exp_avg_sqs, step_counts;
+  for (auto& unit : units) {
+    auto& master = unit.master();
+    auto& adam = next_step_state(master);
     masters.push_back(master);
-    grads.push_back(unit.gradient());
+    grads.push_back(unit.gradient().to(torch::kFloat));
     exp_avgs.push_back(adam.exp_avg());
     exp_avg_sqs.push_back(adam.exp_avg_sq());
-    // The kernel reads the incremented count from an fp32 device scalar (exact below 2^24).
+    // The kernel reads the incremented count from an fp32 scalar (exact below 2^24).
     step_counts.push_back(torch::full({}, static_cast<double>(adam.step()), master.options()));
   }
   // The kernel divides the gradients by grad_scale (as AMP's unscale), saving the clip's pass.
@@ -103,10 +133,10 @@ void MasterAdamW::fused_step(double lr, double clip_coefficient) {
   if (clip_coefficient < 1.0) {
     grad_scale = torch::full({1}, 1.0 / clip_coefficient, masters.front().options());
   }
-  const auto [beta1, beta2] = options.betas();
   at::_fused_adamw_(masters, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, step_counts,
                     lr, beta1, beta2, options.weight_decay(), options.eps(), /*amsgrad=*/false,
                     /*maximize=*/false, grad_scale);
+  return weights_written;
 }
 
 std::string MasterAdamW::first_nonfinite_unit() const {

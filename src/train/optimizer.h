@@ -2,9 +2,11 @@
 // slices of the sharding units this rank owns (docs/distributed.md): the units' reduced fp32
 // gradients are clipped by their global norm over all shards, AdamW steps the masters, and the
 // sharding publishes them back into the model in its dtype. The step is either
-// torch::optim::AdamW's (reference: several ATen kernels per unit) or, fused, one call of
-// ATen's multi-tensor AdamW kernel over every unit with the clipping folded in; either way the
-// torch::optim::AdamW object owns the moments and step counts, so checkpoints interoperate.
+// torch::optim::AdamW's (reference: several ATen kernels per unit) or fused, the clipping folded
+// in: on CUDA the project's master AdamW kernel per unit (ATen's fused arithmetic; it reads a
+// bf16 gradient directly and writes a whole unit's model weights in the same pass), on the CPU
+// one call of ATen's multi-tensor AdamW kernel. Either way the torch::optim::AdamW object owns
+// the moments and step counts, so checkpoints interoperate.
 #pragma once
 
 #include <memory>
@@ -44,8 +46,11 @@ class MasterAdamW {
   void load_state(const std::vector<core::SafetensorsFile>& files, int saved_world);
 
  private:
-  // One _fused_adamw_ call over every unit; gradients divided by 1 / clip_coefficient inside it.
-  void fused_step(double lr, double clip_coefficient);
+  // The fused step of every unit, gradients divided by 1 / clip_coefficient inside it; returns,
+  // per unit, whether it also wrote the model's weights (so publish_master is not needed).
+  std::vector<bool> fused_step(double lr, double clip_coefficient);
+  // The moments of `master` (created on its first step) with the step count incremented.
+  torch::optim::AdamWParamState& next_step_state(const torch::Tensor& master);
 
   dist::ShardedParameters& sharded_;
   std::unique_ptr<torch::optim::AdamW> adamw_;

@@ -66,10 +66,11 @@ inline core::TrainingConfig adamw_config() {
 // optimizer, fused or reference, on `device`.
 struct AdamWRig {
   AdamWRig(bool fused, const torch::Device& device,
-           const core::TrainingConfig& config = adamw_config()) {
+           const core::TrainingConfig& config = adamw_config(),
+           torch::Dtype dtype = torch::kFloat) {
     torch::manual_seed(3);
     model = AdamWToy();
-    model->to(device);
+    model->to(device, dtype);
     sharded = std::make_unique<dist::ShardedParameters>(
         *model, dist::make_single_process_communicator(), core::Sharding::kNone);
     sharded->load_masters_from_model();
@@ -82,7 +83,7 @@ struct AdamWRig {
     auto params = model->parameters();
     auto loss = torch::zeros({}, params.front().options());
     for (size_t i = 0; i < params.size(); ++i) {
-      loss = loss + (params[i] * grads[i].to(params[i].device())).sum();
+      loss = loss + (params[i] * grads[i].to(params[i].options())).sum();
     }
     loss.backward();
     const double norm = optimizer->gradient_norm();
@@ -163,6 +164,35 @@ inline std::pair<std::unique_ptr<AdamWRig>, std::unique_ptr<AdamWRig>> expect_fu
     expect_same_state(state, reference->optimizer->state(), "step " + std::to_string(step));
   }
   return {std::move(fused), std::move(reference)};
+}
+
+// A bf16 model in a world of one: nothing reduces its gradient, so the optimizer reads the bf16
+// gradient itself (no fp32 copy exists) and both paths step the fp32 masters from it alike; after
+// every step the model holds each master rounded to bf16.
+inline void expect_bf16_model_steps(const torch::Device& device) {
+  const auto grads = adamw_gradients(kAdamWNorms);
+  AdamWRig fused(true, device, adamw_config(), torch::kBFloat16);
+  AdamWRig reference(false, device, adamw_config(), torch::kBFloat16);
+  for (auto* rig : {&fused, &reference}) {
+    for (auto& unit : rig->sharded->units()) {
+      EXPECT_FALSE(unit.reduces_gradient()) << unit.name();
+      EXPECT_EQ(unit.gradient().scalar_type(), torch::kBFloat16) << unit.name();
+      EXPECT_EQ(unit.master().scalar_type(), torch::kFloat) << unit.name();
+    }
+  }
+  for (size_t step = 0; step < grads.size(); ++step) {
+    const double norm = fused.step(grads[step], kAdamWRates[step]);
+    EXPECT_NEAR(norm, reference.step(grads[step], kAdamWRates[step]), 1e-6 * norm)
+        << "step " << step;
+    expect_same_state(fused.optimizer->state(), reference.optimizer->state(),
+                      "bf16 model, step " + std::to_string(step));
+    for (auto* rig : {&fused, &reference}) {
+      for (auto& unit : rig->sharded->units()) {
+        EXPECT_TRUE(torch::equal(unit.whole_weights(), unit.master().to(torch::kBFloat16)))
+            << (rig == &fused ? "fused " : "reference ") << unit.name() << " step " << step;
+      }
+    }
+  }
 }
 
 // One step from fresh moments, by hand: with c the clip coefficient, g' = c g, m = (1 - β1) g',

@@ -25,5 +25,7 @@ TEST(MasterAdamW, FirstStepMatchesTheFormulaOnBothPaths) {
 
 TEST(MasterAdamW, CheckpointsResumeAcrossPaths) { expect_checkpoints_interchange(kCpu); }
 
+TEST(MasterAdamW, Bf16ModelStepsFromItsOwnGradient) { expect_bf16_model_steps(kCpu); }
+
 }  // namespace
 }  // namespace dspine::testing
