@@ -2,6 +2,8 @@
 
 #include <torch/torch.h>
 
+#include "ops/cosine_alignment_ops.h"
+
 namespace dspine::objectives {
 
 at::Tensor project_logits(const at::Tensor& x, const at::Tensor& lm_head) {
@@ -72,8 +74,12 @@ std::vector<at::Tensor> refinement_and_alignment(model::DSpineDraftImpl& draft,
   auto refine_l1 = (refined_log_probs.exp() - target).abs().sum(-1) * gate;
 
   auto codes = torch::embedding(draft.transfer_codes, labels).to(torch::kFloat32);  // [c, T, r]
-  auto alignment = 1.0 - torch::cosine_similarity(in.features.to(torch::kFloat32),
-                                                  codes.unsqueeze(1), -1, 1e-8);  // [c, L, T]
+  // The draft's kernel choice (its norms are fused exactly when it is) picks the cosine's too.
+  constexpr double kCosineEps = 1e-8;
+  const bool fused = draft.norm->fused && ops::cosine_alignment_fusable(in.features, codes);
+  auto alignment = 1.0 - (fused ? ops::cosine_alignment_fused(in.features, codes, kCosineEps)
+                                : ops::cosine_alignment_reference(in.features, codes,
+                                                                  kCosineEps));  // [c, L, T]
 
   torch::Tensor coverage;
   {
