@@ -2,7 +2,8 @@
 # The recipe-size DSpine step (configs/qwen3-8b-dspine.yaml) fed two ways on one GPU: seeded random
 # inputs made on the device (no target), and an online Qwen3-8B-shaped target with random weights
 # (configs/targets/qwen3-8b/config.json, 36 layers, bf16, made on the device) whose forward runs
-# in each step's data phase. Prints one table: data / window ms, tokens/s, peak allocated GiB.
+# in each step's data phase, with its fused kernels and on HF's ATen composition. Prints one table:
+# data / window ms, tokens/s, peak allocated GiB.
 # Usage: scripts/bench_online_target.sh [BUILD_DIR] [extra `dspine-bench step` options]
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -21,11 +22,14 @@ phase_ms() { awk -v p="$1" '$1 == p { print $2; exit }' "$2"; }
 status=0
 echo "| inputs | data ms | window ms | tokens/s | peak allocated GiB |"
 echo "|---|---:|---:|---:|---:|"
-for source in random target; do
+# target-aten: the same target on HF's ATen composition (model.fused_kernels=false, which also
+# puts the draft on its reference kernels: compare its data column, the target's forward, only).
+for source in random target target-aten; do
   log="$OUT_DIR/bench_online_$source.log"
-  args=("${common[@]}" --set "data.source=$source")
-  [[ $source == target ]] && args+=(--set data.target.path=configs/targets/qwen3-8b
-                                    --set data.target.random=true)
+  args=("${common[@]}" --set "data.source=${source%-aten}")
+  [[ $source == target* ]] && args+=(--set data.target.path=configs/targets/qwen3-8b
+                                     --set data.target.random=true)
+  [[ $source == target-aten ]] && args+=(--set model.fused_kernels=false)
   if "$BENCH" "${args[@]}" > "$log" 2>&1; then
     echo "| $source | $(phase_ms data "$log") | $(phase_ms window "$log") |" \
          "$(value tokens_per_s "$log") | $(value peak_allocated_gib_max_rank "$log") |"

@@ -16,6 +16,10 @@
 #include "core/error.h"
 #include "data/seeding.h"
 
+#include "ops/qk_norm_rope_ops.h"
+#include "ops/rms_norm_ops.h"
+#include "ops/swiglu_ops.h"
+
 namespace dspine::data {
 
 struct Qwen3Model::Slot {
@@ -42,6 +46,13 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   const auto x32 = x.to(at::kFloat);
   const auto normed = x32 * at::rsqrt(x32.square().mean(-1, /*keepdim=*/true).add_(eps));
   return weight * normed.to(x.scalar_type());
+}
+
+// The same norm through the project's fused kernel when the model runs fused and the kernel takes
+// x (docs/kernels.md, "RMSNorm and SwiGLU"): fp32 inside, rounded once.
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, bool fused) {
+  return fused && ops::rms_norm_fusable(x, weight) ? ops::rms_norm_fused(x, weight, eps)
+                                                   : rms_norm(x, weight, eps);
 }
 
 // The inverse frequencies [head_dim / 2], fp32 on the CPU, with the operations transformers 5
@@ -83,6 +94,7 @@ struct Positions {
   at::Tensor cos, sin;              // [count, head_dim] in the model's dtype
   std::optional<at::Tensor> mask;   // [count, past + count] bool: only for count > 1 after a cache
   bool causal = false;
+  at::Tensor batch_cos, batch_sin;  // fused runs: [B, count, head_dim], the q/k kernel's tables
 };
 
 // cos and sin [..., head_dim] of RoPE at `position` [...] (fp32), as transformers computes them:
@@ -231,6 +243,7 @@ Qwen3Model Qwen3Model::from_weights(const Qwen3Dims& dims, Qwen3Weights weights,
   }
   if (dims.tie_word_embeddings) model.lm_head_ = model.embed_tokens_;
   model.inv_freq_ = rope_inv_freq(dims).to(device);
+  model.fused_ = device.is_cuda() && (dtype == at::kBFloat16 || dtype == at::kHalf);
   return model;
 }
 
@@ -266,6 +279,7 @@ Qwen3Model Qwen3Model::random(const Qwen3Dims& dims, uint64_t seed, at::ScalarTy
   }
   if (dims.tie_word_embeddings) model.lm_head_ = model.embed_tokens_;
   model.inv_freq_ = rope_inv_freq(dims).to(device);
+  model.fused_ = device.is_cuda() && (dtype == at::kBFloat16 || dtype == at::kHalf);
   return model;
 }
 
@@ -287,31 +301,53 @@ Qwen3Model::KvCache Qwen3Model::new_cache(int64_t batch, int64_t capacity) const
 namespace {
 
 // The second half of a decoder layer: out + SwiGLU MLP of its post-attention norm.
+// `residual` + `attention` is the layer's running state; fused, the add and the norm are one
+// kernel and silu(gate) · up another.
 at::Tensor mlp_residual(const Qwen3Model::Layer& layer, const Qwen3Dims& dims,
-                        const at::Tensor& out) {
-  const auto h = rms_norm(out, layer.post_attention_layernorm, dims.rms_norm_eps);
-  const auto mlp = at::silu(at::linear(h, layer.gate_proj)) * at::linear(h, layer.up_proj);
+                        const at::Tensor& residual, const at::Tensor& attention, bool fused) {
+  const auto& weight = layer.post_attention_layernorm;
+  at::Tensor out, h;
+  if (fused && ops::rms_norm_fusable(attention, weight) && residual.sizes() == attention.sizes() &&
+      residual.scalar_type() == attention.scalar_type()) {
+    std::tie(out, h) = ops::add_rms_norm_fused(attention, residual, weight, dims.rms_norm_eps);
+  } else {
+    out = residual + attention;
+    h = rms_norm(out, weight, dims.rms_norm_eps);
+  }
+  const auto gate = at::linear(h, layer.gate_proj), up = at::linear(h, layer.up_proj);
+  const auto mlp =
+      fused && ops::swiglu_fusable(gate, up) ? ops::swiglu_fused(gate, up) : at::silu(gate) * up;
   return out + at::linear(mlp, layer.down_proj);
+}
+
+// Per-head RMSNorm then RoPE of projections [B, T, heads, d], returned as [B, heads, T, d]:
+// one fused kernel when the tables for it exist and it takes the inputs.
+at::Tensor norm_rope(const at::Tensor& x, const at::Tensor& weight, double eps,
+                     const Positions& positions) {
+  if (positions.batch_cos.defined() &&
+      ops::qk_norm_rope_fusable(x, weight, positions.batch_cos, positions.batch_sin)) {
+    return ops::qk_norm_rope(x, weight, eps, positions.batch_cos, positions.batch_sin)
+        .transpose(1, 2);
+  }
+  return rotate(rms_norm(x, weight, eps).transpose(1, 2), positions.cos, positions.sin);
 }
 
 // Decoder layer `index` on x [B, T, H]; with a cache, attends to its positions too and appends
 // this call's keys and values to it.
 at::Tensor layer_forward(const Qwen3Model::Layer& layer, const Qwen3Dims& dims, const at::Tensor& x,
-                         const Positions& positions, Qwen3Model::KvCache* cache, size_t index) {
+                         const Positions& positions, Qwen3Model::KvCache* cache, size_t index,
+                         bool fused) {
   const int64_t batch = x.size(0), count = x.size(1), dim = dims.head_dim;
   const int64_t heads = dims.num_attention_heads, kv_heads = dims.num_key_value_heads;
   const double eps = dims.rms_norm_eps;
 
-  auto h = rms_norm(x, layer.input_layernorm, eps);
+  auto h = rms_norm(x, layer.input_layernorm, eps, fused);
   // Per-head RMSNorm of queries and keys (before RoPE), as in HF's Qwen3Attention.
-  auto q = rms_norm(at::linear(h, layer.q_proj).view({batch, count, heads, dim}), layer.q_norm, eps)
-               .transpose(1, 2);
-  auto k =
-      rms_norm(at::linear(h, layer.k_proj).view({batch, count, kv_heads, dim}), layer.k_norm, eps)
-          .transpose(1, 2);
+  auto q = norm_rope(at::linear(h, layer.q_proj).view({batch, count, heads, dim}), layer.q_norm,
+                     eps, positions);
+  auto k = norm_rope(at::linear(h, layer.k_proj).view({batch, count, kv_heads, dim}), layer.k_norm,
+                     eps, positions);
   auto v = at::linear(h, layer.v_proj).view({batch, count, kv_heads, dim}).transpose(1, 2);
-  q = rotate(q, positions.cos, positions.sin);
-  k = rotate(k, positions.cos, positions.sin);
   if (cache != nullptr) {
     const int64_t past = cache->length;
     cache->keys[index].narrow(2, past, count).copy_(k);
@@ -323,8 +359,8 @@ at::Tensor layer_forward(const Qwen3Model::Layer& layer, const Qwen3Dims& dims, 
                                                      positions.causal, std::nullopt,
                                                      /*enable_gqa=*/true);
   return mlp_residual(
-      layer, dims,
-      x + at::linear(attn.transpose(1, 2).reshape({batch, count, heads * dim}), layer.o_proj));
+      layer, dims, x,
+      at::linear(attn.transpose(1, 2).reshape({batch, count, heads * dim}), layer.o_proj), fused);
 }
 
 // Attention of branch tokens (Qwen3Model::branch) to their row's cached context and to their own
@@ -398,12 +434,15 @@ Qwen3Model::Outputs Qwen3Model::run(const at::Tensor& input_ids, KvCache* cache,
     }
   }
   at::NoGradGuard no_grad;
-  const Positions positions =
-      make_positions(past, count, inv_freq_, dims_.rope, embed_tokens_.options());
+  Positions positions = make_positions(past, count, inv_freq_, dims_.rope, embed_tokens_.options());
+  if (fused_) {  // the q/k kernel takes a table per row (shared here)
+    positions.batch_cos = positions.cos.unsqueeze(0).expand({batch, count, -1}).contiguous();
+    positions.batch_sin = positions.sin.unsqueeze(0).expand({batch, count, -1}).contiguous();
+  }
   auto x = at::embedding(embed_tokens_, input_ids.to(embed_tokens_.device()));
   std::vector<at::Tensor> captured(layer_ids.size());
   for (size_t l = 0; l < layers_.size(); ++l) {
-    x = layer_forward(layers_[l], dims_, x, positions, cache, l);
+    x = layer_forward(layers_[l], dims_, x, positions, cache, l, fused_);
     for (size_t i = 0; i < layer_ids.size(); ++i) {
       if (layer_ids[i] == static_cast<int64_t>(l)) captured[i] = x;
     }
@@ -411,7 +450,7 @@ Qwen3Model::Outputs Qwen3Model::run(const at::Tensor& input_ids, KvCache* cache,
   if (cache != nullptr) cache->length += count;
   Outputs out;
   if (!captured.empty()) out.hidden_states = at::cat(captured, -1);
-  out.last_hidden_state = rms_norm(x, final_norm_, dims_.rms_norm_eps);
+  out.last_hidden_state = rms_norm(x, final_norm_, dims_.rms_norm_eps, fused_);
   return out;
 }
 
@@ -460,7 +499,7 @@ at::Tensor Qwen3Model::branch(const at::Tensor& ids, const at::Tensor& context_l
   auto x = at::embedding(embed_tokens_, ids.to(device));  // [B, N, L, H]
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& layer = layers_[l];
-    const auto h = rms_norm(x, layer.input_layernorm, eps);
+    const auto h = rms_norm(x, layer.input_layernorm, eps, fused_);
     auto q = rms_norm(at::linear(h, layer.q_proj).view({batch, blocks, length, heads, dim}),
                       layer.q_norm, eps);
     auto k = rms_norm(at::linear(h, layer.k_proj).view({batch, blocks, length, kv_heads, dim}),
@@ -469,9 +508,9 @@ at::Tensor Qwen3Model::branch(const at::Tensor& ids, const at::Tensor& context_l
     const auto attn = branch_attention(rotate(q, cos, sin), rotate(k, cos, sin), v,
                                        context.keys[l].narrow(2, 0, context.length),
                                        context.values[l].narrow(2, 0, context.length), lengths);
-    x = mlp_residual(layer, dims_, x + at::linear(attn, layer.o_proj));
+    x = mlp_residual(layer, dims_, x, at::linear(attn, layer.o_proj), fused_);
   }
-  return rms_norm(x, final_norm_, eps);
+  return rms_norm(x, final_norm_, eps, fused_);
 }
 
 at::Tensor Qwen3Model::logits(const at::Tensor& last_hidden_state) const {

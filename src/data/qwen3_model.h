@@ -118,6 +118,12 @@ class Qwen3Model {
   // Next-token logits (in the model's dtype) of final-norm states [..., H]: [..., V].
   at::Tensor logits(const at::Tensor& last_hidden_state) const;
 
+  // On CUDA in bf16 or fp16 the norms, q/k norm + RoPE and SwiGLU run through the project's fused
+  // kernels (fp32 inside, rounded once; docs/kernels.md); elsewhere, and after
+  // use_fused_kernels(false), through HF's ATen composition.
+  bool fused_kernels() const { return fused_; }
+  void use_fused_kernels(bool on) { fused_ = on; }
+
   const at::Tensor& embed_tokens() const { return embed_tokens_; }  // [V, H]
   const at::Tensor& lm_head() const { return lm_head_; }  // [V, H]; embed_tokens' storage if tied
   const Qwen3Dims& dims() const { return dims_; }
@@ -139,6 +145,7 @@ class Qwen3Model {
   at::Tensor inv_freq_;  // [head_dim / 2] fp32 on the model's device, from dims_' RoPE
   at::Tensor embed_tokens_, lm_head_, final_norm_;
   std::vector<Layer> layers_;
+  bool fused_ = false;
 };
 
 }  // namespace dspine::data

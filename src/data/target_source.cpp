@@ -25,6 +25,8 @@ Qwen3Model load_target(const core::Config& config, at::ScalarType dtype, const c
           ? Qwen3Model::random(read_qwen3_config(config_json),
                                static_cast<uint64_t>(config.data.target.seed), dtype, device)
           : Qwen3Model::load_hf(dir, dtype, device);
+  // model.fused_kernels=false keeps the target on HF's ATen composition as well as the draft.
+  if (config.model.fused_kernels == core::FusedKernels::kOff) model.use_fused_kernels(false);
   const Qwen3Dims& dims = model.dims();
   const auto mismatch = [&](const char* what, int64_t have, const char* key, int64_t want) {
     fail("{}: the target has {} {}, but the config has {} = {}", config_json, what, have, key, want);

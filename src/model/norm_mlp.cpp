@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include "core/error.h"
+#include "ops/adjacent_rows.h"
 #include "ops/rms_norm_ops.h"
 #include "ops/swiglu_ops.h"
 
@@ -75,8 +76,10 @@ SwiGLUMLPImpl::SwiGLUMLPImpl(int64_t hidden_size, int64_t intermediate_size, boo
 torch::Tensor SwiGLUMLPImpl::forward(const torch::Tensor& x) {
   if (!fused) return down_proj(ops::swiglu_reference(gate_proj(x), up_proj(x)));
   require_cuda(x, "SwiGLUMLP");
+  // One GEMM for gate and up: their weights are adjacent rows of the layer's sharding unit, so
+  // the packed weight is a view (a copy only when they are not).
   const torch::Tensor gate_up =
-      torch::nn::functional::linear(x, torch::cat({gate_proj->weight, up_proj->weight}, 0));
+      torch::nn::functional::linear(x, ops::adjacent_rows(gate_proj->weight, up_proj->weight));
   if (!ops::swiglu_fusable(gate_up, gate_up)) {
     const auto halves = gate_up.chunk(2, -1);
     return down_proj(ops::swiglu_reference(halves[0], halves[1]));

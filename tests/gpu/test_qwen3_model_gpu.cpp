@@ -1,6 +1,7 @@
 // Qwen3Model on CUDA: the same checkpoint loaded on the GPU (fp32 and bf16) matches the CPU fp32
-// forward, cached decoding and branches of the cache match the full forward there too, and an
-// 8B-shaped random target runs in bf16 (its time is printed for docs/benchmarks.md).
+// forward, cached decoding and branches of the cache match the full forward there too, the fused
+// kernels of a bf16 model match HF's ATen composition, and an 8B-shaped random target runs in
+// bf16 (its time is printed for docs/benchmarks.md).
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -107,6 +108,54 @@ TEST(Qwen3ModelGpu, CacheBranchesMatchTheCpuForward) {
     }
   }
   core::remove_tree(dir);
+}
+
+// The fused kernels (norms, q/k norm + RoPE at head_dim 128, add + norm, SwiGLU) against HF's ATen
+// composition in bf16, both measured against the same model in fp32: the fused forward is no
+// farther from it than the composition is (each rounds in bf16), for the whole sequence, cached
+// steps and branches of the cache.
+TEST(Qwen3ModelGpu, FusedKernelsMatchTheAtenCompositionInBf16) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const Qwen3Dims dims{512, 1024, 3, 8, 2, 128, 1000, 1e-6, 1e6, false};
+  const torch::Device cuda(torch::kCUDA, 0);
+  auto fused = Qwen3Model::random(dims, 5, torch::kBFloat16, cuda);
+  auto composed = Qwen3Model::random(dims, 5, torch::kBFloat16, cuda);
+  const auto oracle = Qwen3Model::random(dims, 5, torch::kFloat, cuda);
+  ASSERT_TRUE(fused.fused_kernels());
+  EXPECT_FALSE(oracle.fused_kernels());
+  EXPECT_FALSE(Qwen3Model::random(dims, 5, torch::kBFloat16, torch::kCPU).fused_kernels());
+  composed.use_fused_kernels(false);
+  torch::manual_seed(6);
+  const auto ids = torch::randint(dims.vocab_size, {2, 96}, torch::kLong);
+  const auto drafted = torch::randint(dims.vocab_size, {2, 3, 8}, torch::kLong);
+  const auto context = torch::tensor(std::vector<int64_t>{1, 40, 96, 96, 9, 2}).view({2, 3});
+  struct Run {
+    torch::Tensor hidden, last, cached, branches;
+  };
+  const auto run = [&](const Qwen3Model& model) {
+    Run out;
+    const auto whole = model.forward(ids, {0, 2});
+    out.hidden = whole.hidden_states.to(torch::kFloat);
+    out.last = whole.last_hidden_state.to(torch::kFloat);
+    auto cache = model.new_cache(2, 96);
+    const auto first = model.step(ids.narrow(1, 0, 60), cache).last_hidden_state;
+    const auto rest = model.step(ids.narrow(1, 60, 36), cache).last_hidden_state;
+    out.cached = torch::cat({first, rest}, 1).to(torch::kFloat);
+    out.branches = model.branch(drafted, context, cache).to(torch::kFloat);
+    return out;
+  };
+  const Run a = run(fused), b = run(composed), truth = run(oracle);
+  const auto pairs = {std::tuple{"hidden states", a.hidden, b.hidden, truth.hidden},
+                      std::tuple{"last hidden state", a.last, b.last, truth.last},
+                      std::tuple{"cached steps", a.cached, b.cached, truth.cached},
+                      std::tuple{"branches", a.branches, b.branches, truth.branches}};
+  for (const auto& [what, got, composition, expected] : pairs) {
+    const double mine = testing::norm_relative_error(got, expected);
+    const double theirs = testing::norm_relative_error(composition, expected);
+    std::printf("%s against fp32: fused %.3g, ATen composition %.3g\n", what, mine, theirs);
+    EXPECT_LE(mine, 1.25 * theirs + 1e-4) << what;
+    EXPECT_GE(testing::cosine(got, composition), 0.9999) << what;
+  }
 }
 
 TEST(Qwen3ModelGpu, EightBShapedRandomTargetRunsInBf16) {
