@@ -15,7 +15,6 @@
 
 #include "core/error.h"
 #include "data/seeding.h"
-
 #include "ops/qk_norm_rope_ops.h"
 #include "ops/rms_norm_ops.h"
 #include "ops/swiglu_ops.h"
@@ -300,9 +299,9 @@ Qwen3Model::KvCache Qwen3Model::new_cache(int64_t batch, int64_t capacity) const
 
 namespace {
 
-// The second half of a decoder layer: out + SwiGLU MLP of its post-attention norm.
-// `residual` + `attention` is the layer's running state; fused, the add and the norm are one
-// kernel and silu(gate) · up another.
+// The second half of a decoder layer: out = residual + attention (the attention block's output),
+// then out + the SwiGLU MLP of its post-attention norm. Fused, the add and the norm are one kernel
+// and silu(gate) · up another.
 at::Tensor mlp_residual(const Qwen3Model::Layer& layer, const Qwen3Dims& dims,
                         const at::Tensor& residual, const at::Tensor& attention, bool fused) {
   const auto& weight = layer.post_attention_layernorm;

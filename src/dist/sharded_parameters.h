@@ -12,8 +12,9 @@
 // Trainer usage, per optimizer window:
 //   zero3: the model announces its units (model/unit_observer.h) → before_unit / after_unit
 //   sharded.begin_backward(last_micro_batch);  before each backward
-//   sharded.finish_gradient_sync();  after the window's backward: every unit's fp32 gradient
-//   optimizer step on master()/gradient() of every unit; sharded.publish_masters();
+//   sharded.finish_gradient_sync();  after the window's backward: every unit's reduced gradient
+//   optimizer step on master()/gradient() of every unit; publish_master() of each unit whose
+//   weights the step did not write itself (ShardedUnit::whole_weights);
 //   sharded.zero_grad();  (zero3: releases every unit until the next forward needs it)
 #pragma once
 

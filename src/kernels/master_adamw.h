@@ -1,7 +1,7 @@
 // One AdamW step on fp32 master weights whose gradient is fp32 or the model's dtype, writing the
-// model's weights in the same pass (docs/kernels.md, "Master AdamW"). The arithmetic is ATen's
-// fused CUDA AdamW (`_fused_adamw_`, the reference this kernel is tested against) operation by
-// operation, in fp32, so a step gives the same bits; what it adds is reading a bf16 gradient
+// model's weights in the same pass (docs/kernels.md, "Optimizer step (AdamW)"). The arithmetic is
+// ATen's fused CUDA AdamW (`_fused_adamw_`, the reference this kernel is tested against) operation
+// by operation, in fp32, so a step gives the same bits; what it adds is reading a bf16 gradient
 // without an fp32 copy and writing the bf16 weights without a separate cast.
 #pragma once
 

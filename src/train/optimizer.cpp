@@ -103,7 +103,8 @@ std::vector<bool> MasterAdamW::fused_step(double lr, double clip_coefficient) {
   const auto [beta1, beta2] = options.betas();
   if (units.front().master().is_cuda()) {
     // The project's kernel (ATen's arithmetic, bitwise): it reads a bf16 gradient as it is and
-    // writes a whole unit's model weights in the same pass (docs/kernels.md, "Master AdamW").
+    // writes a whole unit's model weights in the same pass (docs/kernels.md, "Optimizer step
+    // (AdamW)").
     for (size_t u = 0; u < units.size(); ++u) {
       auto& master = units[u].master();
       auto& adam = next_step_state(master);

@@ -1,7 +1,8 @@
 // AdamW over fp32 master weights (as the reference's BF16Optimizer), stepped on the
-// slices of the sharding units this rank owns (docs/distributed.md): the units' reduced fp32
-// gradients are clipped by their global norm over all shards, AdamW steps the masters, and the
-// sharding publishes them back into the model in its dtype. The step is either
+// slices of the sharding units this rank owns (docs/distributed.md): the units' reduced
+// gradients (fp32, or the model's own in a world of one with whole state) are clipped by their
+// global norm over all shards, AdamW steps the masters, and they become the model's weights in its
+// dtype (published by the sharding, or written by the fused step itself). The step is either
 // torch::optim::AdamW's (reference: several ATen kernels per unit) or fused, the clipping folded
 // in: on CUDA the project's master AdamW kernel per unit (ATen's fused arithmetic; it reads a
 // bf16 gradient directly and writes a whole unit's model weights in the same pass), on the CPU
