@@ -4,12 +4,26 @@
 Each kernel is charged to the operator that launched it (the trace's "External id") and to that
 operator's enclosing scope on the same thread: the innermost `dspine.*` scope of the forward or an
 autograd node of the backward ("autograd::engine::evaluate_function: SliceBackward0").
-Usage: scripts/profile_by_op.py TRACE.json[.gz] [--top N]
+--category elementwise,reduction keeps the kernels of those categories (the rules of
+src/bench/kernel_profile.cpp); --gaps charges each idle stretch of the GPU longer than 20 us to
+the operator that launched the kernel after it (the host was late with that launch).
+Usage: scripts/profile_by_op.py TRACE.json[.gz] [--top N] [--category C[,C...]] [--gaps]
 """
 import argparse
 import collections
 import gzip
 import json
+
+# kernel_category() of src/bench/kernel_profile.cpp, first match wins.
+CATEGORIES = [
+    ("attention", ("flash", "fmha", "attention", "attn", "sdpa")),
+    ("gemm", ("gemm", "cutlass", "xmma", "cublas", "nvjet", "splitk", "sm90_")),
+    ("reduction", ("reduce", "softmax", "norm", "topk", "sort", "scan", "argmax",
+                   "cross_entropy", "radix", "sum")),
+    ("elementwise", ("elementwise", "vectorized", "unrolled", "copy", "fill", "index", "gather",
+                     "scatter", "cat", "where", "embedding", "swiglu", "rope")),
+]
+GAP_US = 20.0
 
 
 def load(path):
@@ -19,29 +33,28 @@ def load(path):
 
 
 def short(name, width=60):
-    name = name.split("(")[0].split("<")[0].replace("void ", "")
-    return name.rsplit("::", 1)[-1][:width]
+    name = name.replace("(anonymous namespace)::", "").replace("void ", "")
+    return name.split("(")[0].split("<")[0].rsplit("::", 1)[-1][:width]
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("trace")
-    parser.add_argument("--top", type=int, default=40)
-    args = parser.parse_args()
-    events = [e for e in load(args.trace) if e.get("ph") == "X"]
-    ops = [e for e in events if e.get("cat") in ("cpu_op", "user_annotation")]
-    by_external = {}
+def category(name):
+    lower = name.lower()
+    if "nccl" in lower:
+        return "nccl"
+    for label, needles in CATEGORIES:
+        if any(n in lower for n in needles):
+            return label
+    return "other"
+
+
+def scopes(ops):
+    """The scope of every operator, from one pass over each thread's nesting."""
     per_thread = collections.defaultdict(list)
     for op in ops:
-        external = op.get("args", {}).get("External id")
-        if external is not None and op.get("cat") == "cpu_op":
-            by_external.setdefault(external, op)
         per_thread[op["tid"]].append(op)
-    for thread_ops in per_thread.values():
-        thread_ops.sort(key=lambda e: (e["ts"], -e["dur"]))
-    # The scope of every operator, from one pass over each thread's nesting.
     scope_of = {}
     for thread_ops in per_thread.values():
+        thread_ops.sort(key=lambda e: (e["ts"], -e["dur"]))
         stack = []  # (end, scope)
         for op in thread_ops:
             while stack and stack[-1][0] < op["ts"] + op["dur"]:
@@ -58,30 +71,74 @@ def main():
                 mine = outer
             scope_of[id(op)] = mine
             stack.append((op["ts"] + op["dur"], mine))
+    return scope_of
 
-    def scope(op):
-        return scope_of.get(id(op)) or "(no scope)"
 
+def print_gaps(kernels, launcher, top):
+    """Idle stretches of the GPU between consecutive kernels, by the launch that ended them."""
     table = collections.defaultdict(lambda: [0.0, 0])
-    scopes = collections.defaultdict(float)
+    kernels = sorted(kernels, key=lambda e: e["ts"])
+    end = kernels[0]["ts"] + kernels[0]["dur"] if kernels else 0
+    total = 0.0
+    for kernel in kernels[1:]:
+        gap = kernel["ts"] - end
+        if gap > GAP_US:
+            table[launcher(kernel)[:2]][0] += gap / 1e3
+            table[launcher(kernel)[:2]][1] += 1
+            total += gap / 1e3
+        end = max(end, kernel["ts"] + kernel["dur"])
+    print(f"GPU idle in gaps over {GAP_US:.0f} us: {total:.2f} ms\n")
+    print("| scope | operator launched after the gap | ms | gaps |\n|---|---|---:|---:|")
+    for (where, op), (ms, count) in sorted(table.items(), key=lambda kv: -kv[1][0])[:top]:
+        print(f"| {where} | {op} | {ms:.2f} | {count} |")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("trace")
+    parser.add_argument("--top", type=int, default=40)
+    parser.add_argument("--category", default="", help="comma-separated kernel categories")
+    parser.add_argument("--gaps", action="store_true", help="idle GPU stretches by launch")
+    args = parser.parse_args()
+    events = [e for e in load(args.trace) if e.get("ph") == "X"]
+    ops = [e for e in events if e.get("cat") in ("cpu_op", "user_annotation")]
+    by_external = {}
+    for op in ops:
+        external = op.get("args", {}).get("External id")
+        if external is not None and op.get("cat") == "cpu_op":
+            by_external.setdefault(external, op)
+    scope_of = scopes(ops)
+
+    def launcher(kernel):
+        op = by_external.get(kernel.get("args", {}).get("External id"))
+        where = (scope_of.get(id(op)) or "(no scope)") if op else "(unlinked)"
+        return where, op["name"] if op else "?", short(kernel["name"])
+
+    if args.gaps:
+        gpu = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+        print_gaps(gpu, launcher, args.top)
+        return
+    wanted = {c for c in args.category.split(",") if c}
+    table = collections.defaultdict(lambda: [0.0, 0])
+    scopes_ms = collections.defaultdict(float)
     total = 0.0
     for kernel in (e for e in events if e.get("cat") == "kernel"):
-        op = by_external.get(kernel.get("args", {}).get("External id"))
-        where = scope(op) if op else "(unlinked)"
-        launcher = op["name"] if op else "?"
-        key = (where, launcher, short(kernel["name"]))
+        if wanted and category(kernel["name"]) not in wanted:
+            continue
+        key = launcher(kernel)
         table[key][0] += kernel["dur"] / 1e3
         table[key][1] += 1
-        scopes[where] += kernel["dur"] / 1e3
+        scopes_ms[key[0]] += kernel["dur"] / 1e3
         total += kernel["dur"] / 1e3
-    print(f"kernel time {total:.1f} ms\n\n| scope | ms |\n|---|---:|")
-    for name, ms in sorted(scopes.items(), key=lambda kv: -kv[1])[: args.top]:
+    what = f" ({', '.join(sorted(wanted))})" if wanted else ""
+    print(f"kernel time{what} {total:.1f} ms\n\n| scope | ms |\n|---|---:|")
+    for name, ms in sorted(scopes_ms.items(), key=lambda kv: -kv[1])[: args.top]:
         print(f"| {name} | {ms:.2f} |")
     print("\n| scope | operator | kernel | ms | calls |\n|---|---|---|---:|---:|")
-    for (where, launcher, kernel), (ms, calls) in sorted(table.items(), key=lambda kv: -kv[1][0])[
+    for (where, op, kernel), (ms, calls) in sorted(table.items(), key=lambda kv: -kv[1][0])[
         : args.top * 3
     ]:
-        print(f"| {where} | {launcher} | {kernel} | {ms:.2f} | {calls} |")
+        print(f"| {where} | {op} | {kernel} | {ms:.2f} | {calls} |")
 
 
 if __name__ == "__main__":
