@@ -2,6 +2,8 @@
 
 #include <cuda_bf16.h>
 
+#include "kernels/norm_swiglu_common.cuh"
+
 namespace dspine::kernels {
 namespace {
 
@@ -43,10 +45,7 @@ __device__ __forceinline__ void store_pack<__nv_bfloat16>(__nv_bfloat16* p,
   *reinterpret_cast<uint4*>(p) = raw;
 }
 
-__device__ __forceinline__ float warp_sum(float x) {
-  for (int offset = 16; offset > 0; offset >>= 1) x += __shfl_xor_sync(0xffffffffu, x, offset);
-  return x;
-}
+using detail::warp_sum;
 
 // <f, u>, |f|² and |u|² of one row, summed in fp32 over the warp (every lane gets them).
 struct Sums {

@@ -5,24 +5,16 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/norm_swiglu_common.cuh"
+
 namespace dspine::kernels {
 namespace {
 
 constexpr int kThreads = 256;
 constexpr int kPack = 4;  // elements per thread per iteration: one float4 of each fp32 tensor
 
-__device__ __forceinline__ float to_float(float x) { return x; }
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-template <typename T>
-__device__ __forceinline__ T from_float(float x);
-template <>
-__device__ __forceinline__ float from_float<float>(float x) {
-  return x;
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
-}
+using detail::from_float;
+using detail::to_float;
 
 struct Corrections {
   float bias1, bias2_sqrt;
