@@ -22,9 +22,12 @@ bool flat_like(const at::Tensor& t, const at::Tensor& master) {
 
 void require(bool ok, const char* what, const at::Tensor& t, const at::Tensor& master) {
   if (!ok) {
-    fail("master AdamW: {} is {} {} on {} (contiguous: {}), the fp32 master has {} elements on {}",
-         what, c10::toString(t.scalar_type()), c10::str(t.sizes()), t.device().str(),
-         t.is_contiguous(), master.numel(), master.device().str());
+    fail(
+        "master AdamW does not take {}: {} {} on {} (contiguous: {}); it needs contiguous CUDA "
+        "tensors of the master's {} elements on {}: fp32 master and moments, fp32 or bf16 "
+        "gradient and weights",
+        what, c10::toString(t.scalar_type()), c10::str(t.sizes()), t.device().str(),
+        t.is_contiguous(), master.numel(), master.device().str());
   }
 }
 
