@@ -33,13 +33,6 @@ void require(bool ok, const char* what, const at::Tensor& t, const at::Tensor& m
 
 }  // namespace
 
-bool master_adamw_applies(const at::Tensor& master, const at::Tensor& grad,
-                          const at::Tensor& weights) {
-  return master.is_cuda() && master.is_contiguous() && master.scalar_type() == at::kFloat &&
-         flat_like(grad, master) && fp32_or_bf16(grad) &&
-         (!weights.defined() || (flat_like(weights, master) && fp32_or_bf16(weights)));
-}
-
 void master_adamw_step(at::Tensor& master, const at::Tensor& grad, at::Tensor& exp_avg,
                        at::Tensor& exp_avg_sq, const at::Tensor& weights, const AdamWStep& step) {
   require(master.is_cuda() && master.is_contiguous() && master.scalar_type() == at::kFloat,

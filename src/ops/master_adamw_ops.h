@@ -14,14 +14,11 @@ struct AdamWStep {
   double clip_coefficient = 1.0;  // < 1: the gradient is multiplied by it (divided by 1 / c)
 };
 
-// Whether master_adamw_step takes these tensors: CUDA, contiguous, fp32 master and moments, an
-// fp32 or bf16 gradient, and fp32 or bf16 weights (or none) of the same size.
-bool master_adamw_applies(const at::Tensor& master, const at::Tensor& grad,
-                          const at::Tensor& weights);
-
 // One AdamW step of `master` (and its moments) from `grad`, bitwise as ATen's _fused_adamw_ on
 // the fp32 gradient; `weights`, when defined, receives the updated master in its dtype (the
-// publish of a unit whose state is whole). Throws naming the tensor that does not apply.
+// publish of a unit whose state is whole). Every tensor is CUDA, contiguous and of the master's
+// size: fp32 master and moments, fp32 or bf16 gradient and weights; otherwise it throws naming
+// the tensor that is not, and writes nothing.
 void master_adamw_step(at::Tensor& master, const at::Tensor& grad, at::Tensor& exp_avg,
                        at::Tensor& exp_avg_sq, const at::Tensor& weights, const AdamWStep& step);
 
