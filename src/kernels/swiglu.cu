@@ -51,6 +51,13 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   }
 }
 
+// The activation's gradients at one element, in fp32.
+__device__ __forceinline__ void swiglu_grads(float d, float g, float u, float& dg, float& du) {
+  const float sig = sigmoid(g);
+  dg = d * u * sig * (1.0f + g * (1.0f - sig));
+  du = d * g * sig;
+}
+
 template <typename T, int kVec>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     swiglu_backward_kernel(const T* __restrict__ dout, int64_t dout_stride,
@@ -67,14 +74,42 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     float dg[kVec], du[kVec];
 #pragma unroll
     for (int k = 0; k < kVec; ++k) {
-      const float gv = to_float(g.v[k]);
-      const float dv = to_float(d.v[k]);
-      const float sig = sigmoid(gv);
-      dg[k] = dv * to_float(u.v[k]) * sig * (1.0f + gv * (1.0f - sig));
-      du[k] = dv * gv * sig;
+      swiglu_grads(to_float(d.v[k]), to_float(g.v[k]), to_float(u.v[k]), dg[k], du[k]);
     }
     store_pack(dgate + row * dgate_stride + c * kVec, pack_from_floats<T>(dg));
     store_pack(dup + row * dup_stride + c * kVec, pack_from_floats<T>(du));
+  }
+}
+
+// As swiglu_backward_kernel, then the activation silu(gate) * up, rounded as the forward rounds
+// it, over the pack of dout it was computed from: one pointer, read before written, so the
+// compiler keeps the load ahead of the store.
+template <typename T, int kVec>
+__global__ void __launch_bounds__(kThreads, kBlocksPerSm)
+    swiglu_backward_recompute_kernel(T* dout_act, int64_t dout_act_stride,
+                                     const T* __restrict__ gate, int64_t gate_stride,
+                                     const T* __restrict__ up, int64_t up_stride,
+                                     T* __restrict__ dgate, int64_t dgate_stride,
+                                     T* __restrict__ dup, int64_t dup_stride, int64_t rows,
+                                     int64_t nvec) {
+  const int64_t c = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  if (c >= nvec) return;
+  for (int64_t row = blockIdx.y; row < rows; row += gridDim.y) {
+    T* const d_at = dout_act + row * dout_act_stride + c * kVec;
+    const Pack<T, kVec> d = load_pack<T, kVec>(d_at);
+    const Pack<T, kVec> g = load_pack<T, kVec>(gate + row * gate_stride + c * kVec);
+    const Pack<T, kVec> u = load_pack<T, kVec>(up + row * up_stride + c * kVec);
+    float dg[kVec], du[kVec], act[kVec];
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) {
+      const float gv = to_float(g.v[k]);
+      const float uv = to_float(u.v[k]);
+      swiglu_grads(to_float(d.v[k]), gv, uv, dg[k], du[k]);
+      act[k] = gv * sigmoid(gv) * uv;  // the forward kernel's expression, so the same bits
+    }
+    store_pack(dgate + row * dgate_stride + c * kVec, pack_from_floats<T>(dg));
+    store_pack(dup + row * dup_stride + c * kVec, pack_from_floats<T>(du));
+    store_pack(d_at, pack_from_floats<T>(act));
   }
 }
 
@@ -152,6 +187,27 @@ cudaError_t swiglu_backward(const void* dout, int64_t dout_stride, const void* g
           static_cast<const T*>(dout), dout_stride, static_cast<const T*>(gate), gate_stride,
           static_cast<const T*>(up), up_stride, static_cast<T*>(dgate), dgate_stride,
           static_cast<T*>(dup), dup_stride, rows, packs);
+    });
+  });
+}
+
+cudaError_t swiglu_backward_recompute(void* dout_act, int64_t dout_act_stride, const void* gate,
+                                      int64_t gate_stride, const void* up, int64_t up_stride,
+                                      void* dgate, int64_t dgate_stride, void* dup,
+                                      int64_t dup_stride, Strided2d shape, DType dtype,
+                                      cudaStream_t stream) {
+  if (shape.rows == 0 || shape.cols == 0) return cudaSuccess;
+  const Layout layout =
+      make_layout(shape, dtype, {dout_act, gate, up, dgate, dup},
+                  {dout_act_stride, gate_stride, up_stride, dgate_stride, dup_stride});
+  return detail::dispatch_dtype(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    return launch_packed<T>(layout, [&](auto vec, int64_t rows, int64_t packs) {
+      swiglu_backward_recompute_kernel<T, decltype(vec)::value>
+          <<<grid_for(rows, packs), kThreads, 0, stream>>>(
+              static_cast<T*>(dout_act), dout_act_stride, static_cast<const T*>(gate),
+              gate_stride, static_cast<const T*>(up), up_stride, static_cast<T*>(dgate),
+              dgate_stride, static_cast<T*>(dup), dup_stride, rows, packs);
     });
   });
 }

@@ -29,4 +29,14 @@ cudaError_t swiglu_backward(const void* dout, int64_t dout_stride, const void* g
                             int64_t dgate_stride, void* dup, int64_t dup_stride, Strided2d shape,
                             DType dtype, cudaStream_t stream);
 
+// swiglu_backward, with dout then overwritten by the activation silu(gate) * up, bit for bit what
+// swiglu_forward writes: a backward that saved gate and up but not the activation gets both the
+// activation's gradient and the activation itself (for the next GEMM's weight gradient) from one
+// pass, in the memory dout already holds.
+cudaError_t swiglu_backward_recompute(void* dout_act, int64_t dout_act_stride, const void* gate,
+                                      int64_t gate_stride, const void* up, int64_t up_stride,
+                                      void* dgate, int64_t dgate_stride, void* dup,
+                                      int64_t dup_stride, Strided2d shape, DType dtype,
+                                      cudaStream_t stream);
+
 }  // namespace dspine::kernels

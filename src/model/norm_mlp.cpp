@@ -84,6 +84,11 @@ torch::Tensor SwiGLUMLPImpl::forward(const torch::Tensor& x) {
     const auto halves = gate_up.chunk(2, -1);
     return down_proj(ops::swiglu_reference(halves[0], halves[1]));
   }
+  // The activation and the down projection as one node that recomputes the activation in its
+  // backward rather than keeping it (docs/kernels.md, "RMSNorm and SwiGLU").
+  if (ops::swiglu_down_fusable(gate_up, down_proj->weight)) {
+    return ops::swiglu_down_fused(gate_up, down_proj->weight);
+  }
   return down_proj(ops::swiglu_packed_fused(gate_up));
 }
 

@@ -49,6 +49,19 @@ void launch_backward(const at::Tensor& dout, const at::Tensor& gate, const at::T
                "SwiGLU backward", gate);
 }
 
+// Writes d(gate) and d(up) into dgate and dup, then the activation over dout_act ([rows, I],
+// contiguous rows; it held the activation's gradient).
+void launch_backward_recompute(at::Tensor& dout_act, const at::Tensor& gate, const at::Tensor& up,
+                               at::Tensor& dgate, at::Tensor& dup) {
+  const c10::cuda::CUDAGuard guard(gate.device());
+  check_launch(kernels::swiglu_backward_recompute(
+                   dout_act.data_ptr(), dout_act.stride(0), gate.data_ptr(), gate.stride(0),
+                   up.data_ptr(), up.stride(0), dgate.data_ptr(), dgate.stride(0), dup.data_ptr(),
+                   dup.stride(0), {gate.size(0), gate.size(1)}, dtype_of(gate),
+                   at::cuda::getCurrentCUDAStream()),
+               "SwiGLU backward with the activation", gate);
+}
+
 struct SwiGLUFunction : public torch::autograd::Function<SwiGLUFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up) {
     const int64_t cols = gate.size(-1);
@@ -90,6 +103,39 @@ struct PackedSwiGLUFunction : public torch::autograd::Function<PackedSwiGLUFunct
   }
 };
 
+struct SwiGLUDownFunction : public torch::autograd::Function<SwiGLUDownFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate_up,
+                            const at::Tensor& weight) {
+    const int64_t half = gate_up.size(-1) / 2;
+    const at::Tensor gu = as_rows(gate_up, 2 * half);
+    ctx->save_for_backward({gu, weight});
+    std::vector<int64_t> shape = gate_up.sizes().vec();
+    shape.back() = weight.size(0);
+    // The activation lives only until its GEMM has read it.
+    return at::mm(launch_forward(gu.narrow(1, 0, half), gu.narrow(1, half, half)), weight.t())
+        .view(shape);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& gu = saved[0];
+    const at::Tensor& weight = saved[1];
+    const int64_t half = gu.size(1) / 2;
+    const at::Tensor dy = grads[0].reshape({-1, weight.size(0)});
+    at::Tensor dact_then_act = at::mm(dy, weight);
+    at::Tensor dgu = at::empty(gu.sizes(), gu.options());
+    at::Tensor dgate = dgu.narrow(1, 0, half);
+    at::Tensor dup = dgu.narrow(1, half, half);
+    launch_backward_recompute(dact_then_act, gu.narrow(1, 0, half), gu.narrow(1, half, half),
+                              dgate, dup);
+    at::Tensor dweight;
+    if (ctx->needs_input_grad(1)) dweight = at::mm(dy.t(), dact_then_act);
+    std::vector<int64_t> shape = grads[0].sizes().vec();
+    shape.back() = 2 * half;
+    return {dgu.view(shape), dweight};
+  }
+};
+
 void require_fusable(const at::Tensor& gate, const at::Tensor& up, const char* what) {
   if (!swiglu_fusable(gate, up)) {
     fail(
@@ -125,6 +171,25 @@ at::Tensor swiglu_packed_fused(const at::Tensor& gate_up) {
          c10::str(gate_up.sizes()));
   }
   return PackedSwiGLUFunction::apply(gate_up);
+}
+
+bool swiglu_down_fusable(const at::Tensor& gate_up, const at::Tensor& down_weight) {
+  return swiglu_fusable(gate_up, gate_up) && gate_up.size(-1) % 2 == 0 &&
+         down_weight.dim() == 2 && down_weight.size(1) == gate_up.size(-1) / 2 &&
+         down_weight.scalar_type() == gate_up.scalar_type() &&
+         down_weight.device() == gate_up.device();
+}
+
+at::Tensor swiglu_down_fused(const at::Tensor& gate_up, const at::Tensor& down_weight) {
+  if (!swiglu_down_fusable(gate_up, down_weight)) {
+    fail(
+        "fused SwiGLU + down projection needs CUDA fp32/fp16/bf16 gate_up [..., 2I] and a down "
+        "weight [H, I] of its dtype on its device; got gate_up {} {} on {} and weight {} {} on {}",
+        c10::str(gate_up.sizes()), c10::toString(gate_up.scalar_type()), gate_up.device().str(),
+        c10::str(down_weight.sizes()), c10::toString(down_weight.scalar_type()),
+        down_weight.device().str());
+  }
+  return SwiGLUDownFunction::apply(gate_up, down_weight);
 }
 
 }  // namespace dspine::ops

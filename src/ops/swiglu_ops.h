@@ -21,4 +21,15 @@ at::Tensor swiglu_fused(const at::Tensor& gate, const at::Tensor& up);
 // projection's backward stays one GEMM.
 at::Tensor swiglu_packed_fused(const at::Tensor& gate_up);
 
+// Whether swiglu_down_fused takes these: gate_up as swiglu_fusable takes it, with an even last
+// dimension 2I, and a 2-D down weight [H, I] of gate_up's dtype on its device.
+bool swiglu_down_fusable(const at::Tensor& gate_up, const at::Tensor& down_weight);
+
+// silu(g) * u · down_weightᵀ for gate_up = [..., 2I] (g and u its halves) and down_weight [H, I]:
+// the SwiGLU MLP's activation and down projection as one autograd node that keeps gate_up and the
+// weight but not the activation [..., I] (the largest tensor a layer would keep besides gate_up).
+// Its backward recomputes the activation in the SwiGLU backward pass, in the memory of the
+// activation's gradient, for the weight gradient's GEMM. Returns [..., H].
+at::Tensor swiglu_down_fused(const at::Tensor& gate_up, const at::Tensor& down_weight);
+
 }  // namespace dspine::ops

@@ -2,6 +2,7 @@
 // gradient on awkward shapes (odd hidden sizes, one row, many rows, strided halves), fp32 to
 // 1e-5 and bf16 to 1e-2 relative error of the norm; deterministic dW; checkpoints interchangeable.
 #include <gtest/gtest.h>
+#include <ATen/cuda/CUDAContext.h>
 #include <torch/torch.h>
 
 #include <filesystem>
@@ -10,6 +11,7 @@
 #include "common/parity.h"
 #include "common/require_cuda.h"
 #include "core/safetensors.h"
+#include "kernels/swiglu.h"
 #include "model/norm_mlp.h"
 #include "ops/rms_norm_ops.h"
 #include "ops/swiglu_ops.h"
@@ -169,6 +171,70 @@ TEST_P(FusedNorm, PackedSwiGLUMatchesReferenceOnBothHalves) {
     const std::string what = label("swiglu_packed", s, dtype);
     expect_matches(out, out_ref, dtype, what + " out");
     expect_matches(fused[0].grad(), ref[0].grad(), dtype, what + " dgate_up");
+  }
+}
+
+// The activation and the down projection as one node (the activation recomputed in the
+// backward): output, d(gate_up) and d(weight) against the packed SwiGLU then a linear layer.
+TEST_P(FusedNorm, SwiGLUDownMatchesSwiGLUThenLinear) {
+  REQUIRE_CUDA();
+  const torch::Dtype dtype = GetParam();
+  torch::manual_seed(7);
+  for (const Shape s : {Shape{1, 123}, Shape{17, 200}, Shape{2048, 64}, Shape{5, 1000}}) {
+    const int64_t hidden = 96;
+    const auto gu = torch::randn({2, s.rows, 2 * s.hidden}) * 2;
+    const auto w = torch::randn({hidden, s.hidden}) / std::sqrt(static_cast<double>(s.hidden));
+    const auto dout = torch::randn({2, s.rows, hidden});
+    auto fused = leaves({gu, w}, dtype, kCuda);
+    auto ref = reference_leaves({gu, w}, dtype);
+    const auto out = ops::swiglu_down_fused(fused[0], fused[1]);
+    const auto halves = ref[0].chunk(2, -1);
+    const auto out_ref =
+        torch::nn::functional::linear(ops::swiglu_reference(halves[0], halves[1]), ref[1]);
+    out.backward(dout.to(kCuda, dtype));
+    out_ref.backward(as_reference(dout, dtype));
+    const std::string what = label("swiglu_down", s, dtype);
+    expect_matches(out, out_ref, dtype, what + " out");
+    expect_matches(fused[0].grad(), ref[0].grad(), dtype, what + " dgate_up");
+    expect_matches(fused[1].grad(), ref[1].grad(), dtype, what + " dweight");
+  }
+}
+
+// The backward that recomputes the activation writes the forward's activation bit for bit, and
+// the same d(gate) and d(up) as the plain backward, over the gradient it read.
+TEST_P(FusedNorm, RecomputedActivationIsTheForwardsBitForBit) {
+  REQUIRE_CUDA();
+  const torch::Dtype dtype = GetParam();
+  torch::manual_seed(8);
+  const auto opts = torch::TensorOptions(kCuda).dtype(dtype);
+  for (const Shape s : {Shape{3, 123}, Shape{4096, 1024}}) {
+    const auto gu = torch::randn({s.rows, 2 * s.hidden}, opts) * 3;
+    const auto gate = gu.narrow(1, 0, s.hidden), up = gu.narrow(1, s.hidden, s.hidden);
+    const auto dout = torch::randn({s.rows, s.hidden}, opts);
+    const kernels::DType kd =
+        dtype == torch::kFloat32 ? kernels::DType::kFloat32 : kernels::DType::kBFloat16;
+    const kernels::Strided2d shape{s.rows, s.hidden};
+    const auto stream = at::cuda::getCurrentCUDAStream();
+    auto act = torch::empty({s.rows, s.hidden}, opts);
+    auto dgate = torch::empty_like(act), dup = torch::empty_like(act);
+    auto dgate2 = torch::empty_like(act), dup2 = torch::empty_like(act);
+    auto dout_act = dout.clone();
+    ASSERT_EQ(kernels::swiglu_forward(gate.data_ptr(), gu.stride(0), up.data_ptr(), gu.stride(0),
+                                      act.data_ptr(), s.hidden, shape, kd, stream),
+              cudaSuccess);
+    ASSERT_EQ(kernels::swiglu_backward(dout.data_ptr(), s.hidden, gate.data_ptr(), gu.stride(0),
+                                       up.data_ptr(), gu.stride(0), dgate.data_ptr(), s.hidden,
+                                       dup.data_ptr(), s.hidden, shape, kd, stream),
+              cudaSuccess);
+    ASSERT_EQ(kernels::swiglu_backward_recompute(
+                  dout_act.data_ptr(), s.hidden, gate.data_ptr(), gu.stride(0), up.data_ptr(),
+                  gu.stride(0), dgate2.data_ptr(), s.hidden, dup2.data_ptr(), s.hidden, shape, kd,
+                  stream),
+              cudaSuccess);
+    const std::string what = label("swiglu_backward_recompute", s, dtype);
+    EXPECT_TRUE(torch::equal(dout_act, act)) << what << " activation";
+    EXPECT_TRUE(torch::equal(dgate2, dgate)) << what << " dgate";
+    EXPECT_TRUE(torch::equal(dup2, dup)) << what << " dup";
   }
 }
 

@@ -120,6 +120,13 @@ TEST(FusedOps, RefuseCpuTensorsWithAClearMessage) {
   EXPECT_NE(error_of([&] { ops::rms_norm_fused(x, torch::ones({8}), 1e-6); }).find("CUDA"),
             std::string::npos);
   EXPECT_NE(error_of([&] { ops::swiglu_fused(x, x); }).find("CUDA"), std::string::npos);
+  const auto weight = torch::randn({3, 4});
+  EXPECT_FALSE(ops::swiglu_down_fusable(x, weight));
+  const std::string down = error_of([&] { ops::swiglu_down_fused(x, weight); });
+  EXPECT_NE(down.find("CUDA"), std::string::npos) << down;
+  EXPECT_NE(down.find("gate_up [2, 8] Float on cpu and weight [3, 4] Float on cpu"),
+            std::string::npos)
+      << down;
 }
 
 }  // namespace
