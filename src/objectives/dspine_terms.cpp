@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include "ops/candidate_scores_ops.h"
 #include "ops/cosine_alignment_ops.h"
 
 namespace dspine::objectives {
@@ -58,8 +59,12 @@ std::vector<at::Tensor> refinement_and_alignment(model::DSpineDraftImpl& draft,
   const auto& candidate_mass = in.candidate_mass;
   const double cw = settings.ce_weight;
   auto refined = draft.refine(in.pre, in.predecessors);  // [c, T, H]
-  auto rows = torch::embedding(lm_head, candidates);               // [c, T, k, H]
-  auto scores = rows.matmul(refined.unsqueeze(-1)).squeeze(-1).to(torch::kFloat32);
+  // [c, T, k] fp32; the kernels read the candidates' LM-head rows in place, where the reference
+  // gathers them into a [c, T, k, H] tensor.
+  const bool fused_scores =
+      draft.norm->fused && ops::candidate_scores_fusable(lm_head, candidates, refined);
+  auto scores = fused_scores ? ops::candidate_scores_fused(lm_head, candidates, refined)
+                             : ops::candidate_scores_reference(lm_head, candidates, refined);
   auto refined_log_probs = torch::log_softmax(scores, -1);
 
   torch::Tensor target, gate, covered;
