@@ -67,9 +67,11 @@ void expect_same_training(const dspine::train::TrainResult& got, dspine::train::
   for (const auto& item : trainer.module().named_parameters()) {
     // fp32 sums in another order (per rank, then over ranks; GPU GEMMs split them by batch
     // size too); AdamW's normalisation turns that into up to ~1e-5 on weights whose gradient
-    // is near zero (seen at 8 ranks), whatever the sharding mode.
+    // is near zero (seen at 8 ranks; 1.2e-5 at 4 ranks for one DSpine q_proj element on a
+    // 2-core Debian machine), whatever the sharding mode. A gradient reduced wrongly moves
+    // weights by the order of the learning rate (up to 3e-3 per step here), far above 2e-5.
     const double rtol = test_device() == "cpu" ? 2e-5 : 1e-4;
-    EXPECT_TRUE(torch::allclose(item.value(), weights[item.key()], rtol, 1e-5))
+    EXPECT_TRUE(torch::allclose(item.value(), weights[item.key()], rtol, 2e-5))
         << what << " " << item.key() << " max diff "
         << (item.value() - weights[item.key()]).abs().max().item<double>();
   }
