@@ -51,9 +51,9 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   }
 }
 
-// The activation's gradients at one element, in fp32.
-__device__ __forceinline__ void swiglu_grads(float d, float g, float u, float& dg, float& du) {
-  const float sig = sigmoid(g);
+// The activation's gradients at one element, in fp32, from sig = sigmoid(g).
+__device__ __forceinline__ void swiglu_grads(float d, float g, float u, float sig, float& dg,
+                                             float& du) {
   dg = d * u * sig * (1.0f + g * (1.0f - sig));
   du = d * g * sig;
 }
@@ -74,7 +74,8 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     float dg[kVec], du[kVec];
 #pragma unroll
     for (int k = 0; k < kVec; ++k) {
-      swiglu_grads(to_float(d.v[k]), to_float(g.v[k]), to_float(u.v[k]), dg[k], du[k]);
+      const float gv = to_float(g.v[k]);
+      swiglu_grads(to_float(d.v[k]), gv, to_float(u.v[k]), sigmoid(gv), dg[k], du[k]);
     }
     store_pack(dgate + row * dgate_stride + c * kVec, pack_from_floats<T>(dg));
     store_pack(dup + row * dup_stride + c * kVec, pack_from_floats<T>(du));
@@ -104,8 +105,9 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     for (int k = 0; k < kVec; ++k) {
       const float gv = to_float(g.v[k]);
       const float uv = to_float(u.v[k]);
-      swiglu_grads(to_float(d.v[k]), gv, uv, dg[k], du[k]);
-      act[k] = gv * sigmoid(gv) * uv;  // the forward kernel's expression, so the same bits
+      const float sig = sigmoid(gv);
+      swiglu_grads(to_float(d.v[k]), gv, uv, sig, dg[k], du[k]);
+      act[k] = gv * sig * uv;  // the forward kernel's expression, so the same bits
     }
     store_pack(dgate + row * dgate_stride + c * kVec, pack_from_floats<T>(dg));
     store_pack(dup + row * dup_stride + c * kVec, pack_from_floats<T>(du));

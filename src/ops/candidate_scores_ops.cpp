@@ -54,10 +54,6 @@ struct CandidateScoresFunction : torch::autograd::Function<CandidateScoresFuncti
   }
 };
 
-bool aligned16(const at::Tensor& t) {
-  return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
-}
-
 }  // namespace
 
 at::Tensor candidate_scores_reference(const at::Tensor& table, const at::Tensor& candidates,

@@ -89,7 +89,7 @@ at::Tensor cosine_alignment_fused(const at::Tensor& features, const at::Tensor& 
   }
   // Rows (and their strides) in 16-byte packs: a misaligned view is copied first.
   const auto aligned = [](const at::Tensor& t) {
-    const bool packs = reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 &&
+    const bool packs = aligned16(t) &&
                        t.stride(0) % 8 == 0 && t.stride(1) % 8 == 0 &&
                        (t.dim() < 4 || t.stride(2) % 8 == 0);
     return packs ? t : t.clone(at::MemoryFormat::Contiguous);

@@ -2,6 +2,8 @@
 
 #include <c10/util/StringUtil.h>
 
+#include <cstdint>
+
 #include "core/error.h"
 
 namespace dspine::ops {
@@ -20,6 +22,10 @@ bool kernel_dtype(at::ScalarType type, kernels::DType* out) {
     default:
       return false;
   }
+}
+
+bool aligned16(const at::Tensor& t) {
+  return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
 }
 
 void check_launch(cudaError_t status, const char* what, const at::Tensor& input) {

@@ -18,8 +18,6 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-bool aligned16(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
-
 bool strides_of_16_bytes(const at::Tensor& t, std::initializer_list<int64_t> dims) {
   for (int64_t dim : dims) {
     if (t.stride(dim) * t.element_size() % 16 != 0) return false;
