@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds and runs every GPU test and benchmark on the GPU machine in one go; logs under $OUT.
 # Uses the machine's torch 2.11 and packages (installs nothing); carry .whl for Liger-Kernel.
-# Usage: scripts/device_check.sh [all|tests|gspo|target|attention|vocab|train|step|profile|testbed]
+# Usage: scripts/device_check.sh [all|tests|gspo|target|attention|vocab|train|step|profile|testbed|ab]
 # (tests: every GPU test binary of `all`, test_trainer included, and no benchmark; gspo: the GSPO
 # policy and logit-row tests and the RL step; target: only the Qwen3 target test and the
 # online-target step, scripts/bench_online_target.sh; attention: the block attention test, the
@@ -10,7 +10,9 @@
 # dspine-bench and the recipe-size training step with its kernel profile, scripts/bench_train.sh;
 # step: the attention, vocabulary, fused-step and fused AdamW tests, then the attention,
 # vocabulary and training-step benchmarks; profile: only the fused recipe step, profiled, its
-# kernels by launching code and its trace; attention and step also run the q/k norm + RoPE test)
+# kernels by launching code and its trace; attention and step also run the q/k norm + RoPE test;
+# ab: dspine-bench of this tree against that of the tree in .ab-base/, runs alternating,
+# scripts/bench_ab.sh; make .ab-base with `git archive --prefix=.ab-base/ REV | tar -x` and carry it)
 set -uo pipefail
 PHASE="${1:-all}"
 cd "$(dirname "$0")/.."
@@ -24,6 +26,8 @@ pack_logs() {
 }
 trap pack_logs EXIT
 BUILD_DIR=build-device
+[[ $PHASE != ab || -f .ab-base/CMakeLists.txt ]] ||
+  { echo "ab: no .ab-base/: git archive --prefix=.ab-base/ REV | tar -x, then carry .ab-base"; exit 1; }
 start=$(date +%s)
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
   python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'; } > "$OUT/device.txt" 2>&1
@@ -38,7 +42,7 @@ targets=(test_fused_norm_mlp test_gspo_gpu test_gspo_policy_gpu test_logit_rows_
   test_dspine_objective test_trainer test_trainer_start test_vocab_objective_gpu test_fused_vocabulary
   test_injection_residual_gpu test_qk_norm_rope_gpu test_master_adamw_gpu test_wgmma_probe_gpu
   test_cosine_alignment_gpu test_candidate_scores_gpu dspine-bench attention-check)
-[[ $PHASE == train || $PHASE == profile ]] && targets=(dspine-bench)
+[[ $PHASE == train || $PHASE == profile || $PHASE == ab ]] && targets=(dspine-bench)
 [[ $PHASE == testbed ]] && targets=(test_qwen3_model_gpu dspine-train dspine-eval)
 [[ $PHASE == gspo ]] && targets=(test_gspo_policy_gpu test_logit_rows_gpu test_vocab_objective_gpu dspine-bench)
 [[ $PHASE == tests ]] && targets=("${targets[@]:0:${#targets[@]}-2}")  # no benchmark binaries
@@ -65,6 +69,17 @@ if [[ $PHASE == profile ]]; then
   gzip -f "$OUT/trace.json"
   grep -E "^(replay|forward|objective|backward|window) " "$OUT/bench_profile.log"
   head -30 "$OUT/by_op.md"
+  echo "done in $(( $(date +%s) - start )) s, status $status"
+  exit $status
+fi
+if [[ $PHASE == ab ]]; then
+  { cmake -S .ab-base -B .ab-base/build-device -G Ninja -DCMAKE_BUILD_TYPE=Release \
+      -DCMAKE_PREFIX_PATH="$TORCH_PREFIX" && ninja -C .ab-base/build-device -j "$(nproc)" dspine-bench; } \
+    > "$OUT/build_ab_base.log" 2>&1 || { grep -E -A12 "error|FAILED" "$OUT/build_ab_base.log" | head -40; exit 1; }
+  echo "base build ok at $(( $(date +%s) - start )) s"
+  scripts/bench_ab.sh .ab-base/build-device/bin/dspine-bench "$BUILD_DIR/bin/dspine-bench" \
+    "${AB_ROUNDS:-3}" | tee "$OUT/bench_ab.md"
+  status=${PIPESTATUS[0]}
   echo "done in $(( $(date +%s) - start )) s, status $status"
   exit $status
 fi
