@@ -10,22 +10,13 @@ namespace dspine::kernels {
 namespace {
 
 using bf16 = __nv_bfloat16;
+using detail::load_floats;
+using detail::store_floats;
 
 constexpr int kThreads = 128;  // one row per block: 4 warps, 8 elements (16 bytes) per load
 constexpr int kWarps = kThreads / 32;
 constexpr int kPack = 8;
 constexpr int kMaxK = 32;
-
-__device__ __forceinline__ void load_floats(const bf16* p, float (&out)[kPack]) {
-  const uint4 raw = *reinterpret_cast<const uint4*>(p);
-  const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
-#pragma unroll
-  for (int i = 0; i < kPack / 2; ++i) {
-    const float2 v = __bfloat1622float2(pairs[i]);
-    out[2 * i] = v.x;
-    out[2 * i + 1] = v.y;
-  }
-}
 
 // The block's candidates: row pointers into the table (null for an id out of range).
 __device__ __forceinline__ void load_candidates(const bf16* table, const int64_t* ids,
@@ -107,11 +98,7 @@ __global__ void __launch_bounds__(kThreads)
         for (int i = 0; i < kPack; ++i) acc[i] = fmaf(g, tv[i], acc[i]);
       }
     }
-    uint4 raw;
-    __nv_bfloat162* pairs = reinterpret_cast<__nv_bfloat162*>(&raw);
-#pragma unroll
-    for (int i = 0; i < kPack / 2; ++i) pairs[i] = __floats2bfloat162_rn(acc[2 * i], acc[2 * i + 1]);
-    *reinterpret_cast<uint4*>(gx + p) = raw;
+    store_floats(gx + p, acc);
   }
 }
 

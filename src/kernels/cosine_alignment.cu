@@ -10,41 +10,8 @@ namespace {
 constexpr int kWarps = 8;  // rows per block of 256 threads
 constexpr int kPack = 8;   // elements per lane per load: 16 bytes of bf16
 
-template <typename T>
-__device__ __forceinline__ void load_pack(const T* p, float (&out)[kPack]);
-template <>
-__device__ __forceinline__ void load_pack<float>(const float* p, float (&out)[kPack]) {
-  const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
-  out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w;
-  out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
-}
-template <>
-__device__ __forceinline__ void load_pack<__nv_bfloat16>(const __nv_bfloat16* p,
-                                                         float (&out)[kPack]) {
-  const uint4 raw = *reinterpret_cast<const uint4*>(p);
-  const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
-  for (int i = 0; i < kPack / 2; ++i) {
-    const float2 v = __bfloat1622float2(pairs[i]);
-    out[2 * i] = v.x, out[2 * i + 1] = v.y;
-  }
-}
-
-template <typename T>
-__device__ __forceinline__ void store_pack(T* p, const float (&in)[kPack]);
-template <>
-__device__ __forceinline__ void store_pack<float>(float* p, const float (&in)[kPack]) {
-  reinterpret_cast<float4*>(p)[0] = make_float4(in[0], in[1], in[2], in[3]);
-  reinterpret_cast<float4*>(p)[1] = make_float4(in[4], in[5], in[6], in[7]);
-}
-template <>
-__device__ __forceinline__ void store_pack<__nv_bfloat16>(__nv_bfloat16* p,
-                                                          const float (&in)[kPack]) {
-  uint4 raw;
-  __nv_bfloat162* pairs = reinterpret_cast<__nv_bfloat162*>(&raw);
-  for (int i = 0; i < kPack / 2; ++i) pairs[i] = __floats2bfloat162_rn(in[2 * i], in[2 * i + 1]);
-  *reinterpret_cast<uint4*>(p) = raw;
-}
-
+using detail::load_floats;
+using detail::store_floats;
 using detail::warp_sum;
 
 // <f, u>, |f|² and |u|² of one row, summed in fp32 over the warp (every lane gets them).
@@ -57,8 +24,8 @@ __device__ __forceinline__ Sums row_sums(const T* f, const float* u, int64_t ran
   Sums s;
   for (int64_t i = static_cast<int64_t>(lane) * kPack; i < rank; i += 32 * kPack) {
     float fv[kPack], uv[kPack];
-    load_pack(f + i, fv);
-    load_pack(u + i, uv);
+    load_floats(f + i, fv);
+    load_floats(u + i, uv);
 #pragma unroll
     for (int k = 0; k < kPack; ++k) {
       s.dot += fv[k] * uv[k];
@@ -121,11 +88,11 @@ __global__ void __launch_bounds__(kWarps * 32)
   T* out = grad_features + row.index * s.rank;
   for (int64_t i = static_cast<int64_t>(lane) * kPack; i < s.rank; i += 32 * kPack) {
     float fv[kPack], uv[kPack], dv[kPack];
-    load_pack(f + i, fv);
-    load_pack(u + i, uv);
+    load_floats(f + i, fv);
+    load_floats(u + i, uv);
 #pragma unroll
     for (int k = 0; k < kPack; ++k) dv[k] = along_u * uv[k] - along_f * fv[k];
-    store_pack(out + i, dv);
+    store_floats(out + i, dv);
   }
 }
 

@@ -1,5 +1,5 @@
-// Device helpers shared by the RMSNorm and SwiGLU kernels: fp32 conversions, 128-bit packs,
-// warp/block sums and dtype dispatch. CUDA only; no framework headers.
+// Device helpers shared by the project's elementwise and row kernels: fp32 conversions, 128-bit
+// packs, warp/block sums and dtype dispatch. CUDA only; no framework headers.
 #pragma once
 
 #include <cstdint>
@@ -110,6 +110,43 @@ __device__ __forceinline__ void store_pack(T* p, const Pack<T, N>& v) {
 #pragma unroll
     for (int k = 0; k < N; ++k) p[k] = v.v[k];
   }
+}
+
+// Eight consecutive elements (16 bytes of bf16, 32 of fp32) to and from fp32, for kernels that
+// keep values in fp32 arrays rather than packs.
+template <typename T>
+__device__ __forceinline__ void load_floats(const T* p, float (&out)[8]);
+template <>
+__device__ __forceinline__ void load_floats<float>(const float* p, float (&out)[8]) {
+  const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
+  out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w;
+  out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
+}
+template <>
+__device__ __forceinline__ void load_floats<__nv_bfloat16>(const __nv_bfloat16* p,
+                                                         float (&out)[8]) {
+  const uint4 raw = *reinterpret_cast<const uint4*>(p);
+  const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
+  for (int i = 0; i < 8 / 2; ++i) {
+    const float2 v = __bfloat1622float2(pairs[i]);
+    out[2 * i] = v.x, out[2 * i + 1] = v.y;
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ void store_floats(T* p, const float (&in)[8]);
+template <>
+__device__ __forceinline__ void store_floats<float>(float* p, const float (&in)[8]) {
+  reinterpret_cast<float4*>(p)[0] = make_float4(in[0], in[1], in[2], in[3]);
+  reinterpret_cast<float4*>(p)[1] = make_float4(in[4], in[5], in[6], in[7]);
+}
+template <>
+__device__ __forceinline__ void store_floats<__nv_bfloat16>(__nv_bfloat16* p,
+                                                          const float (&in)[8]) {
+  uint4 raw;
+  __nv_bfloat162* pairs = reinterpret_cast<__nv_bfloat162*>(&raw);
+  for (int i = 0; i < 8 / 2; ++i) pairs[i] = __floats2bfloat162_rn(in[2 * i], in[2 * i + 1]);
+  *reinterpret_cast<uint4*>(p) = raw;
 }
 
 __device__ __forceinline__ float warp_sum(float v) {
