@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "ops/attention_projections.h"
 #include "ops/block_attention_ops.h"
 #include "ops/qk_norm_rope_ops.h"
 
@@ -39,11 +40,16 @@ torch::Tensor DSpineAttentionImpl::forward(const torch::Tensor& x, const torch::
   const int64_t rows = x.size(0), queries = x.size(1);
   const int64_t keys = context.size(1) + queries;
   // [B, positions, heads, head_dim] throughout: the layout of the projections and of the kernels.
-  auto q = norm_then_rope(q_norm, q_proj(x).view({rows, queries, heads_, head_dim_}), rope);
-  auto k = norm_then_rope(
-      k_norm, torch::cat({k_proj(context), k_proj(x)}, 1).view({rows, keys, kv_heads_, head_dim_}),
-      rope);
-  auto v = torch::cat({v_proj(context), v_proj(x)}, 1).view({rows, keys, kv_heads_, head_dim_});
+  // With fused kernels one node projects q, k and v; its backward sums their input gradients
+  // inside the GEMMs (docs/model.md, "Attention projections").
+  auto [q_flat, k_flat, v_flat] =
+      q_norm->fused
+          ? ops::attention_projections(x, context, q_proj->weight, k_proj->weight, v_proj->weight)
+          : ops::AttentionProjections{q_proj(x), torch::cat({k_proj(context), k_proj(x)}, 1),
+                                      torch::cat({v_proj(context), v_proj(x)}, 1)};
+  auto q = norm_then_rope(q_norm, q_flat.view({rows, queries, heads_, head_dim_}), rope);
+  auto k = norm_then_rope(k_norm, k_flat.view({rows, keys, kv_heads_, head_dim_}), rope);
+  auto v = v_flat.view({rows, keys, kv_heads_, head_dim_});
   const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim_));
   auto out = mask.dense() ? masked_attention(q, k, v, mask, scale)
                           : ops::block_attention(q, k, v, mask.anchors, mask.keep,
