@@ -1,7 +1,7 @@
 #include "bench/phase_meter.h"
 
 #include <c10/cuda/CUDACachingAllocator.h>
-#include <torch/cuda.h>
+#include <c10/cuda/CUDAStream.h>
 
 #include <algorithm>
 
@@ -52,7 +52,9 @@ void PhaseMeter::record(const std::string& name, double elapsed_s, double extra_
 }
 
 void PhaseMeter::on_phase(const std::string& next) {
-  if (cuda) torch::cuda::synchronize(device);
+  // The trainer's own stream only: work the trainer queued on another stream to overlap with
+  // this phase (the online target's next batches) is timed where the trainer waits for it.
+  if (cuda) c10::cuda::getCurrentCUDAStream(device).synchronize();
   const auto now = std::chrono::steady_clock::now();
   const int64_t peak = peak_bytes();
   total_peak = std::max(total_peak, peak);
@@ -90,7 +92,10 @@ void PhaseMeter::on_phase(const std::string& next) {
   opened.base = current_bytes();
   opened.peak = opened.base;
   reset_peak();
-  if (!nested && profiled_phase && next == profile_phase) start_kernel_profile(cuda);
+  // `profiling` again: the "data" phase opens the profiled window above.
+  if (!nested && profiling && !profile_phase.empty() && next == profile_phase) {
+    start_kernel_profile(cuda);
+  }
   opened.started = std::chrono::steady_clock::now();
 }
 

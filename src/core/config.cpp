@@ -133,6 +133,7 @@ std::vector<Key> keys_of(Config& c) {
       {"data.target.path", &data.target.path},
       {"data.target.random", &data.target.random},
       {"data.target.seed", &data.target.seed},
+      {"data.target.prefetch", &data.target.prefetch},
       {"training.batch_size", &t.batch_size},
       {"training.accumulation_steps", &t.accumulation_steps},
       {"training.total_steps", &t.total_steps},

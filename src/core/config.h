@@ -130,6 +130,9 @@ struct TargetModelConfig {
   std::string path;     // Hugging Face Qwen3 directory (config.json and safetensors weights)
   bool random = false;  // weights seeded from `seed` in the shape of path/config.json (benchmarks)
   int64_t seed = 0;
+  // Compute the next window's batches ahead, on CUDA on a stream of their own while the draft
+  // trains on this window's (docs/data.md, "Online target").
+  bool prefetch = true;
 };
 
 struct DataConfig {

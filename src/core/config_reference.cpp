@@ -46,6 +46,8 @@ const std::map<std::string, std::string>& core_descriptions() {
       {"data.target.path", "the target's Hugging Face directory (config.json, weights)"},
       {"data.target.random", "seeded random weights of config.json's shape (benchmarks)"},
       {"data.target.seed", "seed of the random target weights and random token ids"},
+      {"data.target.prefetch",
+       "compute the next window's batches ahead (CUDA: on their own stream, overlapping training)"},
       {"data.synthetic.seed", "seed of the synthetic target's weights and samples"},
       {"data.synthetic.num_layers", "decoder layers of the synthetic target"},
       {"data.synthetic.num_attention_heads", "synthetic target's query heads"},

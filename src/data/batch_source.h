@@ -24,6 +24,10 @@ class BatchSource {
   // target sources', which live on the training device, the target's in its dtype); advances the
   // cursor.
   virtual DraftBatch next(int64_t rows) = 0;
+  // Starts computing the batch that next(rows) at `cursor` will return, where the source can do
+  // that work ahead (the online target, on its own CUDA stream while the caller trains); a later
+  // next() at that cursor and row count takes it. Default: nothing.
+  virtual void prefetch(int64_t /*cursor*/, int64_t /*rows*/) {}
   // Index of the next sample to be read; samples are numbered from 0 across epochs.
   virtual int64_t cursor() const = 0;
   virtual void seek(int64_t cursor) = 0;

@@ -1,8 +1,11 @@
 #include "data/target_source.h"
 
+#include <algorithm>
 #include <filesystem>
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <fmt/ranges.h>
 #include <torch/torch.h>
 
@@ -11,6 +14,14 @@
 
 namespace dspine::data {
 namespace fs = std::filesystem;
+
+namespace {
+
+// Batches computed ahead and not yet read: one window's micro-batches, with room for a window
+// that an evaluation or a rejected update left unread.
+constexpr size_t kMaxPrefetched = 16;
+
+}  // namespace
 
 at::ScalarType target_dtype(const core::Config& config, const c10::Device& device) {
   return device.is_cuda() && config.training.dtype == core::Dtype::kBf16 ? at::kBFloat16
@@ -55,7 +66,8 @@ TargetSource::TargetSource(const core::Config& config, const c10::Device& device
       seed_(config.data.target.seed),
       prompt_length_(config.data.synthetic.prompt_length),
       vocab_(config.model.vocab_size),
-      mask_id_(config.model.mask_token_id < 0 ? vocab_ - 1 : config.model.mask_token_id) {
+      mask_id_(config.model.mask_token_id < 0 ? vocab_ - 1 : config.model.mask_token_id),
+      prefetch_(config.data.target.prefetch) {
   if (!config.data.samples.empty()) samples_.emplace(config.data.samples, vocab_);
 }
 
@@ -67,22 +79,25 @@ TargetSource::TargetSource(const TargetSource& training, const std::string& samp
       seed_(training.seed_),
       prompt_length_(training.prompt_length_),
       vocab_(training.vocab_),
-      mask_id_(training.mask_id_) {
+      mask_id_(training.mask_id_),
+      prefetch_(false) {  // held-out rows are read once, by the evaluation
   samples_.emplace(samples_path, vocab_);
 }
+
+TargetSource::~TargetSource() = default;
 
 std::string TargetSource::describe() const {
   return samples_ ? "token samples " + samples_->path()
                   : fmt::format("random tokens (seed {})", seed_);
 }
 
-DraftBatch TargetSource::random_tokens(int64_t rows) const {
+DraftBatch TargetSource::random_tokens(int64_t cursor, int64_t rows) const {
   DraftBatch batch{at::empty({rows, seq_len_}, at::kLong), at::ones({rows, seq_len_}, at::kLong),
                    {}, {}};
   batch.loss_mask.narrow(1, 0, prompt_length_).zero_();
   for (int64_t r = 0; r < rows; ++r) {
     at::Generator gen = at::make_generator<at::CPUGeneratorImpl>();
-    gen.set_current_seed(generator_seed(stream_seed(seed_, cursor_ + r)));
+    gen.set_current_seed(generator_seed(stream_seed(seed_, cursor + r)));
     batch.input_ids.select(0, r).random_(0, vocab_ - 1, gen);
   }
   // Ids at or above the mask token move up one: uniform over the vocabulary without it.
@@ -90,17 +105,72 @@ DraftBatch TargetSource::random_tokens(int64_t rows) const {
   return batch;
 }
 
-DraftBatch TargetSource::next(int64_t rows) {
-  if (rows < 1) fail("target source: rows must be >= 1 (got {})", rows);
+DraftBatch TargetSource::compute(int64_t cursor, int64_t rows) {
   at::NoGradGuard no_grad;
-  DraftBatch batch = samples_ ? DraftBatch{} : random_tokens(rows);
-  if (samples_) std::tie(batch.input_ids, batch.loss_mask) = samples_->rows(cursor_, rows, seq_len_);
+  DraftBatch batch = samples_ ? DraftBatch{} : random_tokens(cursor, rows);
+  if (samples_) std::tie(batch.input_ids, batch.loss_mask) = samples_->rows(cursor, rows, seq_len_);
   batch = batch.to(device_);
   Qwen3Model::Outputs out = model_.forward(batch.input_ids, layer_ids_);
   batch.hidden_states = std::move(out.hidden_states);
   batch.target_last_hidden_states = std::move(out.last_hidden_state);
+  return batch;
+}
+
+DraftBatch TargetSource::next(int64_t rows) {
+  if (rows < 1) fail("target source: rows must be >= 1 (got {})", rows);
+  const auto ahead = std::find_if(prefetched_.begin(), prefetched_.end(), [&](const auto& p) {
+    return p.cursor == cursor_ && p.rows == rows;
+  });
+  DraftBatch batch;
+  if (ahead == prefetched_.end()) {
+    batch = compute(cursor_, rows);
+  } else {
+    batch = std::move(ahead->batch);
+    if (ahead->ready) {
+      // The caller's stream waits for the side stream's forward, and the batch's memory is not
+      // reused before the caller's work with it is done.
+      const c10::impl::VirtualGuardImpl guard(device_.type());
+      const c10::Stream current = guard.getStream(side_stream_->device());
+      ahead->ready->block(current);
+      for (const at::Tensor* t : {&batch.input_ids, &batch.loss_mask, &batch.hidden_states,
+                                  &batch.target_last_hidden_states}) {
+        if (t->defined()) t->record_stream(current);
+      }
+    }
+    prefetched_.erase(ahead);
+  }
   cursor_ += rows;
   return batch;
+}
+
+void TargetSource::prefetch(int64_t cursor, int64_t rows) {
+  if (!prefetch_ || cursor < 0 || rows < 1) return;
+  for (const auto& p : prefetched_) {
+    if (p.cursor == cursor && p.rows == rows) return;
+  }
+  if (prefetched_.size() == kMaxPrefetched) prefetched_.erase(prefetched_.begin());
+  Prefetched ahead{cursor, rows, {}, {}};
+  try {
+    if (!device_.is_cuda()) {
+      ahead.batch = compute(cursor, rows);
+    } else {
+      const c10::impl::VirtualGuardImpl guard(device_.type());
+      const c10::Device device(device_.type(),
+                               device_.has_index() ? device_.index() : guard.getDevice().index());
+      if (!side_stream_) side_stream_ = guard.getStreamFromGlobalPool(device);
+      // After the work queued so far on the caller's stream (what made the weights, at first).
+      c10::Event queued(device_.type());
+      queued.record(guard.getStream(device));
+      queued.block(*side_stream_);
+      const c10::StreamGuard on_side(*side_stream_);
+      ahead.batch = compute(cursor, rows);
+      ahead.ready.emplace(device_.type());
+      ahead.ready->record(*side_stream_);
+    }
+  } catch (const Error&) {
+    return;  // next() at this cursor computes the batch again and reports what is wrong
+  }
+  prefetched_.push_back(std::move(ahead));
 }
 
 void TargetSource::seek(int64_t cursor) {

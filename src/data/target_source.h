@@ -4,9 +4,12 @@
 
 #include <cstdint>
 #include <optional>
+#include <vector>
 
 #include <c10/core/Device.h>
+#include <c10/core/Event.h>
 #include <c10/core/ScalarType.h>
+#include <c10/core/Stream.h>
 
 #include "core/config.h"
 #include "data/batch_source.h"
@@ -28,7 +31,8 @@ Qwen3Model load_target(const core::Config& config, at::ScalarType dtype, const c
 // token 0 and loss 0; without a samples file, seeded random token ids (a pure function of
 // data.target.seed and i) with loss 0 over the first data.synthetic.prompt_length positions.
 // Batches live on the device, hidden states in the target's dtype. embed_tokens() / lm_head()
-// hand out the target's own tensors, never copies.
+// hand out the target's own tensors, never copies. With data.target.prefetch, prefetch() runs
+// the target ahead (on CUDA on a stream of its own; docs/data.md, "Online target").
 class TargetSource : public BatchSource {
  public:
   TargetSource(const core::Config& config, const c10::Device& device);
@@ -36,7 +40,12 @@ class TargetSource : public BatchSource {
   // held-out source of data.eval_samples_file.
   TargetSource(const TargetSource& training, const std::string& samples_path);
 
+  ~TargetSource() override;
+
   DraftBatch next(int64_t rows) override;
+  void prefetch(int64_t cursor, int64_t rows) override;
+  // Batches computed ahead and not read yet.
+  size_t batches_ahead() const { return prefetched_.size(); }
   int64_t cursor() const override { return cursor_; }
   void seek(int64_t cursor) override;
   at::Tensor embed_tokens() const override { return model_.embed_tokens(); }
@@ -48,7 +57,16 @@ class TargetSource : public BatchSource {
   std::string describe() const override;
 
  private:
-  DraftBatch random_tokens(int64_t rows) const;
+  // A batch computed ahead; `ready` is recorded on the side stream after its last kernel.
+  struct Prefetched {
+    int64_t cursor, rows;
+    DraftBatch batch;
+    std::optional<c10::Event> ready;
+  };
+
+  DraftBatch random_tokens(int64_t cursor, int64_t rows) const;
+  // The batch of `rows` samples from `cursor` on, computed on the current stream.
+  DraftBatch compute(int64_t cursor, int64_t rows);
 
   c10::Device device_;
   Qwen3Model model_;
@@ -56,6 +74,9 @@ class TargetSource : public BatchSource {
   std::optional<TokenSamples> samples_;
   int64_t seq_len_, seed_, prompt_length_, vocab_, mask_id_;
   int64_t cursor_ = 0;
+  bool prefetch_;
+  std::vector<Prefetched> prefetched_;  // oldest first, at most kMaxPrefetched
+  std::optional<c10::Stream> side_stream_;
 };
 
 }  // namespace dspine::data

@@ -165,6 +165,7 @@ class Trainer::Run {
   std::string save_state_before_step();
   void reject_update(double loss, double grad_norm, double local_loss, int64_t bad_micro);
   std::vector<data::DraftBatch> read_window();
+  void prefetch_next_window();
   Window train_window(const std::vector<data::DraftBatch>& window,
                       std::chrono::steady_clock::time_point data_start);
   void log_window(const Window& w, std::map<std::string, double> eval_record);
@@ -403,6 +404,15 @@ std::vector<data::DraftBatch> Trainer::Run::read_window() {
   return window;
 }
 
+// The next window's micro-batches at the cursors read_window will read them from: a source that
+// can compute them ahead (the online target) does so while this window trains.
+void Trainer::Run::prefetch_next_window() {
+  if (s.step + 1 >= last) return;
+  for (int64_t micro = 0; micro < accumulation; ++micro) {
+    s.source->prefetch(s.cursor + micro * world * rows + rank * rows, rows);
+  }
+}
+
 std::chrono::steady_clock::time_point Trainer::Run::phase(const char* name) const {
   if (s.phase_hook) s.phase_hook(name);
   return std::chrono::steady_clock::now();
@@ -549,6 +559,7 @@ TrainResult Trainer::Run::train() {
     if (s.phase_hook) s.phase_hook("data");
     const auto data_start = std::chrono::steady_clock::now();
     const auto window = read_window();
+    prefetch_next_window();
     const Window w = train_window(window, data_start);
     tokens_since_log += w.tokens;
     ++s.step;

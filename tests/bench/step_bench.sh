@@ -63,6 +63,12 @@ for phase in update optimizer; do
 done
 grep -q "^profile: " "$log" || problem "$log: --profile-phase update printed no profile"
 
+# The data phase opens its window: profiling it must start there too.
+log="$WORK/data_phase.log"
+"$BENCH" step --config "$SRC/configs/tiny.yaml" --steps 2 --profile-phase data > "$log" 2>&1 ||
+  problem "--profile-phase data failed"
+grep -q "the 1 data phase(s) of one window" "$log" || problem "$log: --profile-phase data printed no profile"
+
 "$BENCH" step --config "$SRC/configs/tiny.yaml" --steps 2 --profile-phase rollout \
   > "$WORK/bad_phase.log" 2>&1 && problem "--profile-phase rollout did not fail for dspine"
 grep -q "profile-phase rollout: not a phase" "$WORK/bad_phase.log" ||

@@ -135,6 +135,43 @@ TEST_F(Target, RandomTargetFromConfigJsonAndRandomTokensAreSeeded) {
   EXPECT_TRUE(torch::equal(again.hidden_states, first.hidden_states.narrow(0, 1, 2)));
 }
 
+// prefetch() then next() at that cursor hands out the batch computed ahead, bit for bit the batch
+// next() computes; other reads compute theirs and leave the ones ahead in place.
+TEST_F(Target, BatchesComputedAheadAreTheBatchesReadLater) {
+  fs::copy_file(kModels / "untied-single" / "config.json", dir_ / "config.json");
+  auto c = config("untied-single", 12);
+  c.data.target.path = dir_.string();
+  c.data.target.random = true;
+  TargetSource ahead(c, torch::kCPU);
+  c.data.target.prefetch = false;
+  TargetSource plain(c, torch::kCPU);
+  ahead.prefetch(4, 2);
+  ahead.prefetch(0, 3);
+  plain.prefetch(4, 2);  // prefetch: false ignores it
+  EXPECT_EQ(ahead.batches_ahead(), 2u);
+  EXPECT_EQ(plain.batches_ahead(), 0u);
+  // {cursor, rows}: computed ahead, computed ahead, another row count, the same cursor again.
+  const std::vector<std::pair<int64_t, int64_t>> reads = {{0, 3}, {4, 2}, {4, 1}, {4, 2}};
+  const std::vector<size_t> left = {1, 0, 0, 0};
+  for (size_t i = 0; i < reads.size(); ++i) {
+    const auto [cursor, rows] = reads[i];
+    ahead.seek(cursor);
+    plain.seek(cursor);
+    const DraftBatch a = ahead.next(rows), b = plain.next(rows);
+    EXPECT_EQ(ahead.batches_ahead(), left[i]) << "read " << i;
+    EXPECT_EQ(ahead.cursor(), cursor + rows);
+    for (const auto& [x, y] : {std::pair{a.input_ids, b.input_ids}, {a.loss_mask, b.loss_mask},
+                               {a.hidden_states, b.hidden_states},
+                               {a.target_last_hidden_states, b.target_last_hidden_states}}) {
+      EXPECT_TRUE(torch::equal(x, y)) << "read " << i;
+    }
+  }
+  ahead.prefetch(6, 1);
+  ahead.seek(7);
+  ahead.next(1);  // another cursor
+  EXPECT_EQ(ahead.batches_ahead(), 1u);
+}
+
 TEST_F(Target, DimensionsThatDisagreeWithTheConfigAreNamed) {
   auto c = config("untied-single", 8);
   c.data.samples = write_samples(torch::arange(8).view({1, 8}));

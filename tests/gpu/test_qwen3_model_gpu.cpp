@@ -13,6 +13,7 @@
 #include "core/files.h"
 #include "core/safetensors.h"
 #include "data/qwen3_model.h"
+#include "data/target_source.h"
 
 namespace dspine::data {
 namespace {
@@ -178,6 +179,56 @@ TEST(Qwen3ModelGpu, EightBShapedRandomTargetRunsInBf16) {
   EXPECT_EQ(out.hidden_states.sizes(), torch::IntArrayRef({1, 4096, 5 * 4096}));
   EXPECT_TRUE(torch::isfinite(out.last_hidden_state).all().item<bool>());
   EXPECT_TRUE(torch::isfinite(model.logits(out.last_hidden_state.narrow(1, 0, 8))).all().item<bool>());
+}
+
+// The online target computing the next batches ahead on its own stream (data.target.prefetch):
+// each batch is bit for bit the one computed on the caller's stream, also while the caller's
+// stream works on the previous batch and frees it (the side stream's memory must not be reused
+// before the caller is done with it).
+TEST(Qwen3ModelGpu, TargetBatchesComputedAheadOnTheirStreamAreTheSameBits) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const fs::path dir = fs::temp_directory_path() / "dspine_target_prefetch_gpu";
+  core::remove_tree(dir.string());
+  fs::create_directories(dir);
+  std::ofstream(dir / "config.json") << R"({"model_type": "qwen3", "hidden_size": 512,
+    "intermediate_size": 1536, "num_hidden_layers": 4, "num_attention_heads": 8,
+    "num_key_value_heads": 2, "head_dim": 128, "vocab_size": 1000, "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0, "tie_word_embeddings": false})";
+  core::Config c;
+  c.model.hidden_size = 512;
+  c.model.vocab_size = 1000;
+  c.model.target_layer_ids = {1, 3};
+  c.training.dtype = core::Dtype::kBf16;
+  c.data.source = core::DataSource::kTarget;
+  c.data.seq_len = 1024;
+  c.data.target.path = dir.string();
+  c.data.target.random = true;
+  const torch::Device cuda(torch::kCUDA, 0);
+  TargetSource ahead(c, cuda);
+  c.data.target.prefetch = false;
+  TargetSource plain(c, cuda);
+  const int64_t rows = 2;
+  ahead.prefetch(0, rows);
+  for (int64_t step = 0; step < 6; ++step) {
+    ahead.seek(step * rows);
+    DraftBatch a = ahead.next(rows);
+    ahead.prefetch((step + 1) * rows, rows);
+    // The caller's stream keeps working on the batch while the next one is computed.
+    const auto states = a.hidden_states.flatten(0, 1).to(torch::kFloat);
+    const auto busy = torch::mm(states, states.t());
+    const auto a_sum = a.hidden_states.to(torch::kFloat).sum(-1);
+    plain.seek(step * rows);
+    const DraftBatch b = plain.next(rows);
+    EXPECT_TRUE(torch::equal(a.input_ids, b.input_ids)) << "step " << step;
+    EXPECT_TRUE(torch::equal(a.hidden_states, b.hidden_states)) << "step " << step;
+    EXPECT_TRUE(torch::equal(a.target_last_hidden_states, b.target_last_hidden_states))
+        << "step " << step;
+    EXPECT_TRUE(torch::equal(a_sum, b.hidden_states.to(torch::kFloat).sum(-1))) << "step " << step;
+    a = DraftBatch{};  // freed while the caller's stream may still be reading it
+    EXPECT_TRUE(torch::isfinite(busy).all().item<bool>());
+  }
+  EXPECT_EQ(ahead.batches_ahead(), 1u);
+  core::remove_tree(dir.string());
 }
 
 }  // namespace
