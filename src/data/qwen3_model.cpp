@@ -210,6 +210,24 @@ std::vector<Qwen3Model::Slot> Qwen3Model::slots() {
   return out;
 }
 
+void Qwen3Model::pack_projections() {
+  for (Layer& layer : layers_) {
+    const auto pack = [](at::Tensor& packed, std::initializer_list<at::Tensor*> parts) {
+      std::vector<at::Tensor> rows;
+      for (at::Tensor* part : parts) rows.push_back(*part);
+      packed = at::cat(rows, 0);
+      int64_t start = 0;
+      for (at::Tensor* part : parts) {
+        const int64_t count = part->size(0);
+        *part = packed.narrow(0, start, count);
+        start += count;
+      }
+    };
+    pack(layer.qkv_proj, {&layer.q_proj, &layer.k_proj, &layer.v_proj});
+    pack(layer.gate_up_proj, {&layer.gate_proj, &layer.up_proj});
+  }
+}
+
 Qwen3Model Qwen3Model::from_weights(const Qwen3Dims& dims, Qwen3Weights weights,
                                     at::ScalarType dtype, const c10::Device& device,
                                     const std::string& source) {
@@ -241,6 +259,7 @@ Qwen3Model Qwen3Model::from_weights(const Qwen3Dims& dims, Qwen3Weights weights,
     if (!slot.tensor->defined()) fail("{}: missing tensor '{}'", source, name);
   }
   if (dims.tie_word_embeddings) model.lm_head_ = model.embed_tokens_;
+  model.pack_projections();
   model.inv_freq_ = rope_inv_freq(dims).to(device);
   model.fused_ = device.is_cuda() && (dtype == at::kBFloat16 || dtype == at::kHalf);
   return model;
@@ -277,6 +296,7 @@ Qwen3Model Qwen3Model::random(const Qwen3Dims& dims, uint64_t seed, at::ScalarTy
     *slot.tensor = value.to(dtype);
   }
   if (dims.tie_word_embeddings) model.lm_head_ = model.embed_tokens_;
+  model.pack_projections();
   model.inv_freq_ = rope_inv_freq(dims).to(device);
   model.fused_ = device.is_cuda() && (dtype == at::kBFloat16 || dtype == at::kHalf);
   return model;
@@ -313,10 +333,19 @@ at::Tensor mlp_residual(const Qwen3Model::Layer& layer, const Qwen3Dims& dims,
     out = residual + attention;
     h = rms_norm(out, weight, dims.rms_norm_eps);
   }
-  const auto gate = at::linear(h, layer.gate_proj), up = at::linear(h, layer.up_proj);
+  if (!fused) {
+    return out + at::linear(at::silu(at::linear(h, layer.gate_proj)) * at::linear(h, layer.up_proj),
+                            layer.down_proj);
+  }
+  const auto gate_up = at::linear(h, layer.gate_up_proj);
+  const int64_t inter = layer.gate_proj.size(0);
+  const auto gate = gate_up.narrow(-1, 0, inter), up = gate_up.narrow(-1, inter, inter);
   const auto mlp =
-      fused && ops::swiglu_fusable(gate, up) ? ops::swiglu_fused(gate, up) : at::silu(gate) * up;
-  return out + at::linear(mlp, layer.down_proj);
+      ops::swiglu_fusable(gate, up) ? ops::swiglu_fused(gate, up) : at::silu(gate) * up;
+  // out is this function's own tensor and no gradient is taken: the GEMM adds into it (β = 1).
+  if (!out.is_contiguous()) out = out.contiguous();
+  out.view({-1, out.size(-1)}).addmm_(mlp.reshape({-1, inter}), layer.down_proj.t());
+  return out;
 }
 
 // Per-head RMSNorm then RoPE of projections [B, T, heads, d], returned as [B, heads, T, d]:
@@ -341,12 +370,22 @@ at::Tensor layer_forward(const Qwen3Model::Layer& layer, const Qwen3Dims& dims, 
   const double eps = dims.rms_norm_eps;
 
   auto h = rms_norm(x, layer.input_layernorm, eps, fused);
+  at::Tensor q_rows, k_rows, v_rows;  // [B, T, heads · dim]
+  if (fused) {                        // one GEMM; the three are column blocks of its output
+    const auto qkv = at::linear(h, layer.qkv_proj);
+    const int64_t q_width = heads * dim, kv_width = kv_heads * dim;
+    q_rows = qkv.narrow(-1, 0, q_width);
+    k_rows = qkv.narrow(-1, q_width, kv_width);
+    v_rows = qkv.narrow(-1, q_width + kv_width, kv_width);
+  } else {
+    q_rows = at::linear(h, layer.q_proj);
+    k_rows = at::linear(h, layer.k_proj);
+    v_rows = at::linear(h, layer.v_proj);
+  }
   // Per-head RMSNorm of queries and keys (before RoPE), as in HF's Qwen3Attention.
-  auto q = norm_rope(at::linear(h, layer.q_proj).view({batch, count, heads, dim}), layer.q_norm,
-                     eps, positions);
-  auto k = norm_rope(at::linear(h, layer.k_proj).view({batch, count, kv_heads, dim}), layer.k_norm,
-                     eps, positions);
-  auto v = at::linear(h, layer.v_proj).view({batch, count, kv_heads, dim}).transpose(1, 2);
+  auto q = norm_rope(q_rows.view({batch, count, heads, dim}), layer.q_norm, eps, positions);
+  auto k = norm_rope(k_rows.view({batch, count, kv_heads, dim}), layer.k_norm, eps, positions);
+  auto v = v_rows.view({batch, count, kv_heads, dim}).transpose(1, 2);
   if (cache != nullptr) {
     const int64_t past = cache->length;
     cache->keys[index].narrow(2, past, count).copy_(k);

@@ -119,7 +119,8 @@ class Qwen3Model {
   at::Tensor logits(const at::Tensor& last_hidden_state) const;
 
   // On CUDA in bf16 or fp16 the norms, q/k norm + RoPE and SwiGLU run through the project's fused
-  // kernels (fp32 inside, rounded once; docs/kernels.md); elsewhere, and after
+  // kernels (fp32 inside, rounded once; docs/kernels.md), q/k/v and gate/up as one GEMM each and
+  // the MLP's residual added in the down projection's GEMM; elsewhere, and after
   // use_fused_kernels(false), through HF's ATen composition.
   bool fused_kernels() const { return fused_; }
   void use_fused_kernels(bool on) { fused_ = on; }
@@ -128,16 +129,19 @@ class Qwen3Model {
   const at::Tensor& lm_head() const { return lm_head_; }  // [V, H]; embed_tokens' storage if tied
   const Qwen3Dims& dims() const { return dims_; }
 
-  // One decoder layer's weights (HF names without "model.layers.{i}.").
+  // One decoder layer's weights (HF names without "model.layers.{i}."). q/k/v and gate/up are
+  // row blocks of one packed weight each (views; the fused path's GEMMs read the packed ones).
   struct Layer {
     at::Tensor input_layernorm, q_proj, k_proj, v_proj, o_proj, q_norm, k_norm;
     at::Tensor post_attention_layernorm, gate_proj, up_proj, down_proj;
+    at::Tensor qkv_proj, gate_up_proj;  // [q; k; v] and [gate; up]
   };
 
  private:
   struct Slot;  // a weight's HF name, shape and member
   Qwen3Model() = default;
   std::vector<Slot> slots();  // every weight of dims_ (lm_head only when untied)
+  void pack_projections();    // fills qkv_proj / gate_up_proj, the separate weights their views
   Outputs run(const at::Tensor& input_ids, KvCache* cache,
               const std::vector<int64_t>& layer_ids) const;
 
