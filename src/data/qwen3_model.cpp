@@ -211,18 +211,18 @@ std::vector<Qwen3Model::Slot> Qwen3Model::slots() {
 }
 
 void Qwen3Model::pack_projections() {
+  const auto pack = [](at::Tensor& packed, std::initializer_list<at::Tensor*> parts) {
+    std::vector<at::Tensor> rows;
+    for (at::Tensor* part : parts) rows.push_back(*part);
+    packed = at::cat(rows, 0);
+    int64_t start = 0;
+    for (at::Tensor* part : parts) {
+      const int64_t count = part->size(0);
+      *part = packed.narrow(0, start, count);
+      start += count;
+    }
+  };
   for (Layer& layer : layers_) {
-    const auto pack = [](at::Tensor& packed, std::initializer_list<at::Tensor*> parts) {
-      std::vector<at::Tensor> rows;
-      for (at::Tensor* part : parts) rows.push_back(*part);
-      packed = at::cat(rows, 0);
-      int64_t start = 0;
-      for (at::Tensor* part : parts) {
-        const int64_t count = part->size(0);
-        *part = packed.narrow(0, start, count);
-        start += count;
-      }
-    };
     pack(layer.qkv_proj, {&layer.q_proj, &layer.k_proj, &layer.v_proj});
     pack(layer.gate_up_proj, {&layer.gate_proj, &layer.up_proj});
   }

@@ -84,8 +84,6 @@ TargetSource::TargetSource(const TargetSource& training, const std::string& samp
   samples_.emplace(samples_path, vocab_);
 }
 
-TargetSource::~TargetSource() = default;
-
 std::string TargetSource::describe() const {
   return samples_ ? "token samples " + samples_->path()
                   : fmt::format("random tokens (seed {})", seed_);
@@ -116,11 +114,15 @@ DraftBatch TargetSource::compute(int64_t cursor, int64_t rows) {
   return batch;
 }
 
+std::vector<TargetSource::Prefetched>::iterator TargetSource::computed_ahead(int64_t cursor,
+                                                                             int64_t rows) {
+  return std::find_if(prefetched_.begin(), prefetched_.end(),
+                      [&](const Prefetched& p) { return p.cursor == cursor && p.rows == rows; });
+}
+
 DraftBatch TargetSource::next(int64_t rows) {
   if (rows < 1) fail("target source: rows must be >= 1 (got {})", rows);
-  const auto ahead = std::find_if(prefetched_.begin(), prefetched_.end(), [&](const auto& p) {
-    return p.cursor == cursor_ && p.rows == rows;
-  });
+  const auto ahead = computed_ahead(cursor_, rows);
   DraftBatch batch;
   if (ahead == prefetched_.end()) {
     batch = compute(cursor_, rows);
@@ -144,9 +146,8 @@ DraftBatch TargetSource::next(int64_t rows) {
 }
 
 void TargetSource::prefetch(int64_t cursor, int64_t rows) {
-  if (!prefetch_ || cursor < 0 || rows < 1) return;
-  for (const auto& p : prefetched_) {
-    if (p.cursor == cursor && p.rows == rows) return;
+  if (!prefetch_ || cursor < 0 || rows < 1 || computed_ahead(cursor, rows) != prefetched_.end()) {
+    return;
   }
   if (prefetched_.size() == kMaxPrefetched) prefetched_.erase(prefetched_.begin());
   Prefetched ahead{cursor, rows, {}, {}};

@@ -40,8 +40,6 @@ class TargetSource : public BatchSource {
   // held-out source of data.eval_samples_file.
   TargetSource(const TargetSource& training, const std::string& samples_path);
 
-  ~TargetSource() override;
-
   DraftBatch next(int64_t rows) override;
   void prefetch(int64_t cursor, int64_t rows) override;
   // Batches computed ahead and not read yet.
@@ -67,6 +65,8 @@ class TargetSource : public BatchSource {
   DraftBatch random_tokens(int64_t cursor, int64_t rows) const;
   // The batch of `rows` samples from `cursor` on, computed on the current stream.
   DraftBatch compute(int64_t cursor, int64_t rows);
+  // The batch computed ahead for that cursor and row count, or prefetched_.end().
+  std::vector<Prefetched>::iterator computed_ahead(int64_t cursor, int64_t rows);
 
   c10::Device device_;
   Qwen3Model model_;

@@ -164,6 +164,10 @@ class Trainer::Run {
   std::string save(int64_t step);
   std::string save_state_before_step();
   void reject_update(double loss, double grad_norm, double local_loss, int64_t bad_micro);
+  // Where this rank's micro-batch `micro` of the window starting at sample `window_cursor` begins.
+  int64_t micro_cursor(int64_t window_cursor, int64_t micro) const {
+    return window_cursor + micro * world * rows + rank * rows;
+  }
   std::vector<data::DraftBatch> read_window();
   void prefetch_next_window();
   Window train_window(const std::vector<data::DraftBatch>& window,
@@ -384,7 +388,7 @@ std::vector<data::DraftBatch> Trainer::Run::read_window() {
   std::string read_error;  // why this rank could not read its share of the window
   try {
     for (int64_t micro = 0; micro < accumulation; ++micro) {
-      s.source->seek(s.cursor + rank * rows);
+      s.source->seek(micro_cursor(window_cursor, micro));
       window.push_back(s.source->next(rows).to(s.device));
       if (s.batch_hook) s.batch_hook(s.step, micro, window.back());
       s.cursor += world * rows;
@@ -409,7 +413,7 @@ std::vector<data::DraftBatch> Trainer::Run::read_window() {
 void Trainer::Run::prefetch_next_window() {
   if (s.step + 1 >= last) return;
   for (int64_t micro = 0; micro < accumulation; ++micro) {
-    s.source->prefetch(s.cursor + micro * world * rows + rank * rows, rows);
+    s.source->prefetch(micro_cursor(s.cursor, micro), rows);
   }
 }
 
