@@ -5,6 +5,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <string>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -20,15 +21,21 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// A tiny random Qwen3 checkpoint written as a HF directory (untied, GQA 4/2, head_dim 16).
-std::string write_checkpoint() {
-  const fs::path dir = fs::temp_directory_path() / "dspine_qwen3_gpu";
+// An empty temporary directory `name` holding only config.json.
+fs::path model_directory(const std::string& name, const std::string& config_json) {
+  const fs::path dir = fs::temp_directory_path() / name;
   core::remove_tree(dir.string());
   fs::create_directories(dir);
-  std::ofstream(dir / "config.json") << R"({"model_type": "qwen3", "hidden_size": 64,
-    "intermediate_size": 96, "num_hidden_layers": 3, "num_attention_heads": 4,
+  std::ofstream(dir / "config.json") << config_json;
+  return dir;
+}
+
+// A tiny random Qwen3 checkpoint written as a HF directory (untied, GQA 4/2, head_dim 16).
+std::string write_checkpoint() {
+  const fs::path dir = model_directory("dspine_qwen3_gpu", R"({"model_type": "qwen3",
+    "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 3, "num_attention_heads": 4,
     "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 120, "rms_norm_eps": 1e-6,
-    "rope_theta": 10000.0, "tie_word_embeddings": false})";
+    "rope_theta": 10000.0, "tie_word_embeddings": false})");
   torch::manual_seed(3);
   core::NamedTensors tensors = {{"model.embed_tokens.weight", torch::randn({120, 64})},
                                 {"model.norm.weight", 1 + 0.2 * torch::randn({64})},
@@ -187,13 +194,10 @@ TEST(Qwen3ModelGpu, EightBShapedRandomTargetRunsInBf16) {
 // before the caller is done with it).
 TEST(Qwen3ModelGpu, TargetBatchesComputedAheadOnTheirStreamAreTheSameBits) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  const fs::path dir = fs::temp_directory_path() / "dspine_target_prefetch_gpu";
-  core::remove_tree(dir.string());
-  fs::create_directories(dir);
-  std::ofstream(dir / "config.json") << R"({"model_type": "qwen3", "hidden_size": 512,
-    "intermediate_size": 1536, "num_hidden_layers": 4, "num_attention_heads": 8,
-    "num_key_value_heads": 2, "head_dim": 128, "vocab_size": 1000, "rms_norm_eps": 1e-6,
-    "rope_theta": 1000000.0, "tie_word_embeddings": false})";
+  const fs::path dir = model_directory("dspine_target_prefetch_gpu", R"({"model_type": "qwen3",
+    "hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers": 4,
+    "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 128, "vocab_size": 1000,
+    "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "tie_word_embeddings": false})");
   core::Config c;
   c.model.hidden_size = 512;
   c.model.vocab_size = 1000;
