@@ -20,18 +20,20 @@ std::string unit_of(const std::string& parameter) {
   return "head";
 }
 
-// Runs after autograd has added a parameter's gradient into its .grad (a view into the unit's
-// flat gradient), so the unit knows when its whole gradient for this backward is there.
+// Runs after autograd has accumulated a parameter's gradient into its .grad (a view into the
+// unit's flat gradient, or after zero_grad a tensor of its own that the unit copies in), so the
+// unit knows when its whole gradient for this backward is there.
 class GradientAccumulatedHook final : public torch::autograd::PostAccumulateGradHook {
  public:
-  GradientAccumulatedHook(ShardedParameters& owner, size_t unit) : owner_(owner), unit_(unit) {}
+  GradientAccumulatedHook(ShardedParameters& owner, size_t unit, size_t parameter)
+      : owner_(owner), unit_(unit), parameter_(parameter) {}
   void operator()(const torch::autograd::Variable&) override {
-    owner_.on_gradient_accumulated(unit_);
+    owner_.on_gradient_accumulated(unit_, parameter_);
   }
 
  private:
   ShardedParameters& owner_;
-  size_t unit_;
+  size_t unit_, parameter_;
 };
 
 }  // namespace
@@ -71,10 +73,11 @@ ShardedParameters::ShardedParameters(torch::nn::Module& module, std::shared_ptr<
     units_.emplace_back(name, std::move(parameters), *comm_, strategy_);
   }
   for (size_t u = 0; u < units_.size(); ++u) {
-    for (const auto& item : units_[u].parameters()) {
+    const auto& parameters = units_[u].parameters();
+    for (size_t p = 0; p < parameters.size(); ++p) {
       torch::autograd::impl::set_post_acc_grad_hooks(
-          item.second, std::make_unique<GradientAccumulatedHook>(*this, u));
-      hooked_.push_back(item.second);
+          parameters[p].second, std::make_unique<GradientAccumulatedHook>(*this, u, p));
+      hooked_.push_back(parameters[p].second);
     }
   }
   pending_gathers_.resize(units_.size());
@@ -92,8 +95,8 @@ void ShardedParameters::begin_backward(bool sync) {
   for (auto& unit : units_) unit.reset_gradient_count();
 }
 
-void ShardedParameters::on_gradient_accumulated(size_t unit) {
-  if (!units_[unit].note_gradient_accumulated()) return;
+void ShardedParameters::on_gradient_accumulated(size_t unit, size_t parameter) {
+  if (!units_[unit].note_gradient_accumulated(parameter)) return;
   if (sync_) units_[unit].start_gradient_reduce();
   if (released_in_forward_[unit]) units_[unit].release();
 }

@@ -81,7 +81,7 @@ class ShardedParameters {
   at::Tensor after_unit(const std::string& name, const at::Tensor& output);
 
   // Called from the parameters' post-accumulate-grad hooks.
-  void on_gradient_accumulated(size_t unit);
+  void on_gradient_accumulated(size_t unit, size_t parameter);
 
  private:
   size_t index_of(const std::string& name) const;

@@ -34,14 +34,17 @@ ShardedUnit::ShardedUnit(std::string name, NamedParameters parameters, Communica
   full_ = at::zeros({padded_numel_}, options);
   full_gradient_ = at::zeros({padded_numel_}, options);
   int64_t offset = 0;
-  for (auto& [key, parameter] : parameters_) {
+  for (size_t i = 0; i < parameters_.size(); ++i) {
+    auto& parameter = parameters_[i].second;
     const int64_t n = parameter.numel();
     auto weights = full_.narrow(0, offset, n).view(parameter.sizes());
     weights.copy_(parameter);
     parameter.set_data(weights);
-    parameter.mutable_grad() = full_gradient_.narrow(0, offset, n).view(parameter.sizes());
+    offsets_.push_back(offset);
+    parameter.mutable_grad() = gradient_view(i);
     offset += n;
   }
+  gradient_written_.assign(parameters_.size(), true);  // zeros, as allocated
   master_ = at::empty({shard_numel_}, options.dtype(at::kFloat));
   // A world of one with the whole state has nothing to reduce: the optimizer reads the model-dtype
   // gradient itself (widening it is exact), instead of an fp32 copy of it.
@@ -63,13 +66,38 @@ void ShardedUnit::load_master_from_model() {
   if (strategy_.gathers_parameters_per_unit) shard_weights_ = owned.clone();
 }
 
-bool ShardedUnit::note_gradient_accumulated() {
+at::Tensor ShardedUnit::gradient_view(size_t index) const {
+  const auto& parameter = parameters_[index].second;
+  return full_gradient_.narrow(0, offsets_[index], parameter.numel()).view(parameter.sizes());
+}
+
+bool ShardedUnit::note_gradient_accumulated(size_t index) {
+  if (!gradient_written_[index]) {
+    c10::NoGradGuard no_grad;
+    const auto& parameter = parameters_[index].second;
+    auto view = gradient_view(index);
+    if (parameter.grad().defined()) view.copy_(parameter.grad());
+    parameter.mutable_grad() = view;
+    gradient_written_[index] = true;
+  }
   return ++accumulated_ == static_cast<int64_t>(parameters_.size());
+}
+
+void ShardedUnit::gradient_ready() {
+  c10::NoGradGuard no_grad;
+  for (size_t i = 0; i < parameters_.size(); ++i) {
+    if (gradient_written_[i]) continue;
+    auto view = gradient_view(i);
+    view.zero_();
+    parameters_[i].second.mutable_grad() = view;
+    gradient_written_[i] = true;
+  }
 }
 
 void ShardedUnit::start_gradient_reduce() {
   if (reduce_started_) return;
   reduce_started_ = true;
+  gradient_ready();
   if (!reduces_gradient()) return;
   c10::NoGradGuard no_grad;
   if (!strategy_.shards_state) {
@@ -91,7 +119,9 @@ void ShardedUnit::finish_gradient_reduce() {
 
 void ShardedUnit::zero_grad() {
   if (pending_reduce_) fail("sharding unit {}: zero_grad while its gradient reduce runs", name_);
-  full_gradient_.zero_();
+  // No fill: the next backward's first gradient of each parameter is copied over its slice.
+  for (auto& [key, parameter] : parameters_) parameter.mutable_grad() = at::Tensor();
+  gradient_written_.assign(parameters_.size(), false);
   reduce_started_ = false;
 }
 

@@ -51,6 +51,7 @@ class ShardedUnit {
   void start_gradient_reduce();
   void finish_gradient_reduce();
   bool gradient_reduce_started() const { return reduce_started_; }
+  // Starts a new accumulation: every parameter's .grad is undefined until its next gradient.
   void zero_grad();
 
   // After an optimizer step: the updated masters become the model's weights on every rank
@@ -64,12 +65,21 @@ class ShardedUnit {
   void release();
   bool resident() const;
 
-  // Called by the gradient hook of each parameter once its gradient is accumulated; returns
-  // true when that completes the unit (every parameter has its gradient for this backward).
-  bool note_gradient_accumulated();
+  // Called by the gradient hook of parameter `index` (of parameters()) once autograd has
+  // accumulated its gradient; returns true when that completes the unit (every parameter has its
+  // gradient for this backward). The first gradient after zero_grad arrives in a tensor of its
+  // own (zero_grad leaves .grad undefined, so autograd hands over the new gradient instead of
+  // adding it to zeros); it is copied into the flat gradient, which .grad views again.
+  bool note_gradient_accumulated(size_t index);
   void reset_gradient_count() { accumulated_ = 0; }
 
  private:
+  // The flat gradient slice of parameter `index`, shaped as the parameter.
+  at::Tensor gradient_view(size_t index) const;
+  // Zeroes the slices of parameters that received no gradient since zero_grad: before anything
+  // reads full_gradient_ (the reduce, or the optimizer when nothing is reduced).
+  void gradient_ready();
+
   std::string name_;
   NamedParameters parameters_;
   Communicator& comm_;
@@ -77,11 +87,16 @@ class ShardedUnit {
   int64_t numel_ = 0, padded_numel_ = 0, shard_numel_ = 0, shard_offset_ = 0;
   int64_t full_bytes_ = 0;
   at::Tensor full_;           // model dtype [padded]: what the parameters view
-  at::Tensor full_gradient_;  // model dtype [padded]: what the parameters' .grad view
+  at::Tensor full_gradient_;  // model dtype [padded]: what the parameters' .grad view (see below)
   at::Tensor shard_weights_;  // gathered per unit: model dtype [shard], this rank's resident slice
   at::Tensor master_;         // fp32 [shard]
   at::Tensor gradient_;       // fp32 [shard] (state not sharded: [padded], all-reduced), or
                               // full_gradient_ when nothing is reduced
+  std::vector<int64_t> offsets_;  // each parameter's first element in the flat buffers
+  // Per parameter: whether its slice of full_gradient_ holds this window's gradient (or zeros).
+  // zero_grad clears it instead of zero-filling the buffer; slices still unwritten when the
+  // gradient is first read are zeroed then (gradient_ready).
+  std::vector<bool> gradient_written_;
   std::unique_ptr<PendingCollective> pending_reduce_;
   bool reduce_started_ = false;
   int64_t accumulated_ = 0;  // parameters whose gradient arrived in this backward

@@ -94,7 +94,7 @@ DraftOutput DSpineDraftImpl::forward(const torch::Tensor& position_ids,
                                      const torch::Tensor& noise_embedding,
                                      const torch::Tensor& target_hidden,
                                      const torch::Tensor& block_token_ids,
-                                     const torch::Tensor& replace_mask) {
+                                     const torch::Tensor& replace_mask, bool layer_features) {
   if (!transfer_ready()) {
     fail("Initialize or load the DSpine transfer space before use (transfer_ready is false)");
   }
@@ -126,10 +126,11 @@ DraftOutput DSpineDraftImpl::forward(const torch::Tensor& position_ids,
     pre = x.view({rows, blocks, bs, hidden});
     RECORD_USER_SCOPE("dspine.injection");
     auto y = injection->forward(pre, i, block_token_ids, transfer_codes, replace_mask);
-    features.push_back(injection->feature(y, i));
+    if (layer_features) features.push_back(injection->feature(y, i));
     x = y.view({rows, queries, hidden});
   }
-  return {norm(x).view({rows, blocks, bs, hidden}), pre, torch::stack(features)};
+  return {norm(x).view({rows, blocks, bs, hidden}), pre,
+          layer_features ? torch::stack(features) : torch::Tensor()};
 }
 
 torch::Tensor DSpineDraftImpl::refine(const torch::Tensor& h, const torch::Tensor& pred_ids) {

@@ -26,7 +26,8 @@ struct ResolvedDraft;  // model/draft_registry.h
 struct DraftOutput {
   at::Tensor hidden_states;   // [B, N, bs, H] final, normed
   at::Tensor pre_injection;   // [B, N, bs, H] last layer's decoder output before injection
-  at::Tensor layer_features;  // [L, B, N, bs, r] post-injection features of every layer
+  at::Tensor layer_features;  // [L, B, N, bs, r] post-injection features of every layer, or
+                              // undefined when forward was not asked for them
 };
 
 // Units announced to a UnitObserver: "context" (fc, hidden_norm), "layers.<i>", and "head"
@@ -42,10 +43,12 @@ class DSpineDraftImpl : public torch::nn::Module, public ObservableUnits {
   // the attention mask: block_attention_mask); noise_embedding [B, Q, H]; target_hidden
   // [B, S, K*H]; block_token_ids [B, N, bs]; replace_mask [B, N] bool or undefined. Attention runs
   // through the block kernels where block_kernels_apply, else through the dense mask.
+  // layer_features: whether to compute the alignment term's per-layer features (a readout GEMM
+  // and a norm per layer that nothing else reads; the CE-only prepass goes without).
   DraftOutput forward(const torch::Tensor& position_ids, const torch::Tensor& anchors,
                       const torch::Tensor& keep, const torch::Tensor& noise_embedding,
                       const torch::Tensor& target_hidden, const torch::Tensor& block_token_ids,
-                      const torch::Tensor& replace_mask);
+                      const torch::Tensor& replace_mask, bool layer_features = true);
 
   // hidden_norm(fc(target_hidden)): [B, S, H].
   torch::Tensor context(const torch::Tensor& target_hidden);

@@ -161,7 +161,7 @@ DraftPass DSpineTrainingModel::draft_pass(const data::DraftBatch& batch, const R
 
   auto draft =
       draft_->forward(out.position_ids, out.blocks.anchors, out.blocks.keep, noise, hidden_states,
-                      out.blocks.labels, out.replace);
+                      out.blocks.labels, out.replace, /*layer_features=*/full_rows);
 
   // §5.9: blocks become rows, M = B·N.
   const int64_t blocks = rows * out.blocks.anchors.size(1);

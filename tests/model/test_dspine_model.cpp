@@ -128,6 +128,23 @@ TEST(DSpineDraft, ZeroWritesGiveBitIdenticalBackboneHiddenStates) {
   EXPECT_EQ(out.layer_features.sizes(), torch::IntArrayRef({3, 2, 2, 4, 8}));
 }
 
+TEST(DSpineDraft, ForwardWithoutLayerFeaturesGivesTheSameStates) {
+  const auto c = tiny_config();
+  auto draft = initialized_draft(c);
+  torch::NoGradGuard no_grad;
+  // Non-zero writes, so the injections change the states the features would be read from.
+  for (auto& write : draft->injection->write_layers) write->weight.normal_(0, 0.1);
+  draft->injection->predecessor_gate->weight.normal_(0, 0.1);
+  auto in = block_inputs(c);
+  const auto replace = torch::tensor({{true, false}, {false, true}});
+  auto with = run(*draft, in, replace);
+  auto without = draft->forward(in.position_ids, in.anchors, in.keep, in.noise, in.target_hidden,
+                                in.tokens, replace, /*layer_features=*/false);
+  EXPECT_TRUE(torch::equal(without.hidden_states, with.hidden_states));
+  EXPECT_TRUE(torch::equal(without.pre_injection, with.pre_injection));
+  EXPECT_FALSE(without.layer_features.defined());
+}
+
 TEST(DSpineBlockMask, MatchesTheHandCheckedExample) {
   const auto anchors = torch::tensor({{2, 5}, {1, 4}}, torch::kInt64);
   const auto keep = torch::tensor({{true, true}, {true, false}});
