@@ -4,7 +4,6 @@
 #include <torch/autograd.h>
 
 #include "core/error.h"
-#include "ops/adjacent_rows.h"
 
 namespace dspine::ops {
 namespace {
@@ -12,15 +11,23 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// The three weights as one [Hq·D + 2·KVH·D, H] matrix: a view when they lie one after another in
-// one buffer (a sharding unit lays the q, k and v projections out so), else a copy (16 MiB at the
-// recipe's size).
-at::Tensor stacked_weights(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-  if (rows_adjacent(q, k) && rows_adjacent(k, v)) {
-    return q.as_strided({q.size(0) + k.size(0) + v.size(0), q.size(1)}, q.strides(),
-                        q.storage_offset());
+// out = a·weightᵀ, or out += a·weightᵀ when accumulating: 2-D, out a contiguous slice of a wider
+// tensor (the GEMM writes it in place; with accumulate, β = 1 reads it in the epilogue).
+void project_into(at::Tensor out, const at::Tensor& a, const at::Tensor& weight, bool accumulate) {
+  if (accumulate) {
+    out.addmm_(a, weight.t());
+  } else {
+    at::mm_out(out, a, weight.t());
   }
-  return at::cat({q, k, v}, 0);
+}
+
+// out (+)= aᵀ·b for a [rows, M], b [rows, N]: a weight gradient, summed over calls in the GEMM.
+void weight_gradient_into(at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
+  if (out.defined()) {
+    out.addmm_(a.t(), b);
+  } else {
+    out = at::mm(a.t(), b);
+  }
 }
 
 struct AttentionProjectionsFunction
@@ -37,47 +44,47 @@ struct AttentionProjectionsFunction
     // so each GEMM writes its part in place (no concatenation).
     for (int64_t r = 0; r < rows; ++r) {
       for (auto [out, weight] : {std::pair{k[r], &k_weight}, std::pair{v[r], &v_weight}}) {
-        auto context_rows = out.narrow(0, 0, positions),
-             block_rows = out.narrow(0, positions, queries);
-        at::mm_out(context_rows, context[r], weight->t());
-        at::mm_out(block_rows, x[r], weight->t());
+        project_into(out.narrow(0, 0, positions), context[r], *weight, false);
+        project_into(out.narrow(0, positions, queries), x[r], *weight, false);
       }
     }
     return {q, k, v};
   }
 
-  // The gradients of the projections' outputs side by side, one row per input row: [dq | dk | dv]
-  // for the block tokens and [dk | dv] for the context (one copy of each, 0.2 GiB per layer at
-  // the recipe's size). Each input gradient is then one GEMM against the stacked weights and the
-  // weights' gradient one GEMM per input, all over every row at once and summed in their fp32
-  // accumulators: 4 GEMMs per layer instead of 18 row-sized ones.
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &x = saved[0], &context = saved[1];
     const at::Tensor &q_weight = saved[2], &k_weight = saved[3], &v_weight = saved[4];
-    const int64_t queries = x.size(1), positions = context.size(1), hidden = x.size(2);
-    const int64_t q_width = q_weight.size(0), kv_width = k_weight.size(0);
-    const at::Tensor& dq = grads[0];
-    const at::Tensor &dk = grads[1], &dv = grads[2];
-    const at::Tensor weights = stacked_weights(q_weight, k_weight, v_weight);
-    const at::Tensor block_grads =
-        at::cat({dq, dk.narrow(1, positions, queries), dv.narrow(1, positions, queries)}, 2)
-            .view({-1, q_width + 2 * kv_width});
-    const at::Tensor context_grads =
-        at::cat({dk.narrow(1, 0, positions), dv.narrow(1, 0, positions)}, 2)
-            .view({-1, 2 * kv_width});
+    const int64_t rows = x.size(0), queries = x.size(1), positions = context.size(1);
+    const at::Tensor dq = grads[0].contiguous();
+    const at::Tensor dk = grads[1].contiguous(), dv = grads[2].contiguous();
     at::Tensor dx, dcontext, dq_weight, dk_weight, dv_weight;
-    if (ctx->needs_input_grad(0)) dx = block_grads.mm(weights).view(x.sizes());
-    if (ctx->needs_input_grad(1)) {
-      dcontext = context_grads.mm(weights.narrow(0, q_width, 2 * kv_width)).view(context.sizes());
+    if (ctx->needs_input_grad(0)) dx = at::matmul(dq, q_weight);
+    if (ctx->needs_input_grad(1)) dcontext = at::empty_like(context);
+    for (int64_t r = 0; r < rows; ++r) {
+      const at::Tensor dk_context = dk[r].narrow(0, 0, positions);
+      const at::Tensor dv_context = dv[r].narrow(0, 0, positions);
+      const at::Tensor dk_blocks = dk[r].narrow(0, positions, queries);
+      const at::Tensor dv_blocks = dv[r].narrow(0, positions, queries);
+      if (dx.defined()) {
+        project_into(dx[r], dk_blocks, k_weight.t(), true);
+        project_into(dx[r], dv_blocks, v_weight.t(), true);
+      }
+      if (dcontext.defined()) {
+        project_into(dcontext[r], dk_context, k_weight.t(), false);
+        project_into(dcontext[r], dv_context, v_weight.t(), true);
+      }
+      if (ctx->needs_input_grad(3)) {
+        weight_gradient_into(dk_weight, dk_context, context[r]);
+        weight_gradient_into(dk_weight, dk_blocks, x[r]);
+      }
+      if (ctx->needs_input_grad(4)) {
+        weight_gradient_into(dv_weight, dv_context, context[r]);
+        weight_gradient_into(dv_weight, dv_blocks, x[r]);
+      }
     }
-    if (ctx->needs_input_grad(2) || ctx->needs_input_grad(3) || ctx->needs_input_grad(4)) {
-      at::Tensor dweights = block_grads.t().mm(x.view({-1, hidden}));
-      dweights.narrow(0, q_width, 2 * kv_width)
-          .addmm_(context_grads.t(), context.view({-1, hidden}));
-      if (ctx->needs_input_grad(2)) dq_weight = dweights.narrow(0, 0, q_width);
-      if (ctx->needs_input_grad(3)) dk_weight = dweights.narrow(0, q_width, kv_width);
-      if (ctx->needs_input_grad(4)) dv_weight = dweights.narrow(0, q_width + kv_width, kv_width);
+    if (ctx->needs_input_grad(2)) {
+      dq_weight = at::mm(dq.reshape({-1, dq.size(-1)}).t(), x.reshape({-1, x.size(-1)}));
     }
     return {dx, dcontext, dq_weight, dk_weight, dv_weight};
   }

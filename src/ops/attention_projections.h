@@ -1,8 +1,7 @@
 // The DSpine attention's input projections as one autograd node: q from the block tokens, k and v
 // from the context followed by the block tokens, written straight into the [B, S + Q, ·] tensors
-// the attention kernels read. Its backward sums each input's gradient inside one GEMM against the
-// three weights stacked instead of in separate passes over [B, Q, H] (docs/model.md, "Attention
-// projections").
+// the attention kernels read. Its backward sums each input's gradient inside the GEMMs (β = 1)
+// instead of in separate passes over [B, Q, H] (docs/model.md, "Attention projections").
 #pragma once
 
 #include <ATen/core/Tensor.h>

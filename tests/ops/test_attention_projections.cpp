@@ -1,6 +1,6 @@
 // ops::attention_projections against the composition it replaces (three Linear layers and two
-// concatenations): values and every gradient, in fp32 and bf16, with frozen inputs and with the
-// weights adjacent in one buffer, and the error for inputs of the wrong shape.
+// concatenations): values and every gradient, in fp32 and bf16, with frozen inputs, and the error
+// for inputs of the wrong shape.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -8,7 +8,6 @@
 #include <vector>
 
 #include "core/error.h"
-#include "ops/adjacent_rows.h"
 #include "ops/attention_projections.h"
 
 namespace dspine::ops {
@@ -62,25 +61,9 @@ void expect_close(const torch::Tensor& got, const torch::Tensor& want, double rt
   EXPECT_LE(error, rtol * scale) << what << ": relative error " << error / scale;
 }
 
-// Re-points the three weights into one buffer, one after another, as a sharding unit lays out
-// a layer's parameters: the backward then reads them as one stacked matrix without a copy.
-void make_weights_adjacent(Inputs& in) {
-  torch::NoGradGuard no_grad;
-  auto buffer = torch::cat({in.wq, in.wk, in.wv}, 0);
-  int64_t row = 0;
-  for (auto* weight : {&in.wq, &in.wk, &in.wv}) {
-    weight->set_data(buffer.narrow(0, row, weight->size(0)));
-    row += weight->size(0);
-  }
-  ASSERT_TRUE(rows_adjacent(in.wq, in.wk) && rows_adjacent(in.wk, in.wv));
-}
-
-void compare(torch::Dtype dtype, const std::vector<bool>& trainable, double rtol,
-             bool adjacent_weights = false) {
+void compare(torch::Dtype dtype, const std::vector<bool>& trainable, double rtol) {
   const Inputs base = make_inputs(dtype, 3);
-  Inputs fused = leaves(base, trainable);
-  const Inputs reference = leaves(base, trainable);
-  if (adjacent_weights) make_weights_adjacent(fused);
+  const Inputs fused = leaves(base, trainable), reference = leaves(base, trainable);
   const auto got =
       run(attention_projections(fused.x, fused.context, fused.wq, fused.wk, fused.wv), 9);
   const auto want = run(composed(reference), 9);
@@ -100,11 +83,6 @@ TEST(AttentionProjections, MatchesTheLinearsAndConcatenationsInFp32) {
 
 TEST(AttentionProjections, MatchesInBf16WithinItsRounding) {
   compare(torch::kBFloat16, {true, true, true, true, true}, 1e-2);
-}
-
-TEST(AttentionProjections, WeightsAdjacentInOneBufferGiveTheSameGradients) {
-  compare(torch::kFloat, {true, true, true, true, true}, 1e-6, /*adjacent_weights=*/true);
-  compare(torch::kBFloat16, {true, true, true, true, true}, 1e-2, /*adjacent_weights=*/true);
 }
 
 TEST(AttentionProjections, FrozenInputsGetNoGradient) {
