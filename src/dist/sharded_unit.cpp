@@ -44,7 +44,6 @@ ShardedUnit::ShardedUnit(std::string name, NamedParameters parameters, Communica
     parameter.mutable_grad() = gradient_view(i);
     offset += n;
   }
-  gradient_written_.assign(parameters_.size(), true);  // zeros, as allocated
   master_ = at::empty({shard_numel_}, options.dtype(at::kFloat));
   // A world of one with the whole state has nothing to reduce: the optimizer reads the model-dtype
   // gradient itself (widening it is exact), instead of an fp32 copy of it.
@@ -72,13 +71,12 @@ at::Tensor ShardedUnit::gradient_view(size_t index) const {
 }
 
 bool ShardedUnit::note_gradient_accumulated(size_t index) {
-  if (!gradient_written_[index]) {
+  const auto& parameter = parameters_[index].second;
+  if (!parameter.grad().is_alias_of(full_gradient_)) {
     c10::NoGradGuard no_grad;
-    const auto& parameter = parameters_[index].second;
     auto view = gradient_view(index);
-    if (parameter.grad().defined()) view.copy_(parameter.grad());
+    view.copy_(parameter.grad());
     parameter.mutable_grad() = view;
-    gradient_written_[index] = true;
   }
   return ++accumulated_ == static_cast<int64_t>(parameters_.size());
 }
@@ -86,11 +84,11 @@ bool ShardedUnit::note_gradient_accumulated(size_t index) {
 void ShardedUnit::gradient_ready() {
   c10::NoGradGuard no_grad;
   for (size_t i = 0; i < parameters_.size(); ++i) {
-    if (gradient_written_[i]) continue;
+    auto& parameter = parameters_[i].second;
+    if (parameter.grad().defined()) continue;
     auto view = gradient_view(i);
     view.zero_();
-    parameters_[i].second.mutable_grad() = view;
-    gradient_written_[i] = true;
+    parameter.mutable_grad() = view;
   }
 }
 
@@ -121,7 +119,6 @@ void ShardedUnit::zero_grad() {
   if (pending_reduce_) fail("sharding unit {}: zero_grad while its gradient reduce runs", name_);
   // No fill: the next backward's first gradient of each parameter is copied over its slice.
   for (auto& [key, parameter] : parameters_) parameter.mutable_grad() = at::Tensor();
-  gradient_written_.assign(parameters_.size(), false);
   reduce_started_ = false;
 }
 

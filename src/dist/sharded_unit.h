@@ -76,8 +76,9 @@ class ShardedUnit {
  private:
   // The flat gradient slice of parameter `index`, shaped as the parameter.
   at::Tensor gradient_view(size_t index) const;
-  // Zeroes the slices of parameters that received no gradient since zero_grad: before anything
-  // reads full_gradient_ (the reduce, or the optimizer when nothing is reduced).
+  // Zeroes the slices of parameters that received no gradient since zero_grad (their .grad is
+  // still undefined): before anything reads full_gradient_ (the reduce, or the optimizer when
+  // nothing is reduced).
   void gradient_ready();
 
   std::string name_;
@@ -87,16 +88,12 @@ class ShardedUnit {
   int64_t numel_ = 0, padded_numel_ = 0, shard_numel_ = 0, shard_offset_ = 0;
   int64_t full_bytes_ = 0;
   at::Tensor full_;           // model dtype [padded]: what the parameters view
-  at::Tensor full_gradient_;  // model dtype [padded]: what the parameters' .grad view (see below)
+  at::Tensor full_gradient_;  // model dtype [padded]: what the parameters' .grad view
   at::Tensor shard_weights_;  // gathered per unit: model dtype [shard], this rank's resident slice
   at::Tensor master_;         // fp32 [shard]
   at::Tensor gradient_;       // fp32 [shard] (state not sharded: [padded], all-reduced), or
                               // full_gradient_ when nothing is reduced
   std::vector<int64_t> offsets_;  // each parameter's first element in the flat buffers
-  // Per parameter: whether its slice of full_gradient_ holds this window's gradient (or zeros).
-  // zero_grad clears it instead of zero-filling the buffer; slices still unwritten when the
-  // gradient is first read are zeroed then (gradient_ready).
-  std::vector<bool> gradient_written_;
   std::unique_ptr<PendingCollective> pending_reduce_;
   bool reduce_started_ = false;
   int64_t accumulated_ = 0;  // parameters whose gradient arrived in this backward
