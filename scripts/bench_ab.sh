@@ -6,8 +6,8 @@
 #   ROUNDS (default 3) pairs of runs; the arguments default to the recipe's replay at A = 1:
 #   step --config configs/qwen3-8b-dspine.yaml --steps 4 --set data.source=random
 #        --set training.accumulation_steps=1
-# Prints a markdown table: each run's replay, window and replay peak above its start, then the
-# medians over the rounds and B / A. Logs go to $OUT (default /tmp/dspine-out) as ab_<A|B>_<i>.log.
+# Prints a markdown table: each run's replay, CE-only prepass (0 at A = 1), window and replay peak
+# above its start, then the medians over the rounds and B / A. Logs go to $OUT (default /tmp/dspine-out) as ab_<A|B>_<i>.log.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 usage() { sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
@@ -37,8 +37,8 @@ median() { tr ' ' '\n' | grep . | sort -g | awk '{ v[NR] = $1 }
 
 declare -A values  # [side.measure] = the rounds' values, space-separated
 status=0
-echo "| run | replay ms | window ms | replay peak above start MiB |"
-echo "|---|---:|---:|---:|"
+echo "| run | replay ms | prepass ms | window ms | replay peak above start MiB |"
+echo "|---|---:|---:|---:|---:|"
 for ((round = 1; round <= ROUNDS; ++round)); do
   for side in A B; do
     log="$OUT_DIR/ab_${side}_$round.log"
@@ -48,11 +48,13 @@ for ((round = 1; round <= ROUNDS; ++round)); do
       status=1
       continue
     fi
-    row=("$(column replay 2 "$log")" "$(column window 2 "$log")" "$(column replay 3 "$log")")
+    row=("$(column replay 2 "$log")" "$(column prepass 2 "$log")" "$(column window 2 "$log")"
+         "$(column replay 3 "$log")")
     values[$side.replay]+="${row[0]} "
-    values[$side.window]+="${row[1]} "
-    values[$side.peak]+="${row[2]} "
-    echo "| $side $round | ${row[0]} | ${row[1]} | ${row[2]} |"
+    values[$side.prepass]+="${row[1]} "
+    values[$side.window]+="${row[2]} "
+    values[$side.peak]+="${row[3]} "
+    echo "| $side $round | ${row[0]} | ${row[1]} | ${row[2]} | ${row[3]} |"
   done
 done
 ((status == 0)) || exit 1
@@ -60,8 +62,10 @@ done
 declare -A med
 for key in "${!values[@]}"; do med[$key]=$(median <<<"${values[$key]}"); done
 for side in A B; do
-  echo "| $side median | ${med[$side.replay]} | ${med[$side.window]} | ${med[$side.peak]} |"
+  echo "| $side median | ${med[$side.replay]} | ${med[$side.prepass]} | ${med[$side.window]} | ${med[$side.peak]} |"
 done
-awk -v ra="${med[A.replay]}" -v rb="${med[B.replay]}" -v wa="${med[A.window]}" \
-  -v wb="${med[B.window]}" -v pa="${med[A.peak]}" -v pb="${med[B.peak]}" 'BEGIN {
-    printf "| B / A | %.4f | %.4f | %s |\n", rb / ra, wb / wa, (pa > 0 ? sprintf("%.4f", pb / pa) : "n/a") }'
+awk -v ra="${med[A.replay]}" -v rb="${med[B.replay]}" -v ca="${med[A.prepass]}" \
+  -v cb="${med[B.prepass]}" -v wa="${med[A.window]}" -v wb="${med[B.window]}" \
+  -v pa="${med[A.peak]}" -v pb="${med[B.peak]}" '
+  function ratio(b, a) { return a > 0 ? sprintf("%.4f", b / a) : "n/a" }
+  BEGIN { printf "| B / A | %.4f | %s | %.4f | %s |\n", rb / ra, ratio(cb, ca), wb / wa, ratio(pb, pa) }'

@@ -12,7 +12,8 @@
 # vocabulary and training-step benchmarks; profile: only the fused recipe step, profiled, its
 # kernels by launching code and its trace; attention and step also run the q/k norm + RoPE test;
 # ab: dspine-bench of this tree against that of the tree in .ab-base/, runs alternating,
-# scripts/bench_ab.sh; make .ab-base with `git archive --prefix=.ab-base/ REV | tar -x` and carry it)
+# scripts/bench_ab.sh, AB_ROUNDS rounds of `dspine-bench AB_ARGS` (default: the recipe's replay at
+# A = 1); make .ab-base with `git archive --prefix=.ab-base/ REV | tar -x` and carry it)
 set -uo pipefail
 PHASE="${1:-all}"
 cd "$(dirname "$0")/.."
@@ -85,8 +86,10 @@ fi
 if [[ $PHASE == ab ]]; then
   wait "$base_build" || { grep -E -A12 "error|FAILED" "$OUT/build_ab_base.log" | head -40; exit 1; }
   echo "base build ok at $(( $(date +%s) - start )) s"
+  ab_args=()
+  if [[ -n ${AB_ARGS:-} ]]; then read -r -a ab_args <<<"-- $AB_ARGS"; fi
   scripts/bench_ab.sh .ab-base/build-device/bin/dspine-bench "$BUILD_DIR/bin/dspine-bench" \
-    "${AB_ROUNDS:-3}" | tee "$OUT/bench_ab.md"
+    "${AB_ROUNDS:-3}" "${ab_args[@]}" | tee "$OUT/bench_ab.md"
   status=${PIPESTATUS[0]}
   echo "done in $(( $(date +%s) - start )) s, status $status"
   exit $status

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# scripts/bench_ab.sh on configs/tiny.yaml (CPU), one binary as both sides: a row per run, the
-# medians and a B / A row of positive ratios; a missing binary, a bad round count and a failing
+# scripts/bench_ab.sh on configs/tiny.yaml (CPU), one binary as both sides: a row per run (replay,
+# prepass, window, peak), the medians and a B / A row of positive ratios; a missing binary, a bad round count and a failing
 # run end with an error that names them.
 # Usage: bench_ab.sh <dspine-bench> <source dir> <work dir>
 set -uo pipefail
@@ -14,9 +14,10 @@ tiny=(-- step --config "$SRC/configs/tiny.yaml" --steps 3)
 ab "$BENCH" "$BENCH" 2 "${tiny[@]}" > "$WORK/table.md" 2> "$WORK/stderr.txt" ||
   problem "two rounds failed: $(cat "$WORK/stderr.txt")"
 for run in "A 1" "B 1" "A 2" "B 2" "A median" "B median"; do
-  grep -qE "^\| $run \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \|$" "$WORK/table.md" || problem "no row '$run'"
+  grep -qE "^\| $run \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \|$" "$WORK/table.md" ||
+    problem "no row '$run'"
 done
-awk -F'|' '$2 ~ /B \/ A/ { ok = $3 > 0 && $4 > 0 } END { exit !ok }' "$WORK/table.md" ||
+awk -F'|' '$2 ~ /B \/ A/ { ok = $3 > 0 && $5 > 0 } END { exit !ok }' "$WORK/table.md" ||
   problem "no positive B / A ratios: $(tail -1 "$WORK/table.md")"
 [[ -s $WORK/ab_B_2.log ]] || problem "no log of B's second run"
 
