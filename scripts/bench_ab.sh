@@ -6,8 +6,8 @@
 #   ROUNDS (default 3) pairs of runs; the arguments default to the recipe's replay at A = 1:
 #   step --config configs/qwen3-8b-dspine.yaml --steps 4 --set data.source=random
 #        --set training.accumulation_steps=1
-# Prints a markdown table: each run's replay, CE-only prepass (0 at A = 1), window and replay peak
-# above its start, then the medians over the rounds and B / A. Logs go to $OUT (default /tmp/dspine-out) as ab_<A|B>_<i>.log.
+# Prints a markdown table: per run the replay, CE-only prepass (0 at A = 1), window and replay peak
+# above its start; the medians and B / A. Logs: $OUT (default /tmp/dspine-out)/ab_<A|B>_<i>.log.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 usage() { sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
@@ -62,10 +62,13 @@ done
 declare -A med
 for key in "${!values[@]}"; do med[$key]=$(median <<<"${values[$key]}"); done
 for side in A B; do
-  echo "| $side median | ${med[$side.replay]} | ${med[$side.prepass]} | ${med[$side.window]} | ${med[$side.peak]} |"
+  echo "| $side median | ${med[$side.replay]} | ${med[$side.prepass]} | ${med[$side.window]} |" \
+    "${med[$side.peak]} |"
 done
 awk -v ra="${med[A.replay]}" -v rb="${med[B.replay]}" -v ca="${med[A.prepass]}" \
   -v cb="${med[B.prepass]}" -v wa="${med[A.window]}" -v wb="${med[B.window]}" \
   -v pa="${med[A.peak]}" -v pb="${med[B.peak]}" '
   function ratio(b, a) { return a > 0 ? sprintf("%.4f", b / a) : "n/a" }
-  BEGIN { printf "| B / A | %.4f | %s | %.4f | %s |\n", rb / ra, ratio(cb, ca), wb / wa, ratio(pb, pa) }'
+  BEGIN {
+    printf "| B / A | %.4f | %s | %.4f | %s |\n", rb / ra, ratio(cb, ca), wb / wa, ratio(pb, pa)
+  }'

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # scripts/bench_ab.sh on configs/tiny.yaml (CPU), one binary as both sides: a row per run (replay,
-# prepass, window, peak), the medians and a B / A row of positive ratios; a missing binary, a bad round count and a failing
-# run end with an error that names them.
+# prepass, window, peak), the medians and a B / A row of positive ratios; a missing binary, a bad
+# round count and a failing run end with an error that names them.
 # Usage: bench_ab.sh <dspine-bench> <source dir> <work dir>
 set -uo pipefail
 BENCH=$1 SRC=$2 WORK=$3
