@@ -184,9 +184,7 @@ DraftPass DSpineTrainingModel::draft_pass(const data::DraftBatch& batch, const R
   return out;
 }
 
-DSpineOutput DSpineTrainingModel::objective(const DraftPass& pass,
-                                            const DSpineForwardOptions& options) {
-  const auto device = lm_head_.device();
+DSpineOutput DSpineTrainingModel::pass_output(const DraftPass& pass) {
   DSpineOutput out;
   out.schedule = pass.schedule;
   out.blocks = pass.blocks;
@@ -194,6 +192,34 @@ DSpineOutput DSpineTrainingModel::objective(const DraftPass& pass,
   out.position_ids = pass.position_ids;
   out.denominator = pass.weights.sum();
   out.count = pass.supervised.sum().to(torch::kFloat32);
+  return out;
+}
+
+std::pair<KeptPass, DSpineOutput> DSpineTrainingModel::keep_pass(
+    const data::DraftBatch& batch, const RowStreams& streams, const DSpineForwardOptions& options) {
+  if (!torch::GradMode::is_enabled()) fail("a kept DSpine prepass needs autograd on");
+  KeptPass kept{draft_pass(batch, streams, options, /*full_rows=*/true), std::nullopt};
+  if (!fused_vocabulary_) {
+    torch::NoGradGuard no_grad;
+    auto ce_only = options;
+    ce_only.ce_only = true;
+    auto out = objective(kept.pass, ce_only);
+    return {std::move(kept), std::move(out)};
+  }
+  kept.vocabulary = vocabulary_terms(kept.pass, nullptr);
+  DSpineOutput out = pass_output(kept.pass);
+  out.ce = (kept.pass.weights.reshape({-1}) * kept.vocabulary->ce).sum();
+  out.correct = correct(kept.vocabulary->argmax, kept.pass);
+  out.numerator = out.ce;
+  out.loss = out.numerator / out.denominator.clamp_min(1.0);
+  return {std::move(kept), std::move(out)};
+}
+
+DSpineOutput DSpineTrainingModel::objective(const DraftPass& pass,
+                                            const DSpineForwardOptions& options,
+                                            const ops::VocabObjectiveResult* vocabulary) {
+  const auto device = lm_head_.device();
+  DSpineOutput out = pass_output(pass);
   const int64_t chunk = settings_.objective_chunk_blocks;
 
   if (options.ce_only) {
@@ -220,7 +246,11 @@ DSpineOutput DSpineTrainingModel::objective(const DraftPass& pass,
   }
   if (options.policy != nullptr && !fused_vocabulary_)
     fail("the GSPO policy term in the vocabulary row pass needs the fused vocabulary path");
-  const auto sums = fused_vocabulary_ ? fused_terms(pass, options.policy) : reference_terms(pass);
+  if (vocabulary != nullptr && (!fused_vocabulary_ || options.policy != nullptr)) {
+    fail("DSpine vocabulary terms computed ahead need the fused vocabulary path and no policy");
+  }
+  const auto sums =
+      fused_vocabulary_ ? fused_terms(pass, options.policy, vocabulary) : reference_terms(pass);
 
   // §7.2: CE̅ of the window (replay) or of this batch over all ranks (immediate path).
   if (options.alignment_ce.defined()) {
@@ -297,19 +327,25 @@ DSpineTrainingModel::TermSums DSpineTrainingModel::reference_terms(const DraftPa
 
 // The backbone terms in one fused call over all M·T rows (its own row chunks), then the
 // refinement and alignment terms chunked as before, fed the candidates and teacher probabilities.
-DSpineTrainingModel::TermSums DSpineTrainingModel::fused_terms(const DraftPass& pass,
-                                                               const ops::VocabPolicy* policy) {
-  const int64_t top_k = model_config_.dspine.top_k;
+ops::VocabObjectiveResult DSpineTrainingModel::vocabulary_terms(const DraftPass& pass,
+                                                                const ops::VocabPolicy* policy) {
   if (pinned_candidates_.defined()) fail("DSpine pinned candidates are for the reference terms");
   const int64_t hidden = pass.hidden_rows.size(-1);
-  const auto weights = pass.weights.reshape({-1});
   RECORD_USER_SCOPE("dspine.vocab_objective");
   // Teacher logits once per target position: the blocks overlap, so proposals share them.
-  auto options = vocabulary_options(settings_, top_k);
+  auto options = vocabulary_options(settings_, model_config_.dspine.top_k);
   options.policy = policy;
-  auto rows = ops::vocab_objective(pass.hidden_rows.reshape({-1, hidden}), pass.teacher_states,
-                                   pass.labels.reshape({-1}), weights, lm_head_, options,
-                                   pass.teacher_positions.reshape({-1}));
+  return ops::vocab_objective(pass.hidden_rows.reshape({-1, hidden}), pass.teacher_states,
+                              pass.labels.reshape({-1}), pass.weights.reshape({-1}), lm_head_,
+                              options, pass.teacher_positions.reshape({-1}));
+}
+
+DSpineTrainingModel::TermSums DSpineTrainingModel::fused_terms(
+    const DraftPass& pass, const ops::VocabPolicy* policy,
+    const ops::VocabObjectiveResult* vocabulary) {
+  const int64_t top_k = model_config_.dspine.top_k;
+  const auto weights = pass.weights.reshape({-1});
+  const auto rows = vocabulary != nullptr ? *vocabulary : vocabulary_terms(pass, policy);
   TermSums out;
   out.policy = rows.policy;
   out.backbone = rows.loss;

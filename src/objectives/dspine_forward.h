@@ -7,6 +7,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -18,6 +19,7 @@
 #include "objectives/dspine_schedule.h"
 #include "objectives/dspine_settings.h"
 #include "objectives/row_streams.h"
+#include "ops/vocab_objective_ops.h"
 #include "ops/vocab_policy.h"
 
 namespace dspine::objectives {
@@ -76,6 +78,14 @@ struct DraftPass {
   at::Tensor teacher_positions;  // [M, T] int64: the position before each proposal's label
 };
 
+// A micro-batch's prepass kept for its replay (objective.dspine.prepass: keep_last): its full-rows
+// draft pass with autograd's graph and, on the fused vocabulary path, its backbone vocabulary
+// terms with theirs (they need no CE̅, so the replay adds only the candidate terms).
+struct KeptPass {
+  DraftPass pass;
+  std::optional<ops::VocabObjectiveResult> vocabulary;
+};
+
 // The teacher states of a full-rows pass, the target's last hidden state before each label:
 // [M, T, H], or [K, T, H] for the blocks `blocks` (int64 [K]) alone.
 at::Tensor teacher_hidden(const DraftPass& pass, const at::Tensor& blocks = {});
@@ -100,8 +110,16 @@ class DSpineTrainingModel {
   // `full_rows` (the CE prepass needs none of them).
   DraftPass draft_pass(const data::DraftBatch& batch, const RowStreams& streams,
                        const DSpineForwardOptions& options, bool full_rows);
-  // The objective terms of §7 on a draft pass (CE only when options.ce_only).
-  DSpineOutput objective(const DraftPass& pass, const DSpineForwardOptions& options);
+  // The objective terms of §7 on a draft pass (CE only when options.ce_only). `vocabulary`: the
+  // pass's backbone vocabulary terms computed ahead (KeptPass; fused vocabulary path only).
+  DSpineOutput objective(const DraftPass& pass, const DSpineForwardOptions& options,
+                         const ops::VocabObjectiveResult* vocabulary = nullptr);
+  // The prepass of a micro-batch whose replay it starts (autograd on): the full-rows draft pass,
+  // its backbone vocabulary terms where they are fused, and the CE-only output a prepass reports
+  // (its CE from those terms, else from the CE-only terms on the kept states, graph-free).
+  std::pair<KeptPass, DSpineOutput> keep_pass(const data::DraftBatch& batch,
+                                              const RowStreams& streams,
+                                              const DSpineForwardOptions& options);
 
   // The vocabulary path of the backbone terms and the prepass: the fused vocabulary objective
   // (ops/vocab_objective_ops.h; its CUDA row kernel on CUDA, its ATen row pass elsewhere) or the
@@ -136,7 +154,11 @@ class DSpineTrainingModel {
     ops::VocabPolicyResult policy;
   };
   TermSums reference_terms(const DraftPass& pass);
-  TermSums fused_terms(const DraftPass& pass, const ops::VocabPolicy* policy);
+  TermSums fused_terms(const DraftPass& pass, const ops::VocabPolicy* policy,
+                       const ops::VocabObjectiveResult* vocabulary);
+  ops::VocabObjectiveResult vocabulary_terms(const DraftPass& pass, const ops::VocabPolicy* policy);
+  // The fields every output of a pass carries: schedule, blocks, replacement, D and the count.
+  static DSpineOutput pass_output(const DraftPass& pass);
   std::vector<at::Tensor> trainable_parameters() const;
 };
 

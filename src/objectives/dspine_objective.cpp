@@ -46,12 +46,17 @@ std::string DSpineObjective::on_fresh_start(const std::string& init_from) {
   return init_from;
 }
 
-DSpineOutput DSpineObjective::run(const data::DraftBatch& batch, const RowStreams& streams,
-                                  StepContext& context, DSpineForwardOptions options,
-                                  bool announce_phases) {
+DSpineForwardOptions DSpineObjective::forward_options(const StepContext& context) const {
+  DSpineForwardOptions options;
+  options.training = context.training;
   options.step = context.step;
   options.total_steps = context.total_steps;
   options.comm = context.comm;
+  return options;
+}
+
+DSpineOutput DSpineObjective::run(const data::DraftBatch& batch, const RowStreams& streams,
+                                  DSpineForwardOptions options, bool announce_phases) {
   DSpineOutput out;
   if (announce_phases) {
     // model_.forward split, so that the phase hook times the draft pass and the objective terms
@@ -79,25 +84,37 @@ void DSpineObjective::begin_window(const std::vector<data::DraftBatch>& micro_ba
   const int64_t expected = config_.training.accumulation_steps;
   window_.begin(static_cast<int64_t>(micro_batches.size()), expected);
   window_sums_ = at::Tensor();
+  kept_.reset();
   immediate_window_ = expected == 1;
   immediate_steps_ = 0;
   if (immediate_window_) return;
   // §8.2: graph-free CE-only prepass of every micro-batch; the replay draws the same blocks from
-  // the same row streams. With prepass: skip_first the first micro-batch has no prepass; its
-  // replay completes the window's CE̅.
-  const bool skip_first = settings_.prepass == DSpinePrepass::kSkipFirst;
-  torch::NoGradGuard no_grad;
-  for (size_t i = 0; i < micro_batches.size(); ++i) {
+  // the same row streams. With prepass: skip_first (or keep_last) the first micro-batch has no
+  // prepass; its replay completes the window's CE̅. keep_last runs the last micro-batch's prepass
+  // with autograd and keeps it as the start of its replay.
+  const bool skip_first = settings_.prepass != DSpinePrepass::kAll;
+  const int64_t last = static_cast<int64_t>(micro_batches.size()) - 1;
+  const int64_t keep = settings_.prepass == DSpinePrepass::kKeepLast ? last : -1;
+  for (int64_t i = 0; i <= last; ++i) {
     if (i == 0 && skip_first) {
       window_.record_deferred();
       continue;
     }
-    DSpineForwardOptions options;
-    options.ce_only = true;
-    options.training = context.training;
     const auto& batch = micro_batches[i];
-    auto out = run(batch, context.streams(static_cast<int64_t>(i), batch.input_ids.size(0)),
-                   context, options);
+    const auto streams = context.streams(i, batch.input_ids.size(0));
+    DSpineOutput out;
+    if (i == keep) {
+      auto [kept, prepass] = model_.keep_pass(batch, streams, forward_options(context));
+      kept_ = std::move(kept);
+      kept_index_ = i;
+      out = std::move(prepass);
+      if (observer_) observer_(out);
+    } else {
+      torch::NoGradGuard no_grad;
+      auto options = forward_options(context);
+      options.ce_only = true;
+      out = run(batch, streams, options);
+    }
     window_.record_prepass(out.ce.item<double>(), out.denominator.item<double>());
   }
   if (!skip_first) window_.reduce(*context.comm);
@@ -105,15 +122,14 @@ void DSpineObjective::begin_window(const std::vector<data::DraftBatch>& micro_ba
 
 MicroStepResult DSpineObjective::micro_step(const data::DraftBatch& batch, int64_t index,
                                             StepContext& context) {
-  DSpineForwardOptions options;
-  options.training = context.training;
+  auto options = forward_options(context);
   if (immediate_window_) {
     window_.check_immediate();
     if (index != 0 || immediate_steps_ != 0) {
       fail("DSpine immediate window has one micro-batch; got micro-step {}", index);
     }
     ++immediate_steps_;
-    auto out = run(batch, context.streams(index, batch.input_ids.size(0)), context, options,
+    auto out = run(batch, context.streams(index, batch.input_ids.size(0)), options,
                    /*announce_phases=*/true);
     accumulate(out);
     announce("backward");
@@ -127,8 +143,18 @@ MicroStepResult DSpineObjective::micro_step(const data::DraftBatch& batch, int64
   } else {
     options.alignment_ce = torch::tensor(static_cast<float>(window_.alignment_ce()));
   }
-  auto out = run(batch, context.streams(index, batch.input_ids.size(0)), context, options,
-                 /*announce_phases=*/true);
+  DSpineOutput out;
+  if (kept_ && index == kept_index_) {
+    // The prepass ran this micro-batch's draft pass (and fused vocabulary terms) with autograd.
+    announce("objective");
+    const auto* vocabulary = kept_->vocabulary ? &*kept_->vocabulary : nullptr;
+    out = model_.objective(kept_->pass, options, vocabulary);
+    kept_.reset();
+    if (observer_) observer_(out);
+  } else {
+    out = run(batch, context.streams(index, batch.input_ids.size(0)), options,
+              /*announce_phases=*/true);
+  }
   if (window_.deferred(index)) {
     window_.complete(out.global_ce.item<double>(), out.global_denominator.item<double>());
   }
@@ -175,6 +201,7 @@ std::map<std::string, double> DSpineObjective::end_window(StepContext& context) 
   last.alignment_ce = torch::tensor(window_alignment_ce_);
   auto metrics = reduced_metrics(window_sums_, *context.comm, last);
   window_sums_ = at::Tensor();
+  kept_.reset();
   immediate_steps_ = 0;
   immediate_window_ = false;
   return metrics;
@@ -185,9 +212,9 @@ std::map<std::string, double> DSpineObjective::evaluate(const data::DraftBatch& 
   // §8.6: evaluation never replays; no replacement outside training.
   window_.check_immediate();
   torch::NoGradGuard no_grad;
-  DSpineForwardOptions options;
+  auto options = forward_options(context);
   options.training = false;
-  auto out = run(batch, context.streams(0, batch.input_ids.size(0)), context, options);
+  auto out = run(batch, context.streams(0, batch.input_ids.size(0)), options);
   return reduced_metrics(output_sums(out), *context.comm, out);
 }
 

@@ -18,7 +18,10 @@
 // Collectives per window: A = 1 → one 2-element all-reduce inside micro_step; A > 1 → one in
 // begin_window (after the A CE-only prepasses, none inside them), or with
 // objective.dspine.prepass: skip_first one inside micro_step 0 (after A − 1 prepasses; the first
-// micro-batch's replay adds its own CE and D); end_window adds one for metrics.
+// micro-batch's replay adds its own CE and D); end_window adds one for metrics. keep_last reduces
+// as skip_first; its last prepass runs with autograd and its replay continues from it (the
+// replay's forward is not run again).
+// The observer sees one output per prepass and per replay, in the order they run.
 // Anchors and replacement masks come from the row streams of StepContext::streams(index, rows)
 // (row_streams.h): the prepass and the replay of a micro-batch draw the same blocks.
 #pragma once
@@ -28,6 +31,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "core/config.h"
@@ -70,8 +74,10 @@ class DSpineObjective final : public Objective {
 
  private:
   // announce_phases: a training micro-step, which announces its "forward" and "objective".
-  DSpineOutput run(const data::DraftBatch& batch, const RowStreams& streams, StepContext& context,
+  DSpineOutput run(const data::DraftBatch& batch, const RowStreams& streams,
                    DSpineForwardOptions options, bool announce_phases = false);
+  // Training, schedule step and communicator from the window's context.
+  DSpineForwardOptions forward_options(const StepContext& context) const;
   void accumulate(const DSpineOutput& out);
   std::map<std::string, double> reduced_metrics(at::Tensor sums, dist::Communicator& comm,
                                                 const DSpineOutput& last) const;
@@ -87,6 +93,8 @@ class DSpineObjective final : public Objective {
   DSpineSchedule window_schedule_;
   double window_alignment_ce_ = 0;
   ForwardObserver observer_;
+  std::optional<KeptPass> kept_;  // prepass: keep_last, until its micro-batch's replay
+  int64_t kept_index_ = -1;
 };
 
 // The trainer's entry point for objective.name = dspine (see the usage above). The draft is built

@@ -14,9 +14,11 @@ namespace dspine::objectives {
 
 // Which micro-batches of an accumulation window get a CE-only prepass: all of them (the
 // reference's scheme), or all but the first (the first micro-batch's replay completes CE̅ itself;
-// same losses and gradients, one CE-only forward fewer per window). docs/model.md, "CE-only
-// prepass and replay".
-enum class DSpinePrepass { kAll, kSkipFirst };
+// same losses and gradients, one CE-only forward fewer per window), or keep_last: as skip_first,
+// and the last micro-batch's prepass runs with autograd and is kept as the first half of its
+// replay (no CE-only forward at A = 2; one micro-batch's activations held through the other
+// replays). docs/model.md, "CE-only prepass and replay".
+enum class DSpinePrepass { kAll, kSkipFirst, kKeepLast };
 
 struct DSpineSettings {
   int64_t num_anchors = 512;             // max anchor blocks per row
@@ -29,7 +31,8 @@ struct DSpineSettings {
   double replacement_hold_ratio = 1.0 / 6.0;
   double replacement_end_ratio = 1.0 / 3.0;
   double candidate_mass_threshold = 1e-4;
-  DSpinePrepass prepass = DSpinePrepass::kAll;  // objective.dspine.prepass: all | skip_first
+  DSpinePrepass prepass = DSpinePrepass::kAll;  // objective.dspine.prepass: all | skip_first |
+                                                // keep_last
 };
 
 // Reads and range-checks objective.dspine (absent keys keep the defaults); errors name the full

@@ -67,10 +67,9 @@ TEST(DSpineDistributed, UnevenRanksMatchTheCombinedBatch) {
   ASSERT_EQ(comm->world_size(), 2);
   // (accumulation, prepass): skip_first's first replay reduces CE and D across the ranks.
   using objectives::DSpinePrepass;
-  const std::vector<std::pair<int64_t, DSpinePrepass>> windows = {{1, DSpinePrepass::kAll},
-                                                                  {2, DSpinePrepass::kAll},
-                                                                  {2, DSpinePrepass::kSkipFirst},
-                                                                  {3, DSpinePrepass::kSkipFirst}};
+  const std::vector<std::pair<int64_t, DSpinePrepass>> windows = {
+      {1, DSpinePrepass::kAll},       {2, DSpinePrepass::kAll},      {2, DSpinePrepass::kSkipFirst},
+      {3, DSpinePrepass::kSkipFirst}, {2, DSpinePrepass::kKeepLast}, {3, DSpinePrepass::kKeepLast}};
   for (const auto& [accumulation, prepass] : windows) {
     const auto rows = uneven_rows(accumulation, 50);
     const auto mine = rows_of_rank(rows, comm->rank());
@@ -86,8 +85,7 @@ TEST(DSpineDistributed, UnevenRanksMatchTheCombinedBatch) {
     ASSERT_EQ(grads.size(), expected.size());
     for (const auto& [name, grad] : expected) {
       EXPECT_TRUE(torch::allclose(grads.at(name), grad, 2e-4, 2e-5))
-          << "A = " << accumulation << " prepass "
-          << (prepass == DSpinePrepass::kSkipFirst ? "skip_first" : "all") << " rank "
+          << "A = " << accumulation << " prepass " << static_cast<int>(prepass) << " rank "
           << comm->rank() << " " << name << " max diff "
           << (grads.at(name) - grad).abs().max().item<double>();
     }
@@ -106,9 +104,17 @@ TEST(DSpineDistributed, ShardedGradientSlicesMatchTheCombinedBatch) {
   auto local = dist::make_single_process_communicator();
   const auto expected = window_gradients(*single, {data::concat_rows(rows)}, *local);
 
-  for (const auto mode : {core::Sharding::kNone, core::Sharding::kZero2, core::Sharding::kZero3}) {
-    auto objective = testing::training_objective(testing::tiny_config(accumulation),
-                                                 testing::tiny_settings(1));
+  // keep_last: the last micro-batch's prepass keeps its graph through the first replay's
+  // backward, so zero3 gathers its units again for a backward two forwards later.
+  using objectives::DSpinePrepass;
+  for (const auto& [mode, prepass] :
+       {std::pair{core::Sharding::kNone, DSpinePrepass::kAll},
+        std::pair{core::Sharding::kZero2, DSpinePrepass::kAll},
+        std::pair{core::Sharding::kZero3, DSpinePrepass::kAll},
+        std::pair{core::Sharding::kZero3, DSpinePrepass::kKeepLast}}) {
+    auto settings = testing::tiny_settings(1);
+    settings.prepass = prepass;
+    auto objective = testing::training_objective(testing::tiny_config(accumulation), settings);
     dist::ShardedParameters sharded(*objective->module(), comm, mode);
     train::attach_sharding(*objective->module(), sharded, "dspine");
     objectives::StepContext context;
@@ -136,8 +142,9 @@ TEST(DSpineDistributed, ShardedGradientSlicesMatchTheCombinedBatch) {
       const auto slice = whole.narrow(0, unit.shard_offset(), unit.shard_numel());
       const auto got = unit.gradient().narrow(0, 0, unit.shard_numel());
       EXPECT_TRUE(torch::allclose(got, slice, 2e-4, 2e-5))
-          << "mode " << static_cast<int>(mode) << " rank " << comm->rank() << " unit "
-          << unit.name() << " max diff " << (got - slice).abs().max().item<double>();
+          << "mode " << static_cast<int>(mode) << " prepass " << static_cast<int>(prepass)
+          << " rank " << comm->rank() << " unit " << unit.name() << " max diff "
+          << (got - slice).abs().max().item<double>();
     }
     // zero3 frees every unit it gathered once its backward is done.
     if (mode == core::Sharding::kZero3) {

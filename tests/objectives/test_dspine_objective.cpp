@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
@@ -587,6 +588,61 @@ TEST(DSpineWindow, SkippedFirstPrepassIsReplayedFirst) {
   objective->micro_step(batch, 0, ctx).loss.backward();
   objective->micro_step(batch, 1, ctx).loss.backward();
   EXPECT_TRUE(std::isfinite(objective->end_window(ctx).at("loss")));
+}
+
+// Counts the draft's forwards: each one announces its context unit once.
+class ForwardCounter final : public model::UnitObserver {
+ public:
+  void before_unit(const std::string& unit) override { forwards += unit == "context"; }
+  at::Tensor after_unit(const std::string&, const at::Tensor& output) override { return output; }
+  int forwards = 0;
+};
+
+// prepass: keep_last is the same window as every other scheme, on the reference and the fused
+// vocabulary path: the last micro-batch's prepass runs with autograd and its replay continues
+// from it, so the draft runs A − 1 + (A − 1) times instead of skip_first's A − 1 + A.
+TEST(DSpineWindow, KeepingTheLastPrepassGivesTheSameWindow) {
+  auto keep_last = tiny_settings();
+  keep_last.prepass = DSpinePrepass::kKeepLast;
+  for (bool fused : {false, true}) {
+    for (int64_t a : {2, 3}) {
+      std::vector<data::DraftBatch> micro;
+      for (int64_t i = 0; i < a; ++i) {
+        micro.push_back(random_batch(training_inputs().loss_mask, 80 + i));
+      }
+      auto every = training_objective(tiny_config(a), tiny_settings());
+      every->training_model().use_fused_vocabulary(fused);
+      CountingCommunicator comm_every;
+      auto ctx_every = context(comm_every, 19, 100);
+      const auto metrics_every = run_window(*every, micro, ctx_every);
+      const auto grads_every = take_grads(*every->draft());
+
+      auto keeping = training_objective(tiny_config(a), keep_last);
+      keeping->training_model().use_fused_vocabulary(fused);
+      auto counter = std::make_shared<ForwardCounter>();
+      keeping->draft()->set_unit_observer(counter);
+      std::vector<bool> grad_enabled;
+      keeping->set_forward_observer(
+          [&](const DSpineOutput&) { grad_enabled.push_back(torch::GradMode::is_enabled()); });
+      CountingCommunicator comm;
+      auto ctx = context(comm, 19, 100);
+      const auto metrics = run_window(*keeping, micro, ctx);
+      const auto grads = take_grads(*keeping->draft());
+
+      const std::string where =
+          std::string(fused ? "fused" : "reference") + ", A = " + std::to_string(a);
+      std::vector<bool> expected(a - 2, false);  // CE-only prepasses of micro-batches 1..A-2
+      expected.resize(2 * a - 1, true);          // the kept prepass, then A replays
+      EXPECT_EQ(grad_enabled, expected) << where;
+      EXPECT_EQ(counter->forwards, 2 * a - 2) << where;
+      ASSERT_EQ(metrics.size(), metrics_every.size());
+      for (const auto& [key, value] : metrics_every) {
+        EXPECT_NEAR(metrics.at(key), value, 1e-6 * std::max(1.0, std::abs(value)))
+            << where << " " << key;
+      }
+      expect_grads_close(grads, grads_every, 1e-7, 1e-6);
+    }
+  }
 }
 
 TEST(DSpineWindow, EvaluationNeverReplays) {
