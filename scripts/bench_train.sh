@@ -3,8 +3,11 @@
 # the GPU machine, read as docs/benchmarks.md ("Training step benchmark") explains:
 #   fused      accumulation 1, the fused kernels (model.fused_kernels auto), profiled;
 #   reference  the same with model.fused_kernels=false;
-#   accum2     the fused step with accumulation 2 (the CE-only prepass and its share), with the
-#              recipe's objective.dspine.prepass (skip_first: one CE-only forward per window);
+#   accum2     the fused step with accumulation 2 and the recipe's objective.dspine.prepass
+#              (keep_last: no CE-only forward; the prepass column holds the last micro-batch's
+#              forward and vocabulary terms, kept for its replay);
+#   accum2_skip_first  the same with prepass skip_first (one CE-only forward per window, and its
+#              share of the replay);
 #   accum2_all the same with prepass all (one CE-only forward per micro-batch, the reference's).
 # Prints one markdown table (phases, throughput, FLOPs, MFU, peak memory, speed-up over
 # SpecForge) and the fused run's per-kernel table. BENCH_MULTI=1 adds the multi-GPU runs
@@ -87,6 +90,9 @@ step_run reference "$BENCH" "${step_args[@]}" --set model.fused_kernels=false \
 step_row reference 1
 step_run accum2 "$BENCH" "${step_args[@]}" --set training.accumulation_steps=2 "${extra_args[@]}"
 step_row accum2 2
+step_run accum2_skip_first "$BENCH" "${step_args[@]}" --set training.accumulation_steps=2 \
+  --set objective.dspine.prepass=skip_first "${extra_args[@]}"
+step_row accum2_skip_first 2
 step_run accum2_all "$BENCH" "${step_args[@]}" --set training.accumulation_steps=2 \
   --set objective.dspine.prepass=all "${extra_args[@]}"
 step_row accum2_all 2

@@ -203,6 +203,9 @@ void print_dspine_rates(const core::Config& config, const model::DraftSettings& 
                 micro * (part.forward + part.backward) / 1e12);
   }
   std::printf("replay_tflops: %.4g\n", achieved);
+  // prepass: keep_last runs part of the last replay's work in the prepass, so the window's rate
+  // is the one that compares across prepass schemes.
+  std::printf("window_tflops: %.4g\n", per_second(flop, window_s) / 1e12);
   std::printf("mfu_vs_peak: %.3f (of %.0f TFLOP/s dense bf16)\n", achieved / kPeakTflops,
               kPeakTflops);
   if (meter.cuda) {

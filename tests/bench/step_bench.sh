@@ -35,7 +35,7 @@ log="$WORK/accumulation2.log"
   --profile-out "$WORK/kernels.md" > "$log" 2>&1 || problem "accumulation 2 run failed"
 check_sums "$log"
 for field in tokens_per_s proposals_per_window proposals_per_s mean_anchor step_tflop \
-             step_tflop.draft_logits replay_tflops mfu_vs_peak gemm_tflops_measured \
+             step_tflop.draft_logits replay_tflops window_tflops mfu_vs_peak gemm_tflops_measured \
              peak_allocated_gib_max_rank peak_allocated_gib_total_max_rank; do
   expect_field "$field" "$log"
 done
