@@ -199,19 +199,11 @@ std::pair<KeptPass, DSpineOutput> DSpineTrainingModel::keep_pass(
     const data::DraftBatch& batch, const RowStreams& streams, const DSpineForwardOptions& options) {
   if (!torch::GradMode::is_enabled()) fail("a kept DSpine prepass needs autograd on");
   KeptPass kept{draft_pass(batch, streams, options, /*full_rows=*/true), std::nullopt};
-  if (!fused_vocabulary_) {
-    torch::NoGradGuard no_grad;
-    auto ce_only = options;
-    ce_only.ce_only = true;
-    auto out = objective(kept.pass, ce_only);
-    return {std::move(kept), std::move(out)};
-  }
-  kept.vocabulary = vocabulary_terms(kept.pass, nullptr);
-  DSpineOutput out = pass_output(kept.pass);
-  out.ce = (kept.pass.weights.reshape({-1}) * kept.vocabulary->ce).sum();
-  out.correct = correct(kept.vocabulary->argmax, kept.pass);
-  out.numerator = out.ce;
-  out.loss = out.numerator / out.denominator.clamp_min(1.0);
+  if (fused_vocabulary_) kept.vocabulary = vocabulary_terms(kept.pass, nullptr);
+  torch::NoGradGuard no_grad;
+  auto ce_only = options;
+  ce_only.ce_only = true;
+  auto out = objective(kept.pass, ce_only, kept.vocabulary ? &*kept.vocabulary : nullptr);
   return {std::move(kept), std::move(out)};
 }
 
@@ -221,10 +213,16 @@ DSpineOutput DSpineTrainingModel::objective(const DraftPass& pass,
   const auto device = lm_head_.device();
   DSpineOutput out = pass_output(pass);
   const int64_t chunk = settings_.objective_chunk_blocks;
+  if (vocabulary != nullptr && (!fused_vocabulary_ || options.policy != nullptr)) {
+    fail("DSpine vocabulary terms computed ahead need the fused vocabulary path and no policy");
+  }
 
   if (options.ce_only) {
     RECORD_USER_SCOPE("dspine.vocab_ce");
-    if (fused_vocabulary_) {
+    if (vocabulary != nullptr) {  // the CE of terms computed ahead
+      out.ce = (pass.weights.reshape({-1}) * vocabulary->ce).sum();
+      out.correct = correct(vocabulary->argmax, pass);
+    } else if (fused_vocabulary_) {
       const auto hidden = pass.hidden_rows.reshape({-1, pass.hidden_rows.size(-1)});
       auto rows = ops::vocab_ce(hidden, pass.labels.reshape({-1}), lm_head_,
                                 vocabulary_options(settings_, 0));
@@ -246,9 +244,6 @@ DSpineOutput DSpineTrainingModel::objective(const DraftPass& pass,
   }
   if (options.policy != nullptr && !fused_vocabulary_)
     fail("the GSPO policy term in the vocabulary row pass needs the fused vocabulary path");
-  if (vocabulary != nullptr && (!fused_vocabulary_ || options.policy != nullptr)) {
-    fail("DSpine vocabulary terms computed ahead need the fused vocabulary path and no policy");
-  }
   const auto sums =
       fused_vocabulary_ ? fused_terms(pass, options.policy, vocabulary) : reference_terms(pass);
 
