@@ -3,6 +3,8 @@
 #pragma once
 
 #include <filesystem>
+#include <string>
+#include <vector>
 
 #include "core/config.h"
 
@@ -32,8 +34,9 @@ inline core::Config small_run_config(const std::filesystem::path& dir, int64_t t
 
 // The embedded tiny DSpine configuration (configs/tiny.yaml), checkpoints under `dir`, quiet, no
 // metrics file.
-inline core::Config tiny_dspine_run_config(const std::filesystem::path& dir, int64_t total_steps) {
-  core::Config config = core::load_config("");
+inline core::Config tiny_dspine_run_config(const std::filesystem::path& dir, int64_t total_steps,
+                                           const std::vector<std::string>& overrides = {}) {
+  core::Config config = core::load_config("", overrides);
   config.training.total_steps = total_steps;
   config.checkpoint.dir = (dir / "checkpoints").string();
   config.checkpoint.resume = "none";

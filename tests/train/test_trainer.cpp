@@ -1,6 +1,10 @@
 // Trainer behaviour on CPU: loss falls, resume is exact, checkpoints are kept safely.
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -271,6 +275,36 @@ TEST(Trainer, PhaseHookSeesTheReplaySubPhasesPerMicroBatch) {
   EXPECT_EQ(collect(dspine), expected);
   const std::vector<std::string> plain = {"data", "prepass", "replay", "optimizer", "end"};
   EXPECT_EQ(collect(small_config(fresh_dir("phase_hook_ce"), 1)), plain);
+}
+
+// The recipe's objective.dspine.prepass: keep_last trains the run of the reference's scheme (all):
+// the same losses step by step; its kept micro-batch announces no forward of its own.
+TEST(Trainer, KeptLastPrepassTrainsTheSameRun) {
+  auto dir = fresh_dir("keep_last_prepass");
+  auto train = [&](const std::string& prepass, std::vector<std::string>* phases) {
+    auto config = dspine::testing::tiny_dspine_run_config(dir / prepass, 3,
+                                                          {"objective.dspine.prepass=" + prepass});
+    dspine::train::Trainer trainer(config, dspine::dist::make_single_process_communicator());
+    trainer.set_phase_hook([&](const std::string& phase) { phases->push_back(phase); });
+    return trainer.run().losses;
+  };
+  std::vector<std::string> phases_all, phases_kept;
+  const auto all = train("all", &phases_all);
+  const auto kept = train("keep_last", &phases_kept);
+  ASSERT_EQ(kept.size(), all.size());
+  ASSERT_EQ(all.size(), 3u);
+  for (size_t i = 0; i < all.size(); ++i) {
+    // CE̅ comes from another row pass (the kept terms against the CE-only one): rounding apart.
+    EXPECT_NEAR(kept[i], all[i], 1e-5 * std::max(1.0, std::abs(all[i]))) << "step " << i + 1;
+  }
+  const std::vector<std::string> window = {"data",      "prepass",   "replay",
+                                           "forward",   "objective", "backward",
+                                           "objective", "backward",  "optimizer"};
+  ASSERT_GE(phases_kept.size(), window.size());
+  EXPECT_EQ(std::vector<std::string>(phases_kept.begin(), phases_kept.begin() + window.size()),
+            window);
+  EXPECT_EQ(std::count(phases_kept.begin(), phases_kept.end(), "forward") + 3,
+            std::count(phases_all.begin(), phases_all.end(), "forward"));
 }
 
 TEST(Trainer, FreshStartInitialisationReachesTheMasters) {
