@@ -6,10 +6,13 @@ operator's enclosing scope on the same thread: the innermost `dspine.*` scope of
 autograd node of the backward ("autograd::engine::evaluate_function: SliceBackward0").
 --category elementwise,reduction keeps the kernels of those categories (the rules of
 src/bench/kernel_profile.cpp); --gaps charges each idle stretch of the GPU longer than 20 us to
-the operator that launched the kernel after it (the host was late with that launch).
-Usage: scripts/profile_by_op.py TRACE.json[.gz] [--top N] [--category C[,C...]] [--gaps]
+the operator that launched the kernel after it (the host was late with that launch); --syncs lists
+every host synchronisation (a read of a GPU value: the host waits until the GPU's queue is empty)
+with the operator that asked for it, how long the host waited and how long the GPU then sat idle.
+Usage: scripts/profile_by_op.py TRACE.json[.gz] [--top N] [--category C[,C...]] [--gaps | --syncs]
 """
 import argparse
+import bisect
 import collections
 import gzip
 import json
@@ -24,6 +27,7 @@ CATEGORIES = [
                      "scatter", "cat", "where", "embedding", "swiglu", "rope")),
 ]
 GAP_US = 20.0
+SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
 
 
 def load(path):
@@ -93,12 +97,43 @@ def print_gaps(kernels, launcher, top):
         print(f"| {where} | {op} | {ms:.2f} | {count} |")
 
 
+def print_syncs(events, gpu, scope_of):
+    """Each synchronisation's time from the first GPU activity, the host's wait (the innermost
+    operator around it, which holds the copy that waits as well), the GPU's idle time until its
+    next activity, and that operator."""
+    gpu = sorted(gpu, key=lambda e: e["ts"])
+    starts = [e["ts"] for e in gpu]
+    first = starts[0] if starts else 0
+    ops_by_thread = collections.defaultdict(list)
+    for e in events:
+        if e.get("cat") in ("cpu_op", "user_annotation"):
+            ops_by_thread[e["tid"]].append(e)
+    syncs = sorted((e for e in events if e.get("cat") == "cuda_runtime" and e["name"] in SYNC_CALLS),
+                   key=lambda e: e["ts"])
+    print("| at ms (host) | host waited ms | GPU idle after ms | scope | operator |\n"
+          "|---:|---:|---:|---|---|")
+    idle_total = 0.0
+    for sync in syncs:
+        end = sync["ts"] + sync["dur"]
+        following = bisect.bisect_left(starts, end)
+        idle = (starts[following] - end) / 1e3 if following < len(starts) else 0.0
+        idle_total += max(idle, 0.0)
+        around = [o for o in ops_by_thread[sync["tid"]] if o["ts"] <= sync["ts"] <= o["ts"] + o["dur"]]
+        inner = max(around, key=lambda o: o["ts"]) if around else None
+        scope = (scope_of.get(id(inner)) or "(no scope)") if inner else "(none)"
+        waited = (inner or sync)["dur"] / 1e3
+        print(f"| {(sync['ts'] - first) / 1e3:.2f} | {waited:.2f} | {idle:.2f} | {scope} | "
+              f"{inner['name'] if inner else '(none)'} |")
+    print(f"\n{len(syncs)} synchronisations; the GPU idle after them: {idle_total:.2f} ms")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("trace")
     parser.add_argument("--top", type=int, default=40)
     parser.add_argument("--category", default="", help="comma-separated kernel categories")
     parser.add_argument("--gaps", action="store_true", help="idle GPU stretches by launch")
+    parser.add_argument("--syncs", action="store_true", help="host synchronisations, in order")
     args = parser.parse_args()
     events = [e for e in load(args.trace) if e.get("ph") == "X"]
     ops = [e for e in events if e.get("cat") in ("cpu_op", "user_annotation")]
@@ -114,9 +149,12 @@ def main():
         where = (scope_of.get(id(op)) or "(no scope)") if op else "(unlinked)"
         return where, op["name"] if op else "?", short(kernel["name"])
 
+    gpu = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
     if args.gaps:
-        gpu = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
         print_gaps(gpu, launcher, args.top)
+        return
+    if args.syncs:
+        print_syncs(events, gpu, scope_of)
         return
     wanted = {c for c in args.category.split(",") if c}
     table = collections.defaultdict(lambda: [0.0, 0])

@@ -1,0 +1,65 @@
+"""scripts/profile_by_op.py on a hand-built Chrome trace: --syncs names the operator that waited,
+how long it waited and how long the GPU then sat idle; --gaps charges an idle stretch to the
+launch that ended it; the default table sums kernels by the scope that launched them."""
+import json
+import subprocess
+import sys
+import tempfile
+import unittest
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "profile_by_op.py"
+
+
+def event(cat, name, ts, dur, tid=1, **args):
+    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "tid": tid, "args": args}
+
+
+# Host: a forward scope launching two kernels, then an item() whose copy waits for the GPU
+# (100 us) inside the objective's scope. GPU: kernel A 0-50, kernel B 60-160, kernel C from 400
+# (launched by a later operator): idle 10 us after A and 240 us after the synchronisation.
+TRACE = {"traceEvents": [
+    event("user_annotation", "dspine.attention", 0, 40),
+    event("cpu_op", "aten::mm", 5, 10, **{"External id": 1}),
+    event("cpu_op", "aten::add", 20, 10, **{"External id": 2}),
+    event("user_annotation", "dspine.vocab_objective", 50, 150),
+    event("cpu_op", "aten::_local_scalar_dense", 60, 120, **{"External id": 3}),
+    event("cuda_runtime", "cudaMemcpyAsync", 62, 90),
+    event("cuda_runtime", "cudaStreamSynchronize", 155, 5),
+    event("cpu_op", "aten::mul", 390, 5, **{"External id": 4}),
+    event("kernel", "void gemm_kernel<float>(int)", 0, 50, tid=7, **{"External id": 1}),
+    event("kernel", "void at::native::vectorized_elementwise_kernel<4>()", 60, 100, tid=7,
+          **{"External id": 2}),
+    event("kernel", "void at::native::vectorized_elementwise_kernel<4>()", 400, 20, tid=7,
+          **{"External id": 4}),
+]}
+
+
+class ProfileByOp(unittest.TestCase):
+    def run_script(self, *flags):
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "trace.json"
+            path.write_text(json.dumps(TRACE))
+            return subprocess.run([sys.executable, str(SCRIPT), str(path), *flags], check=True,
+                                  capture_output=True, text=True).stdout
+
+    def test_syncs_name_the_waiting_operator_and_the_idle_gpu_after(self):
+        out = self.run_script("--syncs")
+        self.assertIn("| 0.15 | 0.12 | 0.24 | dspine.vocab_objective | aten::_local_scalar_dense |",
+                      out)
+        self.assertIn("1 synchronisations; the GPU idle after them: 0.24 ms", out)
+
+    def test_gaps_are_charged_to_the_launch_after_them(self):
+        out = self.run_script("--gaps")
+        self.assertIn("GPU idle in gaps over 20 us: 0.24 ms", out)
+        self.assertIn("| (no scope) | aten::mul | 0.24 | 1 |", out)
+
+    def test_kernels_are_summed_by_launching_scope(self):
+        out = self.run_script()
+        self.assertIn("| dspine.attention | 0.15 |", out)
+        self.assertIn("| dspine.attention | aten::add | vectorized_elementwise_kernel | 0.10 | 1 |",
+                      out)
+
+
+if __name__ == "__main__":
+    unittest.main()
