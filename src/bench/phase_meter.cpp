@@ -1,7 +1,9 @@
 #include "bench/phase_meter.h"
 
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
 
 #include <algorithm>
 
@@ -14,6 +16,32 @@ namespace {
 bool is_replay_phase(const std::string& phase) {
   return std::find(std::begin(kReplayPhases), std::end(kReplayPhases), phase) !=
          std::end(kReplayPhases);
+}
+
+// Now, on the host and (CUDA) on the trainer's stream.
+Mark mark(bool cuda, int device) {
+  Mark m;
+  m.host = std::chrono::steady_clock::now();
+  if (cuda) {
+    cudaEvent_t event = nullptr;
+    C10_CUDA_CHECK(cudaEventCreate(&event));
+    C10_CUDA_CHECK(cudaEventRecord(event, c10::cuda::getCurrentCUDAStream(device).stream()));
+    m.event = std::shared_ptr<void>(event,
+                                    [](void* e) { cudaEventDestroy(static_cast<cudaEvent_t>(e)); });
+  }
+  return m;
+}
+
+// Seconds from `begin` to `end`: the GPU's time between the events (both complete), else the
+// host's.
+double seconds_between(const Mark& begin, const Mark& end) {
+  if (begin.event && end.event) {
+    float ms = 0;
+    C10_CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(begin.event.get()),
+                                        static_cast<cudaEvent_t>(end.event.get())));
+    return ms / 1e3;
+  }
+  return std::chrono::duration<double>(end.host - begin.host).count();
 }
 
 }  // namespace
@@ -52,9 +80,13 @@ void PhaseMeter::record(const std::string& name, double elapsed_s, double extra_
 }
 
 void PhaseMeter::on_phase(const std::string& next) {
-  // The trainer's own stream only: work the trainer queued on another stream to overlap with
-  // this phase (the online target's next batches) is timed where the trainer waits for it.
-  if (cuda) c10::cuda::getCurrentCUDAStream(device).synchronize();
+  const bool nested = is_replay_phase(next);
+  // A sub-phase ends at a mark; a top-level phase waits for the trainer's own stream (work the
+  // trainer queued on another stream to overlap with this phase, the online target's next
+  // batches, is timed where the trainer waits for it), and then the marks queued before it are
+  // complete.
+  const Mark now_mark = sub_phase.name.empty() && !nested ? Mark{} : mark(cuda, device);
+  if (cuda && !nested) c10::cuda::getCurrentCUDAStream(device).synchronize();
   const auto now = std::chrono::steady_clock::now();
   const int64_t peak = peak_bytes();
   total_peak = std::max(total_peak, peak);
@@ -64,39 +96,52 @@ void PhaseMeter::on_phase(const std::string& next) {
   auto elapsed = [&](const Span& span) {
     return std::chrono::duration<double>(now - span.started).count();
   };
-  if (!sub_phase.name.empty()) {
-    const auto& name = sub_phase.name;
-    window_sub_seconds[name] += elapsed(sub_phase);
-    window_sub_extra[name] = std::max(window_sub_extra[name], sub_phase.peak - sub_phase.base);
-    window_sub_peak[name] = std::max(window_sub_peak[name], sub_phase.peak);
-    sub_phase.name.clear();
-  }
-  const bool nested = is_replay_phase(next);
-  const bool profiled_phase = profiling && !profile_phase.empty();
-  if (!nested && profiled_phase && phase.name == profile_phase) {
+  if (!sub_phase.name.empty()) close_sub_phase(now_mark);
+  if (!nested) time_sub_phases();
+  if (!nested && profiles(phase.name)) {
     merge_kernel_profile(kernel_profile, stop_kernel_profile(trace_path));
   }
   if (!nested && !phase.name.empty() && !profiling) close_top_phase(elapsed(phase));
   if (next == "data") begin_window();
   if (next == "end") end_window();
-  if (next == "prepass") {
-    bytes_at_prepass.push_back(comm->bytes_moved());
-    collectives_at_prepass.push_back(comm->collective_count());
-    for (int kind = 0; kind < dist::kCollectiveKinds; ++kind) {
-      const auto collective = static_cast<dist::Collective>(kind);
-      kind_bytes_at_prepass[kind].push_back(comm->bytes_moved(collective));
-    }
-  }
+  if (next == "prepass") read_collectives();
   Span& opened = nested ? sub_phase : phase;
   opened.name = next == "end" ? std::string() : next;
   opened.base = current_bytes();
   opened.peak = opened.base;
   reset_peak();
   // `profiling` again: the "data" phase opens the profiled window above.
-  if (!nested && profiling && !profile_phase.empty() && next == profile_phase) {
-    start_kernel_profile(cuda);
-  }
+  if (!nested && profiles(next)) start_kernel_profile(cuda);
   opened.started = std::chrono::steady_clock::now();
+  if (nested) opened.begin = now_mark;
+}
+
+bool PhaseMeter::profiles(const std::string& name) const {
+  return profiling && !profile_phase.empty() && name == profile_phase;
+}
+
+void PhaseMeter::read_collectives() {
+  bytes_at_prepass.push_back(comm->bytes_moved());
+  collectives_at_prepass.push_back(comm->collective_count());
+  for (int kind = 0; kind < dist::kCollectiveKinds; ++kind) {
+    const auto collective = static_cast<dist::Collective>(kind);
+    kind_bytes_at_prepass[kind].push_back(comm->bytes_moved(collective));
+  }
+}
+
+void PhaseMeter::close_sub_phase(const Mark& end) {
+  const auto& name = sub_phase.name;
+  untimed.push_back({name, sub_phase.begin, end});
+  window_sub_extra[name] = std::max(window_sub_extra[name], sub_phase.peak - sub_phase.base);
+  window_sub_peak[name] = std::max(window_sub_peak[name], sub_phase.peak);
+  sub_phase.name.clear();
+}
+
+void PhaseMeter::time_sub_phases() {
+  for (const auto& closed : untimed) {
+    window_sub_seconds[closed.name] += seconds_between(closed.begin, closed.end);
+  }
+  untimed.clear();
 }
 
 int64_t PhaseMeter::entries(const std::string& phase) const {
