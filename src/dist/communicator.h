@@ -33,6 +33,9 @@ class Communicator {
   virtual int rank() const = 0;
   virtual int world_size() const = 0;
   virtual std::string backend() const = 0;  // "single", "mpi" or "nccl"
+  // Whether all_reduce takes tensors on the GPU (NCCL, and a world of one), so that a caller
+  // can reduce a value where it was computed instead of reading it to the host first.
+  virtual bool reduces_device_tensors() const = 0;
 
   // In-place all-reduce of a contiguous tensor.
   virtual void all_reduce(at::Tensor& tensor, ReduceOp op = ReduceOp::kSum) = 0;
@@ -86,6 +89,7 @@ class SingleProcessCommunicator final : public Communicator {
   int rank() const override { return 0; }
   int world_size() const override { return 1; }
   std::string backend() const override { return "single"; }
+  bool reduces_device_tensors() const override { return true; }
   void all_reduce(at::Tensor& tensor, ReduceOp op) override;
   void broadcast(at::Tensor& tensor, int root) override;
   void all_gather(const at::Tensor& input, at::Tensor& output) override;

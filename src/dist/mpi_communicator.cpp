@@ -111,6 +111,7 @@ class MpiCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int world_size() const override { return world_size_; }
   std::string backend() const override { return "mpi"; }
+  bool reduces_device_tensors() const override { return false; }
 
   void all_reduce(at::Tensor& tensor, ReduceOp op) override {
     all_reduce_async(tensor, op)->wait();

@@ -12,6 +12,7 @@ class RoutedCommunicator final : public Communicator {
   int rank() const override { return cpu_->rank(); }
   int world_size() const override { return cpu_->world_size(); }
   std::string backend() const override { return cuda_->backend() + "+" + cpu_->backend(); }
+  bool reduces_device_tensors() const override { return cuda_->reduces_device_tensors(); }
 
   void all_reduce(at::Tensor& tensor, ReduceOp op) override {
     all_reduce_async(tensor, op)->wait();

@@ -53,7 +53,10 @@ DSpineDraftImpl::DSpineDraftImpl(const DSpineModelConfig& config, bool fused)
   inv_freq_ = rope_inv_freq(config.head_dim, config.rope_theta);
 }
 
-bool DSpineDraftImpl::transfer_ready() const { return transfer_ready_flag.item<bool>(); }
+bool DSpineDraftImpl::transfer_ready() const {
+  if (!transfer_seen_ready_) transfer_seen_ready_ = transfer_ready_flag.item<bool>();
+  return transfer_seen_ready_;
+}
 
 void DSpineDraftImpl::initialize_transfer_space(const torch::Tensor& head, int64_t chunk_size) {
   if (head.dim() != 2 || head.size(0) != config_.vocab_size ||

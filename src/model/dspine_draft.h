@@ -61,6 +61,9 @@ class DSpineDraftImpl : public torch::nn::Module, public ObservableUnits {
   // injection and the transfer space") and marks the space ready. Call once on a fresh draft; a
   // loaded checkpoint carries its buffers instead.
   void initialize_transfer_space(const torch::Tensor& head, int64_t chunk_size = 4096);
+  // Whether the transfer space was built or loaded. The flag lives with the buffers (on the
+  // draft's device) and is read only until it is seen true, so that a forward does not wait for
+  // the GPU to check it; nothing clears it (the loaders refuse a draft without it).
   bool transfer_ready() const;
 
   const DSpineModelConfig& config() const { return config_; }
@@ -83,6 +86,7 @@ class DSpineDraftImpl : public torch::nn::Module, public ObservableUnits {
   bool fused_;
   torch::Tensor inv_freq_;  // non-persistent rotary_emb.inv_freq
   std::shared_ptr<UnitObserver> observer_;
+  mutable bool transfer_seen_ready_ = false;  // transfer_ready's last read was true
 };
 TORCH_MODULE(DSpineDraft);
 

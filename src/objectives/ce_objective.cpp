@@ -75,7 +75,7 @@ MicroStepResult CeObjective::micro_step(const data::DraftBatch& batch, int64_t i
   ++window_micro_steps_;
   auto terms = compute(batch);
   window_stats_ += terms.stats;
-  return {terms.ce_sum / window_tokens_, terms.tokens};
+  return {terms.ce_sum / window_tokens_};
 }
 
 std::map<std::string, double> CeObjective::reduce_stats(torch::Tensor stats, double tokens,

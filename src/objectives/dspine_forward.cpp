@@ -10,6 +10,7 @@
 #include "model/norm_mlp.h"
 #include "objectives/chunking.h"
 #include "objectives/dspine_terms.h"
+#include "objectives/window_replay.h"
 #include "ops/vocab_objective_ops.h"
 
 namespace dspine::objectives {
@@ -252,17 +253,17 @@ DSpineOutput DSpineTrainingModel::objective(const DraftPass& pass,
     out.alignment_ce = options.alignment_ce.detach().to(device, torch::kFloat32);
   } else {
     if (options.comm == nullptr) fail("DSpine immediate forward needs a communicator");
-    // Host fp64 buffer, like every collective of the objectives (the check needs the host).
+    // fp64 [ΣCE, ΣD]: on the device when the caller checks them later and the communicator takes
+    // device tensors (no synchronisation here), else a host buffer checked at once.
+    const bool on_device = options.device_totals && options.comm->reduces_device_tensors();
     auto totals = torch::stack({sums.ce, out.denominator.detach()})
-                      .to(torch::kCPU, torch::kFloat64)
+                      .to(on_device ? device : torch::Device(torch::kCPU), torch::kFloat64)
                       .contiguous();
-    if (options.prepassed_totals.defined()) totals += options.prepassed_totals;
+    if (options.prepassed_totals.defined()) totals += options.prepassed_totals.to(totals.device());
     options.comm->all_reduce(totals);
     out.global_ce = totals[0];
     out.global_denominator = totals[1];
-    if (!(out.global_denominator.item<double>() > 0)) {
-      fail("DSpine has no supervised proposal tokens");
-    }
+    if (!on_device) check_supervised(out.global_denominator.item<double>());
     out.alignment_ce = (out.global_ce / out.global_denominator).to(device, torch::kFloat32);
   }
   auto scale = out.schedule.alignment_beta * out.alignment_ce;

@@ -36,6 +36,11 @@ struct DSpineForwardOptions {
   // were prepassed, added to this forward's own before the reduction (the replay of a window's
   // first micro-batch when it had no prepass). Undefined → this batch alone.
   at::Tensor prepassed_totals;
+  // The training replay's form of that reduction: on the device where `comm` takes device
+  // tensors, and ΣD > 0 left to the caller, which checks it when it reads the totals, so that
+  // nothing here waits for the GPU between the forward and its backward. False: the totals are
+  // reduced on the host and checked here.
+  bool device_totals = false;
   dist::Communicator* comm = nullptr;
   const BlockOverrides* overrides = nullptr;
   // The GSPO policy term computed in the same vocabulary row pass (fused vocabulary path only):
@@ -49,7 +54,8 @@ struct DSpineOutput {
   at::Tensor loss;         // numerator / max(D, 1)
   // Detached sums (fp32 scalars); l1/refinement/alignment/coverage undefined when ce_only.
   at::Tensor ce, l1, refinement, alignment, correct, coverage, count;
-  at::Tensor global_ce, global_denominator;  // the reduced [CE, D] (immediate path only)
+  // The reduced [CE, D] (immediate path only): fp64 scalars, on the device with device_totals.
+  at::Tensor global_ce, global_denominator;
   at::Tensor alignment_ce;                   // CE̅ used for the alignment scale
   DSpineSchedule schedule;
   BlockLayout blocks;

@@ -25,10 +25,16 @@ enum WindowSum : int64_t {
   kWindowSums
 };
 
+// fp64 on the outputs' device: a training window reads its sums once, in end_window.
 at::Tensor output_sums(const DSpineOutput& out) {
   return torch::stack({out.numerator.detach(), out.denominator, out.ce, out.l1, out.refinement,
                        out.alignment, out.correct, out.count, out.coverage})
-      .to(torch::kCPU, torch::kFloat64);
+      .to(torch::kFloat64);
+}
+
+// numerator / D in the numerator's dtype, D a tensor: no read of D on the host.
+at::Tensor share_of(const at::Tensor& numerator, const at::Tensor& denominator) {
+  return numerator / denominator.to(numerator.device(), numerator.scalar_type());
 }
 
 }  // namespace
@@ -52,6 +58,7 @@ DSpineForwardOptions DSpineObjective::forward_options(const StepContext& context
   options.step = context.step;
   options.total_steps = context.total_steps;
   options.comm = context.comm;
+  options.device_totals = context.training;
   return options;
 }
 
@@ -76,7 +83,7 @@ void DSpineObjective::accumulate(const DSpineOutput& out) {
   auto sums = output_sums(out);
   window_sums_ = window_sums_.defined() ? window_sums_ + sums : sums;
   window_schedule_ = out.schedule;
-  window_alignment_ce_ = out.alignment_ce.item<double>();
+  window_alignment_ce_ = out.alignment_ce.detach();
 }
 
 void DSpineObjective::begin_window(const std::vector<data::DraftBatch>& micro_batches,
@@ -115,7 +122,7 @@ void DSpineObjective::begin_window(const std::vector<data::DraftBatch>& micro_ba
       options.ce_only = true;
       out = run(batch, streams, options);
     }
-    window_.record_prepass(out.ce.item<double>(), out.denominator.item<double>());
+    window_.record_prepass(out.ce, out.denominator);
   }
   if (!skip_first) window_.reduce(*context.comm);
 }
@@ -132,16 +139,17 @@ MicroStepResult DSpineObjective::micro_step(const data::DraftBatch& batch, int64
     auto out = run(batch, context.streams(index, batch.input_ids.size(0)), options,
                    /*announce_phases=*/true);
     accumulate(out);
+    immediate_denominator_ = out.global_denominator;  // on the GPU: checked by end_window
+    if (!immediate_denominator_.is_cuda()) check_supervised(immediate_denominator_.item<double>());
     announce("backward");
-    return {out.numerator / out.global_denominator.item<double>(),
-            static_cast<int64_t>(out.count.item<double>())};
+    return {share_of(out.numerator, out.global_denominator)};
   }
   if (!window_.active()) fail("DSpine micro_step {} without begin_window", index);
   window_.begin_replay(index);
   if (window_.deferred(index)) {
     options.prepassed_totals = window_.prepassed_totals();  // reduced inside its forward
   } else {
-    options.alignment_ce = torch::tensor(static_cast<float>(window_.alignment_ce()));
+    options.alignment_ce = window_.alignment_ce();
   }
   DSpineOutput out;
   if (kept_ && index == kept_index_) {
@@ -155,21 +163,19 @@ MicroStepResult DSpineObjective::micro_step(const data::DraftBatch& batch, int64
     out = run(batch, context.streams(index, batch.input_ids.size(0)), options,
               /*announce_phases=*/true);
   }
-  if (window_.deferred(index)) {
-    window_.complete(out.global_ce.item<double>(), out.global_denominator.item<double>());
-  }
-  window_.finish_replay(index, out.denominator.item<double>());
+  if (window_.deferred(index)) window_.complete(out.global_ce, out.global_denominator);
+  window_.finish_replay(index, out.denominator);
   accumulate(out);
   announce("backward");
-  return {out.numerator / window_.global_denominator(),
-          static_cast<int64_t>(out.count.item<double>())};
+  return {share_of(out.numerator, window_.global_denominator())};
 }
 
 std::map<std::string, double> DSpineObjective::reduced_metrics(at::Tensor sums,
                                                                dist::Communicator& comm,
                                                                const DSpineOutput& last) const {
-  sums = sums.contiguous();
+  sums = (comm.reduces_device_tensors() ? sums : sums.cpu()).contiguous();
   comm.all_reduce(sums);
+  sums = sums.cpu();
   auto s = sums.accessor<double, 1>();
   const double d = s[kSumDenominator];
   const double count = std::max(s[kSumCount], 1.0);
@@ -193,12 +199,13 @@ std::map<std::string, double> DSpineObjective::reduced_metrics(at::Tensor sums,
 std::map<std::string, double> DSpineObjective::end_window(StepContext& context) {
   if (immediate_window_) {
     if (immediate_steps_ != 1) fail("DSpine window ended before its micro-step ran");
+    check_supervised(immediate_denominator_.item<double>());
   } else {
     window_.end();
   }
   DSpineOutput last;
   last.schedule = window_schedule_;
-  last.alignment_ce = torch::tensor(window_alignment_ce_);
+  last.alignment_ce = window_alignment_ce_;
   auto metrics = reduced_metrics(window_sums_, *context.comm, last);
   window_sums_ = at::Tensor();
   kept_.reset();
@@ -214,6 +221,7 @@ std::map<std::string, double> DSpineObjective::evaluate(const data::DraftBatch& 
   torch::NoGradGuard no_grad;
   auto options = forward_options(context);
   options.training = false;
+  options.device_totals = false;
   auto out = run(batch, context.streams(0, batch.input_ids.size(0)), options);
   return reduced_metrics(output_sums(out), *context.comm, out);
 }

@@ -89,9 +89,11 @@ class DSpineObjective final : public Objective {
   WindowReplay window_;
   bool immediate_window_ = false;
   int64_t immediate_steps_ = 0;
-  at::Tensor window_sums_;  // fp64 host [numerator, D, CE, L1, R, A, correct, count, coverage]
+  // fp64 [numerator, D, CE, L1, R, A, correct, count, coverage] on the outputs' device.
+  at::Tensor window_sums_;
   DSpineSchedule window_schedule_;
-  double window_alignment_ce_ = 0;
+  at::Tensor window_alignment_ce_;    // CE̅ of the window's last forward
+  at::Tensor immediate_denominator_;  // an immediate window's reduced D, checked by end_window
   ForwardObserver observer_;
   std::optional<KeptPass> kept_;  // prepass: keep_last, until its micro-batch's replay
   int64_t kept_index_ = -1;

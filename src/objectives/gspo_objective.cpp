@@ -262,16 +262,12 @@ void GspoObjective::adopt_rollouts(std::vector<GspoRollout> rollouts, StepContex
   rollouts_ = std::move(rollouts);
   rollout_sums_.assign(kRolloutSums, 0.0);
   update_sums_ = at::Tensor();
-  rollout_tokens_.clear();
   seam_seconds_ = 0;
   // Every rollout's sums in one copy to the host: the updates then run without synchronising.
   std::vector<at::Tensor> per_rollout;
   for (const auto& rollout : rollouts_) {
-    // Each of the G samples of a kept block carries the block's supervised slots.
-    const double group = static_cast<double>(rollout.choices.size(1));
-    per_rollout.push_back(torch::stack({rollout.rewards.sum().to(torch::kFloat64),
-                                        rollout.accepted.sum().to(torch::kFloat64),
-                                        rollout.supervised.sum().to(torch::kFloat64) * group}));
+    per_rollout.push_back(torch::stack(
+        {rollout.rewards.sum().to(torch::kFloat64), rollout.accepted.sum().to(torch::kFloat64)}));
   }
   double weights = 0;
   if (!per_rollout.empty()) {
@@ -282,7 +278,6 @@ void GspoObjective::adopt_rollouts(std::vector<GspoRollout> rollouts, StepContex
       rollout_sums_[kRolloutSegments] += static_cast<double>(rollout.rewards.numel());
       rollout_sums_[kRolloutReward] += sums[i][0];
       rollout_sums_[kRolloutAccepted] += sums[i][1];
-      rollout_tokens_.push_back(static_cast<int64_t>(sums[i][2]));
       weights += rollout.supervision_weight;
     }
   }
@@ -324,7 +319,7 @@ MicroStepResult GspoObjective::micro_step(const data::DraftBatch& batch, int64_t
                               f64(result.policy.new_logprobs), f64(result.policy.clipped_fraction),
                               f64(result.policy.ratio_mean), f64(result.kl), supervised_part});
   update_sums_ = update_sums_.defined() ? update_sums_ + shares : shares;
-  return {result.loss, rollout_tokens_[index]};
+  return {result.loss};
 }
 
 GspoObjective::Update GspoObjective::row_pass_update(const DraftPass& p, const GspoRollout& rollout,

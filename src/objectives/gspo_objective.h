@@ -116,7 +116,6 @@ class GspoObjective final : public Objective {
   double divisor_ = 1;                 // D: the window's segments over all ranks
   double dspine_denominator_ = 1;      // the window's Σ supervision weights over all ranks
   std::vector<double> rollout_sums_;   // [segments, Σ reward, Σ accepted] of this rank's window
-  std::vector<int64_t> rollout_tokens_;  // sampled supervised tokens of each rollout
   at::Tensor update_sums_;  // fp64 on the device: this rank's metric shares, summed over the window
   double seam_seconds_ = 0;
 };

@@ -42,9 +42,10 @@ struct StepContext {
   }
 };
 
+// The trainer reads the loss only after queuing its backward: an objective keeps what it needs on
+// the host for later (end_window), so that the GPU's queue never empties between the two.
 struct MicroStepResult {
   at::Tensor loss;  // scalar; this micro-batch's share of the global window loss (has grad)
-  int64_t tokens = 0;  // supervised tokens in this micro-batch on this rank
 };
 
 class Objective {

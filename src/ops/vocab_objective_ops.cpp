@@ -16,21 +16,48 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// An index per row of hidden (`name`: int64 [rows] on hidden's device), each in [0, end); an
-// entry outside is named with its row (`entry` at row r).
-void check_row_index(const at::Tensor& index, const at::Tensor& hidden, int64_t end,
-                     const char* name, const char* entry) {
+// An index per row of hidden whose entries must lie in [0, end). Its entries outside are counted
+// on the device and read with the objective's first read of the GPU (the chunks' teacher
+// positions), so that checking costs no synchronisation of its own; an entry outside is then
+// named with its row (`entry` at row r).
+struct RowIndexCheck {
+  at::Tensor index;
+  int64_t end = 0;
+  const char* entry = "";
+  at::Tensor outside;  // int64 scalar: the entries outside [0, end)
+};
+
+// Checks the index's shape and starts counting its entries outside [0, end) (`name`: int64
+// [rows] on hidden's device).
+RowIndexCheck row_index_check(const at::Tensor& index, const at::Tensor& hidden, int64_t end,
+                              const char* name, const char* entry) {
   if (index.dim() != 1 || index.size(0) != hidden.size(0) || index.scalar_type() != at::kLong ||
       index.device() != hidden.device()) {
     fail("vocab objective: {} must be int64 [{}] on {}, got {} {} on {}", name, hidden.size(0),
          hidden.device().str(), c10::toString(index.scalar_type()), c10::str(index.sizes()),
          index.device().str());
   }
-  const auto bad = ((index < 0) | (index >= end)).nonzero();
-  if (bad.numel() > 0) {
-    fail("vocab objective: {} {} at row {} is outside [0, {})", entry,
-         index[bad[0][0].item<int64_t>()].item<int64_t>(), bad[0][0].item<int64_t>(), end);
+  return {index, end, entry, ((index < 0) | (index >= end)).sum()};
+}
+
+// The checks' counts as read on the host (in order): fails naming the first entry outside.
+void require_in_range(const std::vector<RowIndexCheck>& checks, const int64_t* outside) {
+  for (size_t i = 0; i < checks.size(); ++i) {
+    if (outside[i] == 0) continue;
+    const auto& c = checks[i];
+    const int64_t row = ((c.index < 0) | (c.index >= c.end)).nonzero()[0][0].item<int64_t>();
+    fail("vocab objective: {} {} at row {} is outside [0, {})", c.entry,
+         c.index[row].item<int64_t>(), row, c.end);
   }
+}
+
+// Reads the checks' counts (one synchronisation) and fails on an entry outside.
+void require_in_range(const std::vector<RowIndexCheck>& checks) {
+  if (checks.empty()) return;
+  std::vector<at::Tensor> counts;
+  for (const auto& c : checks) counts.push_back(c.outside);
+  const auto host = at::stack(counts).cpu();
+  require_in_range(checks, host.data_ptr<int64_t>());
 }
 
 void check_hidden(const at::Tensor& hidden, const at::Tensor& lm_head,
@@ -55,14 +82,15 @@ void check_hidden(const at::Tensor& hidden, const at::Tensor& lm_head,
   }
 }
 
-void check_rows(const at::Tensor& hidden, const at::Tensor& labels, const at::Tensor& lm_head,
-                const VocabObjectiveOptions& options) {
+RowIndexCheck check_rows(const at::Tensor& hidden, const at::Tensor& labels,
+                         const at::Tensor& lm_head, const VocabObjectiveOptions& options) {
   check_hidden(hidden, lm_head, options);
-  check_row_index(labels, hidden, lm_head.size(0), "labels", "label");
+  return row_index_check(labels, hidden, lm_head.size(0), "labels", "label");
 }
 
+// The teacher's shape and weights; with an index, its range check (appended to `checks`).
 void check_teacher(const at::Tensor& hidden, const at::Tensor& teacher, const at::Tensor& index,
-                   const at::Tensor& weights) {
+                   const at::Tensor& weights, std::vector<RowIndexCheck>& checks) {
   const bool by_position =
       teacher.dim() == 2 && teacher.size(0) > 0 && teacher.size(1) == hidden.size(1);
   const bool shape = index.defined() ? by_position : teacher.sizes() == hidden.sizes();
@@ -74,7 +102,8 @@ void check_teacher(const at::Tensor& hidden, const at::Tensor& teacher, const at
          index.defined() ? " in dtype, device and width (one row per teacher position)" : "");
   }
   if (index.defined()) {
-    check_row_index(index, hidden, teacher.size(0), "teacher_index", "teacher_index");
+    checks.push_back(
+        row_index_check(index, hidden, teacher.size(0), "teacher_index", "teacher_index"));
   }
   if (weights.dim() != 1 || weights.size(0) != hidden.size(0) ||
       weights.scalar_type() != at::kFloat || weights.device() != hidden.device()) {
@@ -99,30 +128,52 @@ struct ChunkTeachers {
   std::vector<int64_t> offsets;
 };
 
-ChunkTeachers chunk_teachers(const at::Tensor& index, int64_t positions, int64_t step) {
+// `index` must lie in [0, positions): the checks (its own among them) are read together with
+// the chunks' sizes, in the one synchronisation this needs.
+ChunkTeachers chunk_teachers(const at::Tensor& index, int64_t positions, int64_t step,
+                             const std::vector<RowIndexCheck>& checks = {}) {
   const int64_t rows = index.size(0), chunks = (rows + step - 1) / step;
   const auto chunk = at::arange(rows, index.options()).div(step, "floor");
-  // Keys order by chunk, then position, so one sort finds every chunk's distinct positions.
-  const auto unique = at::_unique2(chunk * positions + index, /*sorted=*/true,
-                                   /*return_inverse=*/true, /*return_counts=*/false);
-  const auto& keys = std::get<0>(unique);
-  const auto key_chunk = keys.div(positions, "floor");
-  const auto per_chunk =
-      at::zeros({chunks}, index.options()).index_add_(0, key_chunk, at::ones_like(key_chunk));
+  // Keys order by chunk, then position, so one sort finds every chunk's distinct positions:
+  // each sorted key's rank among the distinct keys is the prefix count of first occurrences. An
+  // entry outside [0, positions) is clamped here, so that nothing indexes out of bounds before
+  // its check fails below.
+  const auto [sorted, order] = (chunk * positions + index.clamp(0, positions - 1)).sort();
+  auto first = at::ones({rows}, index.options().dtype(at::kBool));
+  if (rows > 1) first.slice(0, 1).copy_(sorted.slice(0, 1).ne(sorted.slice(0, 0, -1)));
+  const auto rank = first.cumsum(0) - 1;
+  const auto per_chunk = at::zeros({chunks}, index.options())
+                             .index_add_(0, sorted.div(positions, "floor"), first.to(at::kLong));
+  std::vector<at::Tensor> read{per_chunk};
+  for (const auto& c : checks) read.push_back(c.outside.reshape({1}));
+  const auto host = at::cat(read).cpu();  // the one synchronisation
+  require_in_range(checks, host.data_ptr<int64_t>() + chunks);
+  const auto size = host.accessor<int64_t, 1>();
   ChunkTeachers out;
-  out.positions = keys - key_chunk * positions;
-  out.local = std::get<1>(unique) - (per_chunk.cumsum(0) - per_chunk).index_select(0, chunk);
-  const auto sizes = per_chunk.cpu();  // one synchronisation for every chunk's size
-  const auto size = sizes.accessor<int64_t, 1>();
   out.offsets.assign(1, 0);
   for (int64_t c = 0; c < chunks; ++c) out.offsets.push_back(out.offsets.back() + size[c]);
+  // Equal keys share a rank, so scattering every sorted key writes each distinct key once over.
+  const auto keys = at::empty({out.offsets.back()}, sorted.options()).scatter_(0, rank, sorted);
+  out.positions = keys - keys.div(positions, "floor") * positions;
+  const auto inverse = at::empty_like(rank).scatter_(0, order, rank);
+  out.local = inverse - (per_chunk.cumsum(0) - per_chunk).index_select(0, chunk);
   return out;
 }
 
-// The whole objective, chunk by chunk; with grad_hidden, also dX = Σ_chunks g @ lm_head. Without
-// a teacher, the policy term alone.
+// Rows per chunk: the logits budget (draft and teacher logits with a teacher), fewer with a
+// policy.
+int64_t objective_step(const VocabObjectiveOptions& options, const at::Tensor& lm_head,
+                       bool supervised) {
+  const int64_t step = chunk_rows(options, lm_head, supervised ? 2 : 1);
+  return options.policy != nullptr ? policy_chunk_rows(step, options.policy->targets.size(2))
+                                   : step;
+}
+
+// The whole objective, chunk by chunk (objective_step rows each); with grad_hidden, also
+// dX = Σ_chunks g @ lm_head. Without a teacher, the policy term alone. `shared`: the teacher
+// states by position (chunk_teachers), else one teacher row per row.
 VocabObjectiveResult run_chunks(const at::Tensor& hidden, const at::Tensor& teacher,
-                                const at::Tensor& teacher_index, const at::Tensor& labels,
+                                const ChunkTeachers* shared, const at::Tensor& labels,
                                 const at::Tensor& weights, const at::Tensor& lm_head,
                                 const VocabObjectiveOptions& options, at::Tensor* grad_hidden) {
   const int64_t rows = hidden.size(0), k = options.top_k;
@@ -142,14 +193,8 @@ VocabObjectiveResult run_chunks(const at::Tensor& hidden, const at::Tensor& teac
   gradient.l1_weight = 1.0 - options.ce_weight;
   const auto head_t = lm_head.t();
   std::optional<VocabPolicyChunks> policy;
-  int64_t step = chunk_rows(options, lm_head, supervised ? 2 : 1);
-  if (options.policy != nullptr) {
-    policy.emplace(*options.policy);
-    step = policy_chunk_rows(step, options.policy->targets.size(2));
-  }
-  const ChunkTeachers shared = teacher_index.defined()
-                                   ? chunk_teachers(teacher_index, teacher.size(0), step)
-                                   : ChunkTeachers{};
+  if (options.policy != nullptr) policy.emplace(*options.policy);
+  const int64_t step = objective_step(options, lm_head, supervised);
   for (int64_t begin = 0; begin < rows; begin += step) {
     const int64_t end = std::min(rows, begin + step);
     auto z = at::mm(hidden.slice(0, begin, end), head_t);
@@ -179,11 +224,11 @@ VocabObjectiveResult run_chunks(const at::Tensor& hidden, const at::Tensor& teac
       }
     }
     at::Tensor t, teacher_rows;
-    if (teacher_index.defined()) {
+    if (shared != nullptr) {
       const int64_t c = begin / step;
-      const auto positions = shared.positions.slice(0, shared.offsets[c], shared.offsets[c + 1]);
+      const auto positions = shared->positions.slice(0, shared->offsets[c], shared->offsets[c + 1]);
       t = at::mm(teacher.index_select(0, positions), head_t);
-      teacher_rows = shared.local.slice(0, begin, end);
+      teacher_rows = shared->local.slice(0, begin, end);
     } else {
       t = at::mm(teacher.slice(0, begin, end), head_t);
     }
@@ -215,28 +260,32 @@ VocabObjectiveResult run_chunks(const at::Tensor& hidden, const at::Tensor& teac
   return out;
 }
 
-// dX, kept by forward, scaled by the incoming gradient of the loss. In place (no second [rows, H]
-// copy), by a host scalar so that the scale is applied in fp32, not rounded to a bf16 tensor first
-// (one synchronisation per backward).
+// dX, kept by forward, scaled by the incoming gradient of the loss in fp32 (not rounded to dX's
+// dtype first), then rounded once into dX. The scale stays on the device: reading it would make
+// the host wait for the GPU in the middle of the backward (docs/model.md, "The host stays
+// ahead"); the price is an fp32 copy of dX for the product.
 at::Tensor scaled_grad_hidden(AutogradContext* ctx, const at::Tensor& grad_loss) {
   auto grad_hidden = ctx->saved_data["grad_hidden"].toTensor();
   ctx->saved_data.erase("grad_hidden");  // dX is used once: free it with this backward
-  return grad_hidden.mul_(grad_loss.item<double>());
+  const auto type = grad_hidden.scalar_type();
+  if (type == at::kFloat || type == at::kDouble) {
+    return grad_hidden.mul_(grad_loss.to(grad_hidden.device(), type));
+  }
+  const auto scale = grad_loss.to(grad_hidden.device(), at::kFloat);
+  return grad_hidden.copy_(grad_hidden.to(at::kFloat).mul_(scale));
 }
 
 // Forward = the chunked objective with its gradient; backward = grad_output · dX.
 struct VocabObjectiveFunction : torch::autograd::Function<VocabObjectiveFunction> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& hidden,
-                               const at::Tensor& teacher,
-                               const std::optional<at::Tensor>& teacher_index,
+                               const at::Tensor& teacher, const ChunkTeachers* shared,
                                const at::Tensor& labels, const at::Tensor& weights,
                                const at::Tensor& lm_head, double ce_weight, int64_t top_k,
                                int64_t chunk, bool use_kernel, const VocabPolicy* policy,
                                VocabPolicyResult* policy_out) {
     const VocabObjectiveOptions options{ce_weight, top_k, chunk, use_kernel, policy};
     at::Tensor grad_hidden;
-    auto r = run_chunks(hidden, teacher, teacher_index.value_or(at::Tensor()), labels, weights,
-                        lm_head, options, &grad_hidden);
+    auto r = run_chunks(hidden, teacher, shared, labels, weights, lm_head, options, &grad_hidden);
     ctx->saved_data["grad_hidden"] = grad_hidden;
     ctx->mark_non_differentiable({r.ce, r.l1, r.argmax, r.candidates, r.teacher_candidates});
     *policy_out = r.policy;
@@ -260,8 +309,8 @@ struct VocabPolicyFunction : torch::autograd::Function<VocabPolicyFunction> {
     options.use_kernel = use_kernel;
     options.policy = policy;
     at::Tensor grad_hidden;
-    auto r = run_chunks(hidden, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), lm_head,
-                        options, &grad_hidden);
+    auto r = run_chunks(hidden, at::Tensor(), nullptr, at::Tensor(), at::Tensor(), lm_head, options,
+                        &grad_hidden);
     ctx->saved_data["grad_hidden"] = grad_hidden;
     *policy_out = r.policy;
     return r.loss;
@@ -293,23 +342,28 @@ VocabObjectiveResult vocab_objective(const at::Tensor& hidden, const at::Tensor&
                                      const at::Tensor& lm_head,
                                      const VocabObjectiveOptions& options,
                                      const at::Tensor& teacher_index) {
-  check_rows(hidden, labels, lm_head, options);
-  check_teacher(hidden, teacher_hidden, teacher_index, weights);
+  std::vector<RowIndexCheck> checks{check_rows(hidden, labels, lm_head, options)};
+  check_teacher(hidden, teacher_hidden, teacher_index, weights, checks);
   if (options.policy != nullptr)
     check_vocab_policy(*options.policy, hidden.size(0), lm_head.size(0));
   const auto teacher = teacher_hidden.detach();
   const auto y = labels.contiguous();
-  if (!at::GradMode::is_enabled() || !hidden.requires_grad()) {
-    return run_chunks(hidden, teacher, teacher_index, y, weights, lm_head, options, nullptr);
+  // The index checks are read with the chunks' teacher positions (or alone without them).
+  std::optional<ChunkTeachers> shared;
+  if (teacher_index.defined()) {
+    shared = chunk_teachers(teacher_index, teacher.size(0), objective_step(options, lm_head, true),
+                            checks);
+  } else {
+    require_in_range(checks);
   }
-  // An optional, so that no index is no input (autograd takes no undefined tensor).
-  const auto index = teacher_index.defined() ? std::optional<at::Tensor>(teacher_index)
-                                             : std::nullopt;
+  const ChunkTeachers* by_position = shared ? &*shared : nullptr;
+  if (!at::GradMode::is_enabled() || !hidden.requires_grad()) {
+    return run_chunks(hidden, teacher, by_position, y, weights, lm_head, options, nullptr);
+  }
   VocabPolicyResult policy;
-  auto out = VocabObjectiveFunction::apply(hidden, teacher, index, y, weights.detach(),
-                                           lm_head.detach(), options.ce_weight, options.top_k,
-                                           options.chunk_rows, options.use_kernel,
-                                           options.policy, &policy);
+  auto out = VocabObjectiveFunction::apply(
+      hidden, teacher, by_position, y, weights.detach(), lm_head.detach(), options.ce_weight,
+      options.top_k, options.chunk_rows, options.use_kernel, options.policy, &policy);
   return {out[0], out[1], out[2], out[3], out[4], out[5], policy};
 }
 
@@ -319,8 +373,8 @@ VocabObjectiveResult vocab_policy_objective(const at::Tensor& hidden, const at::
   check_hidden(hidden, lm_head, options);
   check_vocab_policy(*options.policy, hidden.size(0), lm_head.size(0));
   if (!at::GradMode::is_enabled() || !hidden.requires_grad()) {
-    return run_chunks(hidden, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), lm_head,
-                      options, nullptr);
+    return run_chunks(hidden, at::Tensor(), nullptr, at::Tensor(), at::Tensor(), lm_head, options,
+                      nullptr);
   }
   VocabObjectiveResult out;
   out.loss = VocabPolicyFunction::apply(hidden, lm_head.detach(), options.chunk_rows,
@@ -330,7 +384,7 @@ VocabObjectiveResult vocab_policy_objective(const at::Tensor& hidden, const at::
 
 VocabCeResult vocab_ce(const at::Tensor& hidden, const at::Tensor& labels,
                        const at::Tensor& lm_head, const VocabObjectiveOptions& options) {
-  check_rows(hidden, labels, lm_head, options);
+  require_in_range({check_rows(hidden, labels, lm_head, options)});
   at::NoGradGuard no_grad;
   const int64_t rows = hidden.size(0);
   const auto y = labels.contiguous();

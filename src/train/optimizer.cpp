@@ -33,9 +33,12 @@ MasterAdamW::MasterAdamW(dist::ShardedParameters& sharded, const core::TrainingC
                    .weight_decay(config.weight_decay));
 }
 
-void MasterAdamW::zero_grad() { sharded_.zero_grad(); }
+void MasterAdamW::zero_grad() {
+  sharded_.zero_grad();
+  squared_norm_ = torch::Tensor();
+}
 
-double MasterAdamW::gradient_norm() {
+void MasterAdamW::start_gradient_norm() {
   torch::NoGradGuard no_grad;
   sharded_.finish_gradient_sync();
   std::vector<torch::Tensor> grads;
@@ -43,11 +46,14 @@ double MasterAdamW::gradient_norm() {
   // The squares are summed over every rank's slices (padding is zero). A NaN or inf in any rank's
   // gradient reaches every rank: through the gradient reduce, and through this sum. Norms in fp32
   // whatever the gradient's dtype (a model-dtype gradient that nothing reduces).
-  const double local = torch::stack(at::_foreach_norm(grads, 2, at::kFloat))
-                           .to(torch::kDouble)
-                           .square()
-                           .sum()
-                           .item<double>();
+  squared_norm_ =
+      torch::stack(at::_foreach_norm(grads, 2, at::kFloat)).to(torch::kDouble).square().sum();
+}
+
+double MasterAdamW::gradient_norm() {
+  if (!squared_norm_.defined()) start_gradient_norm();
+  const double local = squared_norm_.item<double>();
+  squared_norm_ = torch::Tensor();
   return std::sqrt(sharded_.sum_over_shards(local));
 }
 

@@ -27,8 +27,11 @@ class MasterAdamW {
   // fused: ATen's fused AdamW kernel (the trainer's choice follows model.fused_kernels).
   MasterAdamW(dist::ShardedParameters& sharded, const core::TrainingConfig& config, bool fused);
 
-  // Finishes the gradient sync and returns the global L2 norm of the gradients (before
-  // clipping). Every rank gets the same value, non-finite when any rank's gradient is.
+  // Finishes the gradient sync and queues this rank's sum of squared gradients on the device,
+  // so that whatever the host reads next overlaps it (once the update's last backward is queued).
+  void start_gradient_norm();
+  // The global L2 norm of the gradients (before clipping), from start_gradient_norm's sum (started
+  // here if it was not). Every rank gets the same value, non-finite when any rank's gradient is.
   double gradient_norm();
   // Clips by `norm` (gradient_norm's, finite), applies one AdamW step at `lr`, and publishes
   // the masters into the model.
@@ -58,6 +61,7 @@ class MasterAdamW {
   double max_grad_norm_;
   bool fused_;
   int64_t steps_ = 0;
+  torch::Tensor squared_norm_;  // start_gradient_norm's, until gradient_norm reads it
 };
 
 }  // namespace dspine::train

@@ -450,12 +450,20 @@ Trainer::Run::Window Trainer::Run::train_window(const std::vector<data::DraftBat
     context.update = update;
     local_loss = 0;
     bad_micro = -1;
+    std::vector<torch::Tensor> micro_losses;
     for (int64_t micro = 0; micro < accumulation; ++micro) {
       auto out = s.built.objective->micro_step(window[micro], micro, context);
       // Gradients are reduced over ranks once per update, during its last backward.
       s.sharded->begin_backward(micro + 1 == accumulation);
       out.loss.backward();
-      const double micro_loss = out.loss.detach().item<double>();
+      micro_losses.push_back(out.loss.detach().to(torch::kFloat64));
+    }
+    // The host reads nothing until the update's backwards and its gradient norm are queued, so
+    // the GPU runs them back to back (docs/model.md, "The host stays ahead").
+    s.optimizer->start_gradient_norm();
+    const auto losses = torch::stack(micro_losses).cpu();
+    for (int64_t micro = 0; micro < accumulation; ++micro) {
+      const double micro_loss = losses[micro].item<double>();
       if (!std::isfinite(micro_loss) && bad_micro < 0) bad_micro = micro;
       local_loss += micro_loss;
     }

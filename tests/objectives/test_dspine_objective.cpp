@@ -738,5 +738,41 @@ TEST(DSpineObjective, Bf16DraftKeepsFp32CodesAndTrainsWithFiniteGradients) {
   }
 }
 
+// A training window's values stay where they were computed and are read once, by end_window
+// (docs/model.md, "The host stays ahead"): on the GPU a replay given another batch than its
+// prepass is named by end_window, on the CPU (where reading costs nothing) by its micro_step.
+// Either way the error comes before the optimizer step, and the window's losses are those of the
+// host's arithmetic.
+TEST(DSpineWindow, AReplayOfAnotherBatchIsNamedByTheWindowsEnd) {
+  const auto other = random_batch(
+      mask_rows({{0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0}, {0, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0}}), 77);
+  for (const auto& device : devices()) {
+    for (auto prepass : {DSpinePrepass::kAll, DSpinePrepass::kSkipFirst}) {
+      SCOPED_TRACE(device.str() + (prepass == DSpinePrepass::kAll ? " all" : " skip_first"));
+      auto settings = tiny_settings();
+      settings.prepass = prepass;
+      torch::manual_seed(17);
+      auto objective = make_dspine_objective(tiny_config(2), settings, torch::randn({32, 16}),
+                                             torch::randn({32, 16}), device, torch::kFloat32);
+      objective->on_fresh_start("");
+      CountingCommunicator comm;
+      auto ctx = context(comm, 3, 300);
+      const auto batch = training_inputs();
+      objective->begin_window({batch, batch}, ctx);
+      objective->micro_step(batch, 0, ctx).loss.backward();
+      try {
+        objective->micro_step(other, 1, ctx).loss.backward();
+        EXPECT_TRUE(device.is_cuda()) << "on the CPU the replay's own micro_step names it";
+        objective->end_window(ctx);
+        FAIL() << "a replay of another batch must fail by end_window";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("drew different blocks than its prepass"),
+                  std::string::npos)
+            << e.what();
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace dspine::objectives

@@ -228,6 +228,7 @@ class PairCommunicator : public dist::Communicator {
   int rank() const override { return 0; }
   int world_size() const override { return 2; }
   std::string backend() const override { return "pair"; }
+  bool reduces_device_tensors() const override { return true; }
   void all_reduce(at::Tensor& tensor, dist::ReduceOp op) override {
     ASSERT_EQ(op, dist::ReduceOp::kSum);
     tensor.add_(other_);

@@ -272,6 +272,27 @@ TEST(VocabObjective, BadInputsNameWhatIsWrong) {
     EXPECT_NE(std::string(e.what()).find("label 16 at row 2 is outside [0, 16)"), std::string::npos)
         << e.what();
   }
+  // With teacher states by position, the label checks are read with the chunks' positions; a bad
+  // label and a bad position name the label (the first check), on every path (CE-only too).
+  const auto states = torch::randn({3, 8});
+  auto bad_index = torch::tensor({0, 1, 3, 2}, torch::kInt64);
+  for (const auto& index : {torch::tensor({0, 1, 2, 2}, torch::kInt64), bad_index}) {
+    try {
+      vocab_objective(in.hidden, states, bad_labels, in.weights, in.lm_head, o, index);
+      FAIL() << "a label outside the vocabulary must throw";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("label 16 at row 2 is outside [0, 16)"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  try {
+    vocab_ce(in.hidden, bad_labels, in.lm_head, o);
+    FAIL() << "a label outside the vocabulary must throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("label 16 at row 2 is outside [0, 16)"), std::string::npos)
+        << e.what();
+  }
   EXPECT_THROW(vocab_objective(in.hidden, in.teacher.slice(0, 1), in.labels, in.weights,
                                in.lm_head, o),
                Error);
