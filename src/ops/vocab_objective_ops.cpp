@@ -40,8 +40,15 @@ RowIndexCheck row_index_check(const at::Tensor& index, const at::Tensor& hidden,
   return {index, end, entry, ((index < 0) | (index >= end)).sum()};
 }
 
-// The checks' counts as read on the host (in order): fails naming the first entry outside.
-void require_in_range(const std::vector<RowIndexCheck>& checks, const int64_t* outside) {
+// Reads `values` (1-D int64) to the host together with the checks' counts, in one
+// synchronisation, and fails naming the first entry outside its range; returns the values.
+at::Tensor read_checked(std::vector<at::Tensor> values, const std::vector<RowIndexCheck>& checks) {
+  int64_t read = 0;
+  for (const auto& v : values) read += v.numel();
+  for (const auto& c : checks) values.push_back(c.outside.reshape({1}));
+  if (values.empty()) return at::Tensor();
+  const auto host = at::cat(values).cpu();
+  const int64_t* outside = host.data_ptr<int64_t>() + read;
   for (size_t i = 0; i < checks.size(); ++i) {
     if (outside[i] == 0) continue;
     const auto& c = checks[i];
@@ -49,15 +56,7 @@ void require_in_range(const std::vector<RowIndexCheck>& checks, const int64_t* o
     fail("vocab objective: {} {} at row {} is outside [0, {})", c.entry,
          c.index[row].item<int64_t>(), row, c.end);
   }
-}
-
-// Reads the checks' counts (one synchronisation) and fails on an entry outside.
-void require_in_range(const std::vector<RowIndexCheck>& checks) {
-  if (checks.empty()) return;
-  std::vector<at::Tensor> counts;
-  for (const auto& c : checks) counts.push_back(c.outside);
-  const auto host = at::stack(counts).cpu();
-  require_in_range(checks, host.data_ptr<int64_t>());
+  return host.slice(0, 0, read);
 }
 
 void check_hidden(const at::Tensor& hidden, const at::Tensor& lm_head,
@@ -144,11 +143,8 @@ ChunkTeachers chunk_teachers(const at::Tensor& index, int64_t positions, int64_t
   const auto rank = first.cumsum(0) - 1;
   const auto per_chunk = at::zeros({chunks}, index.options())
                              .index_add_(0, sorted.div(positions, "floor"), first.to(at::kLong));
-  std::vector<at::Tensor> read{per_chunk};
-  for (const auto& c : checks) read.push_back(c.outside.reshape({1}));
-  const auto host = at::cat(read).cpu();  // the one synchronisation
-  require_in_range(checks, host.data_ptr<int64_t>() + chunks);
-  const auto size = host.accessor<int64_t, 1>();
+  const auto sizes = read_checked({per_chunk}, checks);  // the one synchronisation
+  const auto size = sizes.accessor<int64_t, 1>();
   ChunkTeachers out;
   out.offsets.assign(1, 0);
   for (int64_t c = 0; c < chunks; ++c) out.offsets.push_back(out.offsets.back() + size[c]);
@@ -354,7 +350,7 @@ VocabObjectiveResult vocab_objective(const at::Tensor& hidden, const at::Tensor&
     shared = chunk_teachers(teacher_index, teacher.size(0), objective_step(options, lm_head, true),
                             checks);
   } else {
-    require_in_range(checks);
+    read_checked({}, checks);
   }
   const ChunkTeachers* by_position = shared ? &*shared : nullptr;
   if (!at::GradMode::is_enabled() || !hidden.requires_grad()) {
@@ -384,7 +380,7 @@ VocabObjectiveResult vocab_policy_objective(const at::Tensor& hidden, const at::
 
 VocabCeResult vocab_ce(const at::Tensor& hidden, const at::Tensor& labels,
                        const at::Tensor& lm_head, const VocabObjectiveOptions& options) {
-  require_in_range({check_rows(hidden, labels, lm_head, options)});
+  read_checked({}, {check_rows(hidden, labels, lm_head, options)});
   at::NoGradGuard no_grad;
   const int64_t rows = hidden.size(0);
   const auto y = labels.contiguous();
