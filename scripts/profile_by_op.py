@@ -8,8 +8,11 @@ autograd node of the backward ("autograd::engine::evaluate_function: SliceBackwa
 src/bench/kernel_profile.cpp); --gaps charges each idle stretch of the GPU longer than 20 us to
 the operator that launched the kernel after it (the host was late with that launch); --syncs lists
 every host synchronisation (a read of a GPU value: the host waits until the GPU's queue is empty)
-with the operator that asked for it, how long the host waited and how long the GPU then sat idle.
-Usage: scripts/profile_by_op.py TRACE.json[.gz] [--top N] [--category C[,C...]] [--gaps | --syncs]
+with the operator that asked for it, how long the host waited and how long the GPU then sat idle;
+--gemms sums the GEMM kernels by launching scope, operator and input shapes (the trace records
+shapes) with their rate in TFLOP/s where the operator is a matrix product.
+Usage: scripts/profile_by_op.py TRACE.json[.gz] [--top N] [--category C[,C...]]
+       [--gaps | --syncs | --gemms]
 """
 import argparse
 import bisect
@@ -127,6 +130,51 @@ def print_syncs(events, gpu, scope_of):
     print(f"\n{len(syncs)} synchronisations; the GPU idle after them: {idle_total:.2f} ms")
 
 
+def product_flops(op):
+    """2·M·K·N (times the batch) of a matrix product from its operator's input shapes, or None."""
+    dims = op.get("args", {}).get("Input Dims") if op else None
+    operands = {"aten::mm": (0, 1), "aten::addmm": (1, 2), "aten::bmm": (0, 1),
+                "aten::baddbmm": (1, 2)}.get(op["name"]) if op else None
+    if not dims or operands is None:
+        return None
+    try:
+        a, b = dims[operands[0]], dims[operands[1]]
+        batch = a[0] if len(a) == 3 else 1
+        return 2 * batch * a[-2] * a[-1] * b[-1]
+    except (IndexError, TypeError):
+        return None
+
+
+def print_gemms(kernels, by_external, launcher, top):
+    """GEMM kernels by (scope, operator, input shapes): time, calls and rate."""
+    table = collections.defaultdict(lambda: [0.0, 0, 0])
+    counted = set()  # operators whose FLOPs are in (a product may launch more than one kernel)
+    total_ms = 0.0
+    for kernel in kernels:
+        if category(kernel["name"]) != "gemm":
+            continue
+        external = kernel.get("args", {}).get("External id")
+        op = by_external.get(external)
+        where, name, _ = launcher(kernel)
+        shapes = json.dumps(op.get("args", {}).get("Input Dims", [])) if op else "?"
+        row = table[(where, name, shapes.replace(" ", ""))]
+        row[0] += kernel["dur"] / 1e3
+        row[1] += 1
+        flops = product_flops(op)
+        if flops is None or row[2] is None:
+            row[2] = None
+        elif external not in counted:
+            row[2] += flops
+            counted.add(external)
+        total_ms += kernel["dur"] / 1e3
+    print(f"GEMM kernel time {total_ms:.1f} ms\n\n| scope | operator | input shapes | ms | calls "
+          "| TFLOP/s |\n|---|---|---|---:|---:|---:|")
+    for (where, name, shapes), (ms, calls, flops) in sorted(table.items(),
+                                                            key=lambda kv: -kv[1][0])[:top]:
+        rate = f"{flops / (ms * 1e9):.0f}" if flops and ms > 0 else "-"
+        print(f"| {where} | {name} | {shapes} | {ms:.2f} | {calls} | {rate} |")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("trace")
@@ -134,6 +182,7 @@ def main():
     parser.add_argument("--category", default="", help="comma-separated kernel categories")
     parser.add_argument("--gaps", action="store_true", help="idle GPU stretches by launch")
     parser.add_argument("--syncs", action="store_true", help="host synchronisations, in order")
+    parser.add_argument("--gemms", action="store_true", help="GEMM kernels by operator shapes")
     args = parser.parse_args()
     events = [e for e in load(args.trace) if e.get("ph") == "X"]
     ops = [e for e in events if e.get("cat") in ("cpu_op", "user_annotation")]
@@ -155,6 +204,9 @@ def main():
         return
     if args.syncs:
         print_syncs(events, gpu, scope_of)
+        return
+    if args.gemms:
+        print_gemms([e for e in gpu if e.get("cat") == "kernel"], by_external, launcher, args.top)
         return
     wanted = {c for c in args.category.split(",") if c}
     table = collections.defaultdict(lambda: [0.0, 0])

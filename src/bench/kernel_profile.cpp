@@ -101,7 +101,8 @@ double KernelProfile::kernel_ms() const {
 }
 
 void start_kernel_profile(bool cuda) {
-  const impl::ProfilerConfig config(impl::ProfilerState::KINETO);
+  // Input shapes in the trace: scripts/profile_by_op.py --gemms rates each product by them.
+  const impl::ProfilerConfig config(impl::ProfilerState::KINETO, /*report_input_shapes=*/true);
   std::set<impl::ActivityType> activities{impl::ActivityType::CPU};
   if (cuda) activities.insert(impl::ActivityType::CUDA);
   profiler::prepareProfiler(config, activities);

@@ -78,7 +78,7 @@ struct AnchorStats {
   int64_t batches = 0;
 
   void add(const data::DraftBatch& batch) {
-    auto valid = objectives::valid_anchor_positions(batch.loss_mask).to(torch::kDouble).cpu();
+    auto valid = objectives::valid_anchor_positions(batch.loss_mask_on_host()).to(torch::kDouble);
     auto positions = torch::arange(valid.size(1), valid.options());
     auto per_row = (valid * positions).sum(1) / valid.sum(1).clamp_min(1.0);
     anchor_sum += per_row.mean().item<double>();

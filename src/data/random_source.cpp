@@ -42,10 +42,13 @@ DraftBatch RandomSource::next(int64_t rows) {
   at::NoGradGuard no_grad;
   const auto floats = at::TensorOptions().dtype(at::kFloat).device(device_);
   const auto longs = at::TensorOptions().dtype(at::kLong).device(device_);
-  DraftBatch batch{at::empty({rows, seq_len_}, longs), at::ones({rows, seq_len_}, longs),
+  // The mask is made on the host and kept there too, so the anchors need no read of the GPU.
+  auto mask = at::ones({rows, seq_len_}, at::kLong);
+  mask.narrow(1, 0, prompt_length_).zero_();
+  DraftBatch batch{at::empty({rows, seq_len_}, longs), queue_copy_to(mask, device_),
                    at::empty({rows, seq_len_, features_}, floats),
                    at::empty({rows, seq_len_, hidden_}, floats)};
-  batch.loss_mask.narrow(1, 0, prompt_length_).zero_();
+  if (!device_.is_cpu()) batch.host_loss_mask = mask;
   // One generator per sample, drawn in a fixed order, so a row's values do not depend on which
   // batch it was fetched in.
   for (int64_t r = 0; r < rows; ++r) {

@@ -21,15 +21,16 @@ int64_t max_valid_anchors(const at::Tensor& loss_mask) {
 
 AnchorSample sample_anchors(const at::Tensor& loss_mask, int64_t num_anchors,
                             const RowStreams& streams) {
-  const int64_t rows = loss_mask.size(0), seq_len = loss_mask.size(1);
-  const int64_t width = std::min(num_anchors, std::max<int64_t>(0, max_valid_anchors(loss_mask)));
+  const auto host_mask = loss_mask.cpu();
+  const int64_t rows = host_mask.size(0), seq_len = host_mask.size(1);
+  const int64_t width = std::min(num_anchors, std::max<int64_t>(0, max_valid_anchors(host_mask)));
   if (width <= 0) {
     fail("DFlash-family training requires two consecutive supervised tokens (loss_mask {})",
-         c10::str(loss_mask.sizes()));
+         c10::str(host_mask.sizes()));
   }
-  auto valid = valid_anchor_positions(loss_mask);
+  auto valid = valid_anchor_positions(host_mask);
   auto counts = valid.sum(1, /*keepdim=*/true);
-  auto u = streams.uniform(RowDraw::kAnchors, rows, seq_len - 1).to(loss_mask.device());
+  auto u = streams.uniform(RowDraw::kAnchors, rows, seq_len - 1);
   u.masked_fill_(valid.logical_not(), 2.0);
   auto candidates =
       std::get<1>(u.sort(std::optional<bool>(true), 1, /*descending=*/false)).slice(1, 0, width);
@@ -46,7 +47,7 @@ at::Tensor draw_replacement(const at::Tensor& keep, double probability, const Ro
     fail("DSpine replacement: {} draws per row for {} blocks", draws, keep.size(1));
   }
   auto u = streams.uniform(RowDraw::kReplacement, keep.size(0), draws).narrow(1, 0, keep.size(1));
-  return (u.to(keep.device()) < probability) & keep;
+  return (u < probability) & keep.cpu();
 }
 
 BlockLayout layout_blocks(const at::Tensor& input_ids, const at::Tensor& loss_mask,

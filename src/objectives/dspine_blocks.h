@@ -32,14 +32,15 @@ struct AnchorSample {
 
 // A uniform subset of min(count_b, N) valid positions per row, N = min(num_anchors,
 // max_valid_anchors): row b's S-1 uniforms from its anchor stream, lowest first. A row's anchors
-// depend on its own stream and mask alone, not on the rows beside it. Throws when no row has two
-// consecutive supervised tokens.
+// depend on its own stream and mask alone, not on the rows beside it. Drawn on the host, where the
+// uniforms are (a mask on the GPU is read first): anchors and keep are CPU tensors. Throws when no
+// row has two consecutive supervised tokens.
 AnchorSample sample_anchors(const at::Tensor& loss_mask, int64_t num_anchors,
                             const RowStreams& streams);
 
-// (uniform [B, N] < probability) & keep, row b's uniforms the first N of the `draws` (>= N) of its
-// replacement stream: `draws` fixed by the run (not by the batch), so that a row's mask does not
-// depend on the N of the rows beside it.
+// (uniform [B, N] < probability) & keep, on the host, row b's uniforms the first N of the `draws`
+// (>= N) of its replacement stream: `draws` fixed by the run (not by the batch), so that a row's
+// mask does not depend on the N of the rows beside it.
 at::Tensor draw_replacement(const at::Tensor& keep, double probability, const RowStreams& streams,
                             int64_t draws);
 

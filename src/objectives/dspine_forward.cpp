@@ -41,21 +41,22 @@ void check_batch(const data::DraftBatch& b, const core::ModelConfig& c) {
   }
 }
 
-AnchorSample anchors_for(const torch::Tensor& loss_mask, int64_t num_anchors,
+// The blocks' anchors and keep on the host: sampled, or the overrides'.
+AnchorSample anchors_for(const torch::Tensor& host_mask, int64_t num_anchors,
                          const RowStreams& streams, const BlockOverrides* overrides) {
   if (overrides == nullptr || !overrides->anchors.defined()) {
-    return sample_anchors(loss_mask, num_anchors, streams);
+    return sample_anchors(host_mask, num_anchors, streams);
   }
-  auto anchors = overrides->anchors.to(loss_mask.device(), torch::kInt64);
-  if (anchors.dim() != 2 || anchors.size(0) != loss_mask.size(0)) {
-    fail("DSpine explicit anchors must be [B, N] with B = {}, got {}", loss_mask.size(0),
+  auto anchors = overrides->anchors.to(torch::kCPU, torch::kInt64);
+  if (anchors.dim() != 2 || anchors.size(0) != host_mask.size(0)) {
+    fail("DSpine explicit anchors must be [B, N] with B = {}, got {}", host_mask.size(0),
          c10::str(anchors.sizes()));
   }
-  if (((anchors < 0) | (anchors > loss_mask.size(1) - 2)).any().item<bool>()) {
-    fail("DSpine explicit anchors must lie in [0, S-2] (S = {})", loss_mask.size(1));
+  if (((anchors < 0) | (anchors > host_mask.size(1) - 2)).any().item<bool>()) {
+    fail("DSpine explicit anchors must lie in [0, S-2] (S = {})", host_mask.size(1));
   }
   auto keep = overrides->keep.defined()
-                  ? overrides->keep.to(loss_mask.device(), torch::kBool)
+                  ? overrides->keep.to(torch::kCPU, torch::kBool)
                   : torch::ones(anchors.sizes(), anchors.options().dtype(torch::kBool));
   if (keep.sizes() != anchors.sizes()) {
     fail("DSpine explicit keep {} must match anchors {}", c10::str(keep.sizes()),
@@ -129,20 +130,23 @@ DraftPass DSpineTrainingModel::sample_blocks(const data::DraftBatch& batch,
 
   DraftPass out;
   out.schedule = dspine_schedule(settings_, options.step, options.total_steps);
-  auto sample =
-      anchors_for(batch.loss_mask, settings_.num_anchors, streams, options.overrides);
-  sample.anchors = sample.anchors.to(device);
-  sample.keep = sample.keep.to(device);
-  out.blocks = layout_blocks(input_ids, loss_mask, sample.anchors, sample.keep, bs,
-                             settings_.loss_decay_gamma);
+  // Anchors and replacements are drawn on the host from its copy of the mask, then queued to the
+  // device: the forward starts without waiting for the GPU (docs/model.md, "The host stays ahead").
+  const auto sample =
+      anchors_for(batch.loss_mask_on_host(), settings_.num_anchors, streams, options.overrides);
+  at::Tensor replace;
   if (options.overrides != nullptr && options.overrides->replace.defined()) {
-    out.replace = options.overrides->replace.to(device, torch::kBool) & out.blocks.keep;
+    replace = options.overrides->replace.to(torch::kCPU, torch::kBool) & sample.keep;
   } else if (options.training && out.schedule.replacement_probability > 0) {
     // As many draws per row as any batch of this sequence length can have blocks.
     const int64_t draws = std::min(settings_.num_anchors, input_ids.size(1) - 1);
-    out.replace = draw_replacement(out.blocks.keep, out.schedule.replacement_probability, streams,
-                                   std::max(draws, out.blocks.keep.size(1)));
+    replace = draw_replacement(sample.keep, out.schedule.replacement_probability, streams,
+                               std::max(draws, sample.keep.size(1)));
   }
+  out.blocks =
+      layout_blocks(input_ids, loss_mask, data::queue_copy_to(sample.anchors, device),
+                    data::queue_copy_to(sample.keep, device), bs, settings_.loss_decay_gamma);
+  if (replace.defined()) out.replace = data::queue_copy_to(replace, device);
   out.position_ids = block_position_ids(out.blocks.anchors, input_ids.size(1), bs);
   return out;
 }

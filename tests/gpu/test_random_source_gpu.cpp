@@ -28,6 +28,12 @@ TEST(RandomSourceGpu, BatchesLiveOnTheDeviceAndDependOnlyOnTheCursor) {
                             rows.target_last_hidden_states}) {
     EXPECT_TRUE(field.device() == cuda);
   }
+  // The mask's host copy, which the anchor sampler reads instead of the GPU.
+  ASSERT_TRUE(rows.host_loss_mask.defined());
+  EXPECT_TRUE(rows.host_loss_mask.is_cpu());
+  EXPECT_TRUE(torch::equal(rows.host_loss_mask, rows.loss_mask.cpu()));
+  EXPECT_EQ(rows.loss_mask.narrow(1, 0, 8).sum().item<int64_t>(), 0);  // the prompt
+  EXPECT_EQ(rows.loss_mask.narrow(1, 8, 120).sum().item<int64_t>(), 4 * 120);
   EXPECT_EQ(rows.hidden_states.sizes(), torch::IntArrayRef({4, 128, 320}));
   EXPECT_EQ(rows.input_ids.eq(999).sum().item<int64_t>(), 0);  // the mask token
   EXPECT_NEAR(rows.hidden_states.std().item<double>(), 1.0, 0.02);

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -770,6 +771,40 @@ TEST(DSpineWindow, AReplayOfAnotherBatchIsNamedByTheWindowsEnd) {
                   std::string::npos)
             << e.what();
       }
+    }
+  }
+}
+
+// Anchors and replacements are drawn on the host (docs/model.md, "The host stays ahead"): a batch
+// moved to the GPU keeps its mask's host copy and draws from it, a batch made on the GPU without
+// one reads its mask, and either way the blocks are those drawn for the batch on the CPU.
+TEST(DSpineBlocks, EveryDeviceDrawsTheBlocksOfTheHost) {
+  const auto batch = training_inputs();
+  DSpineForwardOptions options;
+  options.step = 100;  // replacement probability 0.5
+  options.total_steps = 600;
+  const RowStreams streams{5, 100, 10};
+  std::optional<DraftPass> on_cpu;
+  for (const auto& device : devices()) {
+    SCOPED_TRACE(device.str());
+    torch::manual_seed(17);
+    auto objective = make_dspine_objective(tiny_config(), tiny_settings(), torch::randn({32, 16}),
+                                           torch::randn({32, 16}), device, torch::kFloat32);
+    const auto moved = batch.to(device);
+    EXPECT_EQ(moved.host_loss_mask.defined(), device.is_cuda());
+    EXPECT_TRUE(torch::equal(moved.loss_mask_on_host(), batch.loss_mask));
+    auto made_there = moved;
+    made_there.host_loss_mask = at::Tensor();
+    for (const auto& input : {moved, made_there}) {
+      auto pass = objective->training_model().sample_blocks(input, streams, options);
+      ASSERT_TRUE(pass.replace.defined());
+      EXPECT_EQ(pass.blocks.anchors.device().type(), device.type());
+      EXPECT_EQ(pass.replace.device().type(), device.type());
+      if (!on_cpu) on_cpu = pass;
+      EXPECT_TRUE(torch::equal(pass.blocks.anchors.cpu(), on_cpu->blocks.anchors));
+      EXPECT_TRUE(torch::equal(pass.blocks.keep.cpu(), on_cpu->blocks.keep));
+      EXPECT_TRUE(torch::equal(pass.replace.cpu(), on_cpu->replace));
+      EXPECT_TRUE(torch::equal(pass.blocks.labels.cpu(), on_cpu->blocks.labels));
     }
   }
 }

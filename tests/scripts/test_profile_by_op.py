@@ -1,6 +1,7 @@
 """scripts/profile_by_op.py on a hand-built Chrome trace: --syncs names the operator that waited,
 how long it waited and how long the GPU then sat idle; --gaps charges an idle stretch to the
-launch that ended it; the default table sums kernels by the scope that launched them."""
+launch that ended it; --gemms sums GEMM kernels by operator shapes; the default table sums
+kernels by the scope that launched them."""
 import json
 import subprocess
 import sys
@@ -20,7 +21,8 @@ def event(cat, name, ts, dur, tid=1, **args):
 # (launched by a later operator): idle 10 us after A and 240 us after the synchronisation.
 TRACE = {"traceEvents": [
     event("user_annotation", "dspine.attention", 0, 40),
-    event("cpu_op", "aten::mm", 5, 10, **{"External id": 1}),
+    event("cpu_op", "aten::mm", 5, 10,
+          **{"External id": 1, "Input Dims": [[512, 1024], [1024, 256]]}),
     event("cpu_op", "aten::add", 20, 10, **{"External id": 2}),
     event("user_annotation", "dspine.vocab_objective", 50, 150),
     event("cpu_op", "aten::_local_scalar_dense", 60, 120, **{"External id": 3}),
@@ -58,6 +60,13 @@ class ProfileByOp(unittest.TestCase):
         out = self.run_script()
         self.assertIn("| dspine.attention | 0.15 |", out)
         self.assertIn("| dspine.attention | aten::add | vectorized_elementwise_kernel | 0.10 | 1 |",
+                      out)
+
+    def test_gemms_are_summed_by_shapes_with_their_rate(self):
+        out = self.run_script("--gemms")
+        # 2 * 512 * 1024 * 256 FLOP in 50 us: 5.4 TFLOP/s.
+        self.assertIn("GEMM kernel time 0.1 ms", out)
+        self.assertIn("| dspine.attention | aten::mm | [[512,1024],[1024,256]] | 0.05 | 1 | 5 |",
                       out)
 
 
