@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
   dspine::bench::register_collective_bench(app);
   dspine::bench::register_attention_bench(app);
   dspine::bench::register_vocab_bench(app);
+  dspine::bench::register_gemm_bench(app);
   dspine::dist::MpiContext mpi(&argc, &argv);
   try {
     app.parse(argc, argv);

@@ -1,19 +1,22 @@
 #!/usr/bin/env bash
 # Builds and runs every GPU test and benchmark on the GPU machine in one go; logs under $OUT.
 # Uses the machine's torch 2.11 and packages (installs nothing); carry .whl for Liger-Kernel.
-# Usage: scripts/device_check.sh [all|tests|gspo|target|attention|vocab|train|step|profile|testbed|ab]
+# Usage: scripts/device_check.sh
+#          [all|tests|gspo|target|attention|vocab|gemm|train|step|profile|testbed|ab]
 # (tests: every GPU test binary of `all`, test_trainer included, and no benchmark; gspo: the GSPO
 # policy and logit-row tests and the RL step; target: only the Qwen3 target test and the
 # online-target step, scripts/bench_online_target.sh; attention: the block attention test, the
 # fused step test, `dspine-bench attention` and attention-check at the recipe's shapes; vocab: the
-# fused vocabulary objective's tests, the fused step test and `dspine-bench vocab`; train: only
-# dspine-bench and the recipe-size training step with its kernel profile, scripts/bench_train.sh;
-# step: the attention, vocabulary, fused-step and fused AdamW tests, then the attention,
-# vocabulary and training-step benchmarks; profile: only the fused recipe step, profiled, its
-# kernels by launching code and its trace; attention and step also run the q/k norm + RoPE test;
-# ab: dspine-bench of this tree against that of the tree in .ab-base/, runs alternating,
-# scripts/bench_ab.sh, AB_ROUNDS rounds of `dspine-bench AB_ARGS` (default: the recipe's replay at
-# A = 1); make .ab-base with `git archive --prefix=.ab-base/ REV | tar -x` and carry it)
+# fused vocabulary objective's tests, the fused step test and `dspine-bench vocab`; gemm: only
+# `dspine-bench gemm` (the step's largest GEMMs, at::mm against each cuBLASLt algorithm); train:
+# only dspine-bench and the recipe-size training step with its kernel profile,
+# scripts/bench_train.sh; step: the attention, vocabulary, fused-step and fused AdamW tests, then
+# the attention, vocabulary, GEMM and training-step benchmarks; profile: only the fused recipe
+# step, profiled, its kernels by launching code and its trace; attention and step also run the
+# q/k norm + RoPE test; ab: dspine-bench of this tree against that of the tree in .ab-base/,
+# runs alternating, scripts/bench_ab.sh, AB_ROUNDS rounds of `dspine-bench AB_ARGS` (default: the
+# recipe's replay at A = 1); make .ab-base with `git archive --prefix=.ab-base/ REV | tar -x`
+# and carry it)
 set -uo pipefail
 PHASE="${1:-all}"
 cd "$(dirname "$0")/.."
@@ -43,7 +46,7 @@ targets=(test_fused_norm_mlp test_gspo_gpu test_gspo_policy_gpu test_logit_rows_
   test_dspine_objective test_trainer test_trainer_start test_vocab_objective_gpu test_fused_vocabulary
   test_injection_residual_gpu test_qk_norm_rope_gpu test_master_adamw_gpu test_wgmma_probe_gpu
   test_cosine_alignment_gpu test_candidate_scores_gpu dspine-bench attention-check)
-[[ $PHASE == train || $PHASE == profile || $PHASE == ab ]] && targets=(dspine-bench)
+[[ $PHASE == train || $PHASE == profile || $PHASE == ab || $PHASE == gemm ]] && targets=(dspine-bench)
 [[ $PHASE == testbed ]] && targets=(test_qwen3_model_gpu dspine-train dspine-eval)
 [[ $PHASE == gspo ]] && targets=(test_gspo_policy_gpu test_logit_rows_gpu test_vocab_objective_gpu dspine-bench)
 [[ $PHASE == tests ]] && targets=("${targets[@]:0:${#targets[@]}-2}")  # no benchmark binaries
@@ -174,9 +177,20 @@ vocab_bench() {
   "$BUILD_DIR/bin/dspine-bench" vocab > "$OUT/bench_vocab.log" 2>&1 || status=1
   tail -32 "$OUT/bench_vocab.log"
 }
+# The step's largest GEMMs as ATen runs them and with each algorithm cuBLASLt offers.
+gemm_bench() {
+  "$BUILD_DIR/bin/dspine-bench" gemm > "$OUT/bench_gemm.md" 2>&1 || status=1
+  cat "$OUT/bench_gemm.md"
+}
+if [[ $PHASE == gemm ]]; then
+  gemm_bench
+  echo "done in $(( $(date +%s) - start )) s, status $status"
+  exit $status
+fi
 if [[ $PHASE == step ]]; then
   attention_bench
   vocab_bench
+  gemm_bench
   train_step
   echo "done in $(( $(date +%s) - start )) s, status $status"
   exit $status
@@ -211,6 +225,7 @@ gspo_rl_step
 online_target_step
 attention_bench
 vocab_bench
+gemm_bench
 train_step
 echo "done in $(( $(date +%s) - start )) s, status $status"
 exit $status

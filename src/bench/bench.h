@@ -20,6 +20,8 @@ void register_step_bench(CLI::App& app);
 void register_attention_bench(CLI::App& app);
 // Adds `vocab` (DSpine backbone vocabulary terms: fused vs reference chunks, recipe size).
 void register_vocab_bench(CLI::App& app);
+// Adds `gemm` (the recipe step's largest GEMMs: at::mm against each cuBLASLt algorithm offered).
+void register_gemm_bench(CLI::App& app);
 // Adds `collectives` (NCCL all-reduce / all-gather / reduce-scatter bus bandwidth through the
 // NCCL communicator, under mpirun -np N) to `app`.
 void register_collective_bench(CLI::App& app);

@@ -52,6 +52,7 @@ expect_error "--bogus" "$eval_" --config "$tiny" --weights "$WORK" --bogus
 expect_error "--bogus" "$data" generate --out "$WORK/x" --bogus
 expect_error "--bogus" "$bench" step --bogus
 expect_error "$WORK/missing.yaml" "$bench" step --config "$WORK/missing.yaml"
+expect_error "--candidates" "$bench" gemm --candidates 0
 expect_error "$WORK/missing.yaml" "$data" generate --config "$WORK/missing.yaml" --out "$WORK/x"
 expect_error "--samples" "$data" generate --out "$WORK/x" --samples -3
 expect_error "$WORK/no_checkpoint" "$train" "${quiet[@]}" --set checkpoint.dir="$WORK/c1" \
