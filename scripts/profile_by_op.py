@@ -3,7 +3,9 @@
 
 Each kernel is charged to the operator that launched it (the trace's "External id") and to that
 operator's enclosing scope on the same thread: the innermost `dspine.*` scope of the forward or an
-autograd node of the backward ("autograd::engine::evaluate_function: SliceBackward0").
+autograd node of the backward ("autograd::engine::evaluate_function: SliceBackward0"). A kernel
+that no operator claims (one of the project's own, launched inside a custom autograd function) is
+charged to the innermost operator or scope around its launch, found by its correlation id.
 --category elementwise,reduction keeps the kernels of those categories (the rules of
 src/bench/kernel_profile.cpp); --gaps charges each idle stretch of the GPU longer than 20 us to
 the operator that launched the kernel after it (the host was late with that launch); --syncs lists
@@ -81,6 +83,30 @@ def scopes(ops):
     return scope_of
 
 
+def launch_sites(ops, runtime):
+    """The innermost operator or scope around each CUDA runtime call, by its correlation id: the
+    launcher of a kernel that no operator claims (the project's own kernels, launched inside a
+    custom autograd function rather than an ATen operator)."""
+    site = {}
+    per_thread = collections.defaultdict(list)
+    for op in ops:
+        per_thread[op["tid"]].append((op["ts"], 0, -op["dur"], op))
+    for call in runtime:
+        per_thread[call["tid"]].append((call["ts"], 1, 0, call))
+    for items in per_thread.values():
+        items.sort(key=lambda item: item[:3])  # at one time: operators (outer first), then calls
+        stack = []
+        for ts, kind, _, event in items:
+            while stack and stack[-1]["ts"] + stack[-1]["dur"] < ts:
+                stack.pop()
+            correlation = event.get("args", {}).get("correlation")
+            if kind == 0:
+                stack.append(event)
+            elif correlation is not None and stack:
+                site[correlation] = stack[-1]
+    return site
+
+
 def print_gaps(kernels, launcher, top):
     """Idle stretches of the GPU between consecutive kernels, by the launch that ended them."""
     table = collections.defaultdict(lambda: [0.0, 0])
@@ -131,7 +157,7 @@ def print_syncs(events, gpu, scope_of):
 
 
 def product_flops(op):
-    """2·M·K·N (times the batch) of a matrix product from its operator's input shapes, or None."""
+    """2·M·K·N (times the batch) of a product from its operator's input shapes, or None."""
     dims = op.get("args", {}).get("Input Dims") if op else None
     operands = {"aten::mm": (0, 1), "aten::addmm": (1, 2), "aten::bmm": (0, 1),
                 "aten::baddbmm": (1, 2)}.get(op["name"]) if op else None
@@ -145,7 +171,7 @@ def product_flops(op):
         return None
 
 
-def print_gemms(kernels, by_external, launcher, top):
+def print_gemms(kernels, launching_op, launcher, top):
     """GEMM kernels by (scope, operator, input shapes): time, calls and rate."""
     table = collections.defaultdict(lambda: [0.0, 0, 0])
     counted = set()  # operators whose FLOPs are in (a product may launch more than one kernel)
@@ -153,8 +179,7 @@ def print_gemms(kernels, by_external, launcher, top):
     for kernel in kernels:
         if category(kernel["name"]) != "gemm":
             continue
-        external = kernel.get("args", {}).get("External id")
-        op = by_external.get(external)
+        op = launching_op(kernel)
         where, name, _ = launcher(kernel)
         shapes = json.dumps(op.get("args", {}).get("Input Dims", [])) if op else "?"
         row = table[(where, name, shapes.replace(" ", ""))]
@@ -163,9 +188,9 @@ def print_gemms(kernels, by_external, launcher, top):
         flops = product_flops(op)
         if flops is None or row[2] is None:
             row[2] = None
-        elif external not in counted:
+        elif id(op) not in counted:
             row[2] += flops
-            counted.add(external)
+            counted.add(id(op))
         total_ms += kernel["dur"] / 1e3
     print(f"GEMM kernel time {total_ms:.1f} ms\n\n| scope | operator | input shapes | ms | calls "
           "| TFLOP/s |\n|---|---|---|---:|---:|---:|")
@@ -193,8 +218,15 @@ def main():
             by_external.setdefault(external, op)
     scope_of = scopes(ops)
 
+    site = launch_sites(ops, [e for e in events if e.get("cat") == "cuda_runtime"])
+
+    def launching_op(kernel):
+        kernel_args = kernel.get("args", {})
+        return by_external.get(kernel_args.get("External id")) or site.get(
+            kernel_args.get("correlation"))
+
     def launcher(kernel):
-        op = by_external.get(kernel.get("args", {}).get("External id"))
+        op = launching_op(kernel)
         where = (scope_of.get(id(op)) or "(no scope)") if op else "(unlinked)"
         return where, op["name"] if op else "?", short(kernel["name"])
 
@@ -206,7 +238,7 @@ def main():
         print_syncs(events, gpu, scope_of)
         return
     if args.gemms:
-        print_gemms([e for e in gpu if e.get("cat") == "kernel"], by_external, launcher, args.top)
+        print_gemms([e for e in gpu if e.get("cat") == "kernel"], launching_op, launcher, args.top)
         return
     wanted = {c for c in args.category.split(",") if c}
     table = collections.defaultdict(lambda: [0.0, 0])

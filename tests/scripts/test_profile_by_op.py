@@ -1,7 +1,7 @@
 """scripts/profile_by_op.py on a hand-built Chrome trace: --syncs names the operator that waited,
 how long it waited and how long the GPU then sat idle; --gaps charges an idle stretch to the
 launch that ended it; --gemms sums GEMM kernels by operator shapes; the default table sums
-kernels by the scope that launched them."""
+kernels by the scope that launched them, a kernel no operator claims by the scope of its launch."""
 import json
 import subprocess
 import sys
@@ -29,11 +29,17 @@ TRACE = {"traceEvents": [
     event("cuda_runtime", "cudaMemcpyAsync", 62, 90),
     event("cuda_runtime", "cudaStreamSynchronize", 155, 5),
     event("cpu_op", "aten::mul", 390, 5, **{"External id": 4}),
+    event("user_annotation", "dspine.mlp", 200, 50),
+    event("cuda_runtime", "cudaLaunchKernel", 210, 5, correlation=9),
     event("kernel", "void gemm_kernel<float>(int)", 0, 50, tid=7, **{"External id": 1}),
     event("kernel", "void at::native::vectorized_elementwise_kernel<4>()", 60, 100, tid=7,
           **{"External id": 2}),
     event("kernel", "void at::native::vectorized_elementwise_kernel<4>()", 400, 20, tid=7,
           **{"External id": 4}),
+    # A kernel of the project's own, launched inside a custom autograd function: no operator
+    # claims it, its runtime call (matched by correlation id) lies in the dspine.mlp scope.
+    event("kernel", "void dspine::kernels::swiglu_forward_kernel<bf16>()", 430, 30, tid=7,
+          correlation=9),
 ]}
 
 
@@ -61,6 +67,11 @@ class ProfileByOp(unittest.TestCase):
         self.assertIn("| dspine.attention | 0.15 |", out)
         self.assertIn("| dspine.attention | aten::add | vectorized_elementwise_kernel | 0.10 | 1 |",
                       out)
+
+    def test_a_kernel_no_operator_claims_goes_to_the_scope_of_its_launch(self):
+        out = self.run_script("--category", "elementwise")
+        self.assertIn("| dspine.mlp | dspine.mlp | swiglu_forward_kernel | 0.03 | 1 |", out)
+        self.assertNotIn("(unlinked)", out)
 
     def test_gemms_are_summed_by_shapes_with_their_rate(self):
         out = self.run_script("--gemms")
