@@ -148,7 +148,8 @@ void run_gemm_bench(const GemmOptions& o) {
              0.02;
     const auto op_a = p.a_transposed ? a.t() : a;
     const auto op_b = p.b_transposed ? b.t() : b;
-    const auto reference = at::mm(op_a, op_b);
+    const auto reference = at::mm(op_a, op_b).to(torch::kFloat);
+    const auto reference_max = reference.abs().max();
     const double flop = 2.0 * double(p.m) * double(p.n) * double(p.k);
     // at::mm is timed before and after the candidates, the faster kept: a drift of the clocks
     // over the candidates cannot favour them.
@@ -158,14 +159,18 @@ void run_gemm_bench(const GemmOptions& o) {
     double aten_ms = time_aten();
 
     const LtProduct lt(p, o.candidates, static_cast<size_t>(workspace.numel()));
+    if (lt.count() == 0) {
+      std::printf("| %s | %ld x %ld x %ld | %.3f | %.0f | (no algorithm) | | | | |\n",
+                  p.name.c_str(), long(p.m), long(p.n), long(p.k), aten_ms, flop / aten_ms / 1e9);
+      continue;
+    }
     auto c = torch::empty({p.m, p.n}, bf16);
     double first_ms = 0, best_ms = 1e30, worst_diff = 0;
     size_t best = 0;
     for (size_t i = 0; i < lt.count(); ++i) {
       lt.run(i, a, b, c, workspace);
-      const double diff = ((c.to(torch::kFloat) - reference.to(torch::kFloat)).abs().max() /
-                           reference.to(torch::kFloat).abs().max())
-                              .item<double>();
+      const double diff =
+          ((c.to(torch::kFloat) - reference).abs().max() / reference_max).item<double>();
       worst_diff = std::max(worst_diff, diff);
       const double ms = cuda_median_ms([&] { lt.run(i, a, b, c, workspace); }, 2, o.iterations);
       if (i == 0) first_ms = ms;
@@ -176,14 +181,7 @@ void run_gemm_bench(const GemmOptions& o) {
     }
     aten_ms = std::min(aten_ms, time_aten());
     // The fastest of many noisy medians is biased low: the chosen algorithm is timed once more.
-    if (lt.count() > 0) {
-      best_ms = cuda_median_ms([&] { lt.run(best, a, b, c, workspace); }, 2, o.iterations);
-    }
-    if (lt.count() == 0) {
-      std::printf("| %s | %ld x %ld x %ld | %.3f | %.0f | (no algorithm) | | | | |\n",
-                  p.name.c_str(), long(p.m), long(p.n), long(p.k), aten_ms, flop / aten_ms / 1e9);
-      continue;
-    }
+    best_ms = cuda_median_ms([&] { lt.run(best, a, b, c, workspace); }, 2, o.iterations);
     std::printf("| %s | %ld x %ld x %ld | %.3f | %.0f | %.3f | %.3f (%zu) | %.0f | %.3f | %.1e |\n",
                 p.name.c_str(), long(p.m), long(p.n), long(p.k), aten_ms, flop / aten_ms / 1e9,
                 first_ms, best_ms, best, flop / best_ms / 1e9, best_ms / aten_ms, worst_diff);
