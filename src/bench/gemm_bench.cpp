@@ -20,6 +20,7 @@
 #include "bench/bench.h"
 #include "bench/cuda_timing.h"
 #include "core/error.h"
+#include "ops/gemm_ops.h"
 
 namespace dspine::bench {
 namespace {
@@ -124,6 +125,42 @@ class LtProduct {
   std::vector<cublasLtMatmulHeuristicResult_t> results_;
 };
 
+// The project's GEMM (ops/gemm_ops.h) on the forward forms X·Wᵀ, alone and with the residual
+// added in its epilogue, against at::mm (and at::mm then the add); at::mm timed before and after.
+void print_own_gemm(const GemmOptions& o) {
+  const auto bf16 = torch::TensorOptions().dtype(torch::kBFloat16).device(torch::kCUDA);
+  std::printf(
+      "\nthe project's GEMM, forward forms (ops::linear_rows)\n\n"
+      "| product | at::mm ms | own ms | own TFLOP/s | own / at::mm | at::mm + add ms | "
+      "own + residual ms | max rel. diff |\n|---|---:|---:|---:|---:|---:|---:|---:|\n");
+  for (const Product& p : recipe_products(o)) {
+    if (p.a_transposed || !p.b_transposed) continue;
+    const auto x = torch::randn({p.m, p.k}, bf16), w = torch::randn({p.n, p.k}, bf16) * 0.02;
+    const auto r = torch::randn({p.m, p.n}, bf16);
+    if (!ops::own_gemm_takes(x, w, r)) {
+      std::printf("| %s | (not taken on this device) | | | | | | |\n", p.name.c_str());
+      continue;
+    }
+    const auto reference = at::mm(x, w.t()).to(torch::kFloat);
+    const double diff =
+        ((ops::linear_rows(x, w).to(torch::kFloat) - reference).abs().max() / reference.abs().max())
+            .item<double>();
+    const auto time_aten = [&] {
+      return cuda_median_ms([&] { at::mm(x, w.t()); }, 3, o.iterations);
+    };
+    double aten_ms = time_aten();
+    const double own_ms = cuda_median_ms([&] { ops::linear_rows(x, w); }, 3, o.iterations);
+    const double own_residual_ms =
+        cuda_median_ms([&] { ops::linear_rows(x, w, r); }, 3, o.iterations);
+    const double aten_add_ms = cuda_median_ms([&] { at::mm(x, w.t()).add_(r); }, 3, o.iterations);
+    aten_ms = std::min(aten_ms, time_aten());
+    const double flop = 2.0 * double(p.m) * double(p.n) * double(p.k);
+    std::printf("| %s | %.3f | %.3f | %.0f | %.3f | %.3f | %.3f | %.1e |\n", p.name.c_str(),
+                aten_ms, own_ms, flop / own_ms / 1e9, own_ms / aten_ms, aten_add_ms,
+                own_residual_ms, diff);
+  }
+}
+
 void run_gemm_bench(const GemmOptions& o) {
   if (!torch::cuda::is_available()) fail("dspine-bench gemm needs a CUDA device");
   torch::NoGradGuard no_grad;
@@ -186,6 +223,7 @@ void run_gemm_bench(const GemmOptions& o) {
                 p.name.c_str(), long(p.m), long(p.n), long(p.k), aten_ms, flop / aten_ms / 1e9,
                 first_ms, best_ms, best, flop / best_ms / 1e9, best_ms / aten_ms, worst_diff);
   }
+  print_own_gemm(o);
 }
 
 }  // namespace

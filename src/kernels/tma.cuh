@@ -1,7 +1,7 @@
 // Hopper's tensor memory accelerator (TMA): whole tiles copied global -> shared by one thread,
 // their arrival counted in bytes on a shared-memory barrier (mbarrier), for the block attention
-// forward (docs/kernels.md, "Block attention"). The host describes a tensor and its tile shape
-// once per launch (a CUtensorMap); the copy writes the tile in the 128-byte swizzle layout of
+// forward and the GEMM (docs/kernels.md, "Block attention", "GEMM"). The host describes a tensor
+// and its tile shape once per launch (a CUtensorMap); the copy writes the tile in the 128-byte swizzle layout of
 // kernels/wgmma.cuh, so wgmma reads it as it reads the tiles the threads copy themselves.
 #pragma once
 
@@ -49,6 +49,14 @@ inline cudaError_t encode_bf16_map(CUtensorMap* map, const void* base, const uin
 // A barrier expecting one arrival per phase (plus the bytes announced by expect_bytes).
 __device__ __forceinline__ void init_barrier(uint32_t barrier) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(barrier) : "memory");
+}
+// A barrier expecting `count` arrivals per phase (e.g. one per consumer warpgroup).
+__device__ __forceinline__ void init_barrier(uint32_t barrier, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(barrier), "r"(count) : "memory");
+}
+// One arrival of the calling thread on the barrier's current phase.
+__device__ __forceinline__ void arrive(uint32_t barrier) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(barrier) : "memory");
 }
 // Makes initialized barriers visible to the copy engine (before the CTA's first barrier).
 __device__ __forceinline__ void fence_barrier_init() {

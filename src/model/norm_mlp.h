@@ -33,12 +33,13 @@ class RMSNormImpl : public torch::nn::Module {
 };
 TORCH_MODULE(RMSNorm);
 
-// down_proj(silu(gate_proj(x)) * up_proj(x)); projections without bias. Fused, gate and up run
-// as one GEMM on the concatenated weights (the checkpoint keeps gate_proj / up_proj separate).
+// down_proj(silu(gate_proj(x)) * up_proj(x)) (+ residual when given); projections without bias.
+// Fused, gate and up run as one GEMM on the concatenated weights (the checkpoint keeps gate_proj /
+// up_proj separate), and the residual is added in the down projection's epilogue.
 class SwiGLUMLPImpl : public torch::nn::Module {
  public:
   SwiGLUMLPImpl(int64_t hidden_size, int64_t intermediate_size, bool fused);
-  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& residual = {});
   torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
   bool fused;
 };

@@ -5,8 +5,9 @@
 #include <torch/torch.h>
 
 #include "core/error.h"
-#include "ops/kernel_launch.h"
 #include "kernels/swiglu.h"
+#include "ops/gemm_ops.h"
+#include "ops/kernel_launch.h"
 
 namespace dspine::ops {
 namespace {
@@ -103,36 +104,64 @@ struct PackedSwiGLUFunction : public torch::autograd::Function<PackedSwiGLUFunct
   }
 };
 
+// The SwiGLU + down node's two passes, shared by its forms without and with a residual (an
+// autograd function takes no undefined input): the forward keeps gate_up and the weight, and adds
+// the residual (undefined: none) to the product before its rounding.
+at::Tensor swiglu_down_forward(AutogradContext* ctx, const at::Tensor& gate_up,
+                               const at::Tensor& weight, const at::Tensor& residual) {
+  const int64_t half = gate_up.size(-1) / 2;
+  const at::Tensor gu = as_rows(gate_up, 2 * half);
+  ctx->save_for_backward({gu, weight});
+  std::vector<int64_t> shape = gate_up.sizes().vec();
+  shape.back() = weight.size(0);
+  // The activation lives only until its GEMM has read it.
+  const at::Tensor act = launch_forward(gu.narrow(1, 0, half), gu.narrow(1, half, half));
+  return linear_rows(act, weight,
+                     residual.defined() ? residual.reshape({-1, weight.size(0)}) : at::Tensor())
+      .view(shape);
+}
+
+// d(gate_up) and d(weight) (undefined when the weight needs none).
+std::pair<at::Tensor, at::Tensor> swiglu_down_backward(AutogradContext* ctx,
+                                                       const at::Tensor& grad) {
+  const auto saved = ctx->get_saved_variables();
+  const at::Tensor& gu = saved[0];
+  const at::Tensor& weight = saved[1];
+  const int64_t half = gu.size(1) / 2;
+  const at::Tensor dy = grad.reshape({-1, weight.size(0)});
+  at::Tensor dact_then_act = at::mm(dy, weight);
+  at::Tensor dgu = at::empty(gu.sizes(), gu.options());
+  at::Tensor dgate = dgu.narrow(1, 0, half);
+  at::Tensor dup = dgu.narrow(1, half, half);
+  launch_backward_recompute(dact_then_act, gu.narrow(1, 0, half), gu.narrow(1, half, half), dgate,
+                            dup);
+  at::Tensor dweight;
+  if (ctx->needs_input_grad(1)) dweight = at::mm(dy.t(), dact_then_act);
+  std::vector<int64_t> shape = grad.sizes().vec();
+  shape.back() = 2 * half;
+  return {dgu.view(shape), dweight};
+}
+
 struct SwiGLUDownFunction : public torch::autograd::Function<SwiGLUDownFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate_up,
                             const at::Tensor& weight) {
-    const int64_t half = gate_up.size(-1) / 2;
-    const at::Tensor gu = as_rows(gate_up, 2 * half);
-    ctx->save_for_backward({gu, weight});
-    std::vector<int64_t> shape = gate_up.sizes().vec();
-    shape.back() = weight.size(0);
-    // The activation lives only until its GEMM has read it.
-    return at::mm(launch_forward(gu.narrow(1, 0, half), gu.narrow(1, half, half)), weight.t())
-        .view(shape);
+    return swiglu_down_forward(ctx, gate_up, weight, at::Tensor());
   }
-
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const auto saved = ctx->get_saved_variables();
-    const at::Tensor& gu = saved[0];
-    const at::Tensor& weight = saved[1];
-    const int64_t half = gu.size(1) / 2;
-    const at::Tensor dy = grads[0].reshape({-1, weight.size(0)});
-    at::Tensor dact_then_act = at::mm(dy, weight);
-    at::Tensor dgu = at::empty(gu.sizes(), gu.options());
-    at::Tensor dgate = dgu.narrow(1, 0, half);
-    at::Tensor dup = dgu.narrow(1, half, half);
-    launch_backward_recompute(dact_then_act, gu.narrow(1, 0, half), gu.narrow(1, half, half),
-                              dgate, dup);
-    at::Tensor dweight;
-    if (ctx->needs_input_grad(1)) dweight = at::mm(dy.t(), dact_then_act);
-    std::vector<int64_t> shape = grads[0].sizes().vec();
-    shape.back() = 2 * half;
-    return {dgu.view(shape), dweight};
+    auto [dgu, dweight] = swiglu_down_backward(ctx, grads[0]);
+    return {dgu, dweight};
+  }
+};
+
+// The residual's gradient is the output's.
+struct SwiGLUDownResidualFunction : public torch::autograd::Function<SwiGLUDownResidualFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate_up,
+                            const at::Tensor& weight, const at::Tensor& residual) {
+    return swiglu_down_forward(ctx, gate_up, weight, residual);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto [dgu, dweight] = swiglu_down_backward(ctx, grads[0]);
+    return {dgu, dweight, grads[0]};
   }
 };
 
@@ -173,23 +202,38 @@ at::Tensor swiglu_packed_fused(const at::Tensor& gate_up) {
   return PackedSwiGLUFunction::apply(gate_up);
 }
 
-bool swiglu_down_fusable(const at::Tensor& gate_up, const at::Tensor& down_weight) {
-  return swiglu_fusable(gate_up, gate_up) && gate_up.size(-1) % 2 == 0 &&
-         down_weight.dim() == 2 && down_weight.size(1) == gate_up.size(-1) / 2 &&
-         down_weight.scalar_type() == gate_up.scalar_type() &&
-         down_weight.device() == gate_up.device();
+bool swiglu_down_fusable(const at::Tensor& gate_up, const at::Tensor& down_weight,
+                         const at::Tensor& residual) {
+  if (!swiglu_fusable(gate_up, gate_up) || gate_up.size(-1) % 2 != 0 || down_weight.dim() != 2 ||
+      down_weight.size(1) != gate_up.size(-1) / 2 ||
+      down_weight.scalar_type() != gate_up.scalar_type() ||
+      down_weight.device() != gate_up.device()) {
+    return false;
+  }
+  if (!residual.defined()) return true;
+  std::vector<int64_t> shape = gate_up.sizes().vec();
+  shape.back() = down_weight.size(0);
+  return residual.sizes() == at::IntArrayRef(shape) &&
+         residual.scalar_type() == gate_up.scalar_type() && residual.device() == gate_up.device();
 }
 
-at::Tensor swiglu_down_fused(const at::Tensor& gate_up, const at::Tensor& down_weight) {
-  if (!swiglu_down_fusable(gate_up, down_weight)) {
+at::Tensor swiglu_down_fused(const at::Tensor& gate_up, const at::Tensor& down_weight,
+                             const at::Tensor& residual) {
+  if (!swiglu_down_fusable(gate_up, down_weight, residual)) {
     fail(
-        "fused SwiGLU + down projection needs CUDA fp32/fp16/bf16 gate_up [..., 2I] and a down "
-        "weight [H, I] of its dtype on its device; got gate_up {} {} on {} and weight {} {} on {}",
+        "fused SwiGLU + down projection needs CUDA fp32/fp16/bf16 gate_up [..., 2I], a down "
+        "weight [H, I] of its dtype on its device and, if given, a residual [..., H] alike; got "
+        "gate_up {} {} on {}, weight {} {} on {}, residual {}",
         c10::str(gate_up.sizes()), c10::toString(gate_up.scalar_type()), gate_up.device().str(),
         c10::str(down_weight.sizes()), c10::toString(down_weight.scalar_type()),
-        down_weight.device().str());
+        down_weight.device().str(),
+        residual.defined()
+            ? c10::str(residual.sizes()) + " " + c10::toString(residual.scalar_type()) + " on " +
+                  residual.device().str()
+            : std::string("none"));
   }
-  return SwiGLUDownFunction::apply(gate_up, down_weight);
+  return residual.defined() ? SwiGLUDownResidualFunction::apply(gate_up, down_weight, residual)
+                            : SwiGLUDownFunction::apply(gate_up, down_weight);
 }
 
 }  // namespace dspine::ops

@@ -1,0 +1,27 @@
+// The project's own bf16 GEMM on Hopper (docs/kernels.md, "GEMM"), on raw device pointers:
+// C [M, N] = A [M, K] · Bᵀ (B [N, K]), both operands K-major as a linear layer's input and weight
+// are, fp32 accumulation, one rounding to bf16. Its epilogue can add a residual before that
+// rounding, so a layer's residual add costs no pass of its own. TMA copies tiles into a
+// multi-stage shared-memory ring; two consumer warpgroups multiply them with wgmma (128 × 256
+// tiles) while a producer warp keeps the ring full; persistent CTAs walk the tiles in groups of
+// eight tile rows, so that the B tiles a group reads stay in L2.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+namespace dspine::kernels {
+
+// Whether the GEMM takes these operands on the current device: compute capability 9.0 (sm_90a
+// code), rows of A and B 16-byte aligned (K a multiple of 8 and 16-byte aligned bases), C and the
+// residual 4-byte aligned with N even, and M, N, K in [1, 2^31).
+bool gemm_bf16_supported(const void* a, const void* b, const void* c, const void* residual,
+                         int64_t m, int64_t n, int64_t k);
+
+// C = A · Bᵀ (+ residual [M, N] when non-null; it may be C itself). Row-major, leading
+// dimensions K, K, N and N. cudaErrorNotSupported where gemm_bf16_supported does not hold.
+cudaError_t gemm_bf16(const void* a, const void* b, void* c, const void* residual, int64_t m,
+                      int64_t n, int64_t k, cudaStream_t stream);
+
+}  // namespace dspine::kernels
