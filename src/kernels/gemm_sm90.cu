@@ -12,6 +12,7 @@
 
 #include <algorithm>
 
+#include "kernels/norm_swiglu_common.cuh"
 #include "kernels/tma.cuh"
 #include "kernels/wgmma.cuh"
 
@@ -57,7 +58,8 @@ __device__ __forceinline__ void store_tile(const float (&d)[128], __nv_bfloat16*
       float x = d[4 * j + 2 * h], y = d[4 * j + 2 * h + 1];
       if (col + 1 < n) {
         if (residual != nullptr) {
-          const float2 r = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(residual + at));
+          const float2 r =
+              __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(residual + at));
           x += r.x;
           y += r.y;
         }
@@ -70,16 +72,47 @@ __device__ __forceinline__ void store_tile(const float (&d)[128], __nv_bfloat16*
   }
 }
 
+// The SwiGLU epilogue's tile: accumulator columns 0–127 hold the gate's columns col0 + 8j + …,
+// 128–255 the up projection's same columns (d[4j + …] and d[4(j + 16) + …]). Writes both, rounded,
+// into gate_up [m, 2n] and silu(gate)·up of the rounded values into act [m, n].
+__device__ __forceinline__ void store_swiglu_tile(const float (&d)[128], __nv_bfloat16* gate_up,
+                                                  __nv_bfloat16* act, int row0, int col0, int m,
+                                                  int n) {
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    const int col = col0 + 8 * j;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = row0 + 8 * h;
+      if (row >= m || col >= n) continue;  // n is even: a pair is whole
+      const __nv_bfloat162 g = __floats2bfloat162_rn(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
+      const __nv_bfloat162 u =
+          __floats2bfloat162_rn(d[4 * (j + 16) + 2 * h], d[4 * (j + 16) + 2 * h + 1]);
+      const int64_t at = int64_t(row) * 2 * n + col;
+      *reinterpret_cast<__nv_bfloat162*>(gate_up + at) = g;
+      *reinterpret_cast<__nv_bfloat162*>(gate_up + at + n) = u;
+      const float2 gf = __bfloat1622float2(g), uf = __bfloat1622float2(u);
+      *reinterpret_cast<__nv_bfloat162*>(act + int64_t(row) * n + col) = __floats2bfloat162_rn(
+          detail::swiglu_value(gf.x, uf.x), detail::swiglu_value(gf.y, uf.y));
+    }
+  }
+}
+
+// kSwiGLU: B holds a gate/up weight [2n, k] (gate rows, then up rows); a tile's B is 128 gate rows
+// and the same 128 up rows, its C columns are those of the gate and of the up projection, and the
+// epilogue is store_swiglu_tile's (c is gate_up [m, 2n], act [m, n]). Else store_tile's.
+template <bool kSwiGLU>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_bf16_kernel(const __grid_constant__ CUtensorMap map_a,
                      const __grid_constant__ CUtensorMap map_b, __nv_bfloat16* c,
-                     const __nv_bfloat16* residual, int m, int n, int k) {
+                     const __nv_bfloat16* residual, __nv_bfloat16* act, int m, int n, int k) {
+  constexpr int kColumns = kSwiGLU ? kTileN / 2 : kTileN;  // output columns per tile
 #if defined(DSPINE_WGMMA)
   extern __shared__ uint8_t shared_raw[];
   __shared__ __align__(8) uint64_t full[kStages], empty[kStages];
   const uint32_t ring = (shared_address(shared_raw) + wgmma::kTileAlignment - 1) &
                         ~uint32_t(wgmma::kTileAlignment - 1);
-  const int tiles_m = (m + kTileM - 1) / kTileM, tiles_n = (n + kTileN - 1) / kTileN;
+  const int tiles_m = (m + kTileM - 1) / kTileM, tiles_n = (n + kColumns - 1) / kColumns;
   const int tiles = tiles_m * tiles_n, k_tiles = (k + kTileK - 1) / kTileK;
   const int warpgroup = threadIdx.x / 128;
   if (threadIdx.x == 0) {
@@ -104,7 +137,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         const uint32_t f = shared_address(&full[stage]), a = ring + stage * kStageBytes;
         tma::expect_bytes(f, kStageBytes);  // out-of-range parts arrive zero-filled, counted
         tma::copy_box(a, &map_a, f, kt * kTileK, tm * kTileM, 0, 0);
-        tma::copy_box(a + kBytesA, &map_b, f, kt * kTileK, tn * kTileN, 0, 0);
+        if constexpr (kSwiGLU) {
+          tma::copy_box(a + kBytesA, &map_b, f, kt * kTileK, tn * kColumns, 0, 0);
+          tma::copy_box(a + kBytesA + kBytesB / 2, &map_b, f, kt * kTileK, n + tn * kColumns, 0, 0);
+        } else {
+          tma::copy_box(a + kBytesA, &map_b, f, kt * kTileK, tn * kTileN, 0, 0);
+        }
         if (++stage == kStages) stage = 0, ++round;
       }
     }
@@ -140,8 +178,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma::wait<0>();
     wgmma::pin(d);
     if (previous >= 0 && releases) tma::arrive(shared_address(&empty[previous]));
-    store_tile(d, c, residual, tm * kTileM + consumer * 64 + warp * 16 + lane / 4,
-               tn * kTileN + (lane % 4) * 2, m, n);
+    const int row0 = tm * kTileM + consumer * 64 + warp * 16 + lane / 4;
+    const int col0 = tn * kColumns + (lane % 4) * 2;
+    if constexpr (kSwiGLU) {
+      store_swiglu_tile(d, c, act, row0, col0, m, n);
+    } else {
+      store_tile(d, c, residual, row0, col0, m, n);
+    }
   }
 #endif
 }
@@ -186,21 +229,50 @@ bool gemm_bf16_supported(const void* a, const void* b, const void* c, const void
          (residual == nullptr || aligned(residual, 4)) && device_traits().major == 9;
 }
 
+bool gemm_bf16_swiglu_supported(const void* a, const void* w, const void* gate_up,
+                                const void* act, int64_t m, int64_t intermediate, int64_t k) {
+  return act != nullptr && intermediate < (int64_t(1) << 30) &&
+         gemm_bf16_supported(a, w, gate_up, act, m, 2 * intermediate, k) &&
+         intermediate % 2 == 0;
+}
+
+namespace {
+
+template <bool kSwiGLU>
+cudaError_t launch(const void* a, const void* b, void* c, const void* residual, void* act,
+                   int64_t m, int64_t n, int64_t k, cudaStream_t stream) {
+  constexpr int64_t columns = kSwiGLU ? kTileN / 2 : kTileN;
+  CUtensorMap map_a, map_b;
+  if (cudaError_t e = operand_map(&map_a, a, m, k, kTileM); e != cudaSuccess) return e;
+  if (cudaError_t e = operand_map(&map_b, b, kSwiGLU ? 2 * n : n, k, columns); e != cudaSuccess) {
+    return e;
+  }
+  static const cudaError_t configured = cudaFuncSetAttribute(
+      gemm_bf16_kernel<kSwiGLU>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes);
+  if (configured != cudaSuccess) return configured;
+  const int64_t tiles = ((m + kTileM - 1) / kTileM) * ((n + columns - 1) / columns);
+  const int grid = static_cast<int>(std::min<int64_t>(device_traits().sms, tiles));
+  gemm_bf16_kernel<kSwiGLU><<<grid, kThreads, kSharedBytes, stream>>>(
+      map_a, map_b, static_cast<__nv_bfloat16*>(c), static_cast<const __nv_bfloat16*>(residual),
+      static_cast<__nv_bfloat16*>(act), static_cast<int>(m), static_cast<int>(n),
+      static_cast<int>(k));
+  return cudaGetLastError();
+}
+
+}  // namespace
+
 cudaError_t gemm_bf16(const void* a, const void* b, void* c, const void* residual, int64_t m,
                       int64_t n, int64_t k, cudaStream_t stream) {
   if (!gemm_bf16_supported(a, b, c, residual, m, n, k)) return cudaErrorNotSupported;
-  CUtensorMap map_a, map_b;
-  if (cudaError_t e = operand_map(&map_a, a, m, k, kTileM); e != cudaSuccess) return e;
-  if (cudaError_t e = operand_map(&map_b, b, n, k, kTileN); e != cudaSuccess) return e;
-  static const cudaError_t configured = cudaFuncSetAttribute(
-      gemm_bf16_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes);
-  if (configured != cudaSuccess) return configured;
-  const int64_t tiles = ((m + kTileM - 1) / kTileM) * ((n + kTileN - 1) / kTileN);
-  const int grid = static_cast<int>(std::min<int64_t>(device_traits().sms, tiles));
-  gemm_bf16_kernel<<<grid, kThreads, kSharedBytes, stream>>>(
-      map_a, map_b, static_cast<__nv_bfloat16*>(c), static_cast<const __nv_bfloat16*>(residual),
-      static_cast<int>(m), static_cast<int>(n), static_cast<int>(k));
-  return cudaGetLastError();
+  return launch<false>(a, b, c, residual, nullptr, m, n, k, stream);
+}
+
+cudaError_t gemm_bf16_swiglu(const void* a, const void* w, void* gate_up, void* act, int64_t m,
+                             int64_t intermediate, int64_t k, cudaStream_t stream) {
+  if (!gemm_bf16_swiglu_supported(a, w, gate_up, act, m, intermediate, k)) {
+    return cudaErrorNotSupported;
+  }
+  return launch<true>(a, w, gate_up, nullptr, act, m, intermediate, k, stream);
 }
 
 }  // namespace dspine::kernels

@@ -24,4 +24,14 @@ bool gemm_bf16_supported(const void* a, const void* b, const void* c, const void
 cudaError_t gemm_bf16(const void* a, const void* b, void* c, const void* residual, int64_t m,
                       int64_t n, int64_t k, cudaStream_t stream);
 
+// A SwiGLU MLP's gate/up projection and activation in one pass: gate_up [M, 2I] = A · Wᵀ for the
+// packed weight W [2I, K] (gate rows, then up rows), and act [M, I] = silu(gate) · up computed from
+// gate_up's rounded values as the SwiGLU kernels compute it (kernels/swiglu.h), so a backward that
+// recomputes the activation from gate_up gets the same bits. Each tile multiplies 128 gate rows
+// and the same 128 up rows of W, so both halves of an element are in one thread's registers.
+bool gemm_bf16_swiglu_supported(const void* a, const void* w, const void* gate_up, const void* act,
+                                int64_t m, int64_t intermediate, int64_t k);
+cudaError_t gemm_bf16_swiglu(const void* a, const void* w, void* gate_up, void* act, int64_t m,
+                             int64_t intermediate, int64_t k, cudaStream_t stream);
+
 }  // namespace dspine::kernels

@@ -200,4 +200,11 @@ inline int multiprocessor_count() {
   return count > 0 ? count : 1;
 }
 
+// silu(g) · u in fp32 as the SwiGLU kernels and the GEMM's SwiGLU epilogue compute it, so that a
+// backward that recomputes the activation gets the forward's bits. The exponential and reciprocal
+// are the approximate MUFU forms (~2 ulp): an IEEE-rounded 1/x compiled to a multi-instruction
+// sequence that, with the bf16 conversions, made the SwiGLU kernels issue-bound.
+__device__ __forceinline__ float sigmoid(float g) { return __fdividef(1.0f, 1.0f + __expf(-g)); }
+__device__ __forceinline__ float swiglu_value(float g, float u) { return g * sigmoid(g) * u; }
+
 }  // namespace dspine::kernels::detail

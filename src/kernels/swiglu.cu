@@ -11,6 +11,8 @@ namespace {
 using detail::load_pack;
 using detail::Pack;
 using detail::pack_from_floats;
+using detail::sigmoid;
+using detail::swiglu_value;
 using detail::store_pack;
 using detail::to_float;
 
@@ -24,10 +26,6 @@ constexpr int64_t kMaxGridY = 65535;
 // The x grid does not loop: 2^31 − 1 blocks of 256 packs cover more columns than any tensor that
 // fits in device memory (5.5e11 elements even unvectorised).
 constexpr int64_t kMaxGridX = 0x7fffffff;
-
-// Approximate exponential and reciprocal (MUFU, ~2 ulp): an IEEE-rounded 1/x compiled to a
-// multi-instruction sequence that, with the bf16 conversions, made the kernels issue-bound.
-__device__ __forceinline__ float sigmoid(float g) { return __fdividef(1.0f, 1.0f + __expf(-g)); }
 
 // Thread (x, y) handles pack x of rows y, y + gridDim.y, ...: columns (in packs) come from the
 // x grid, rows from the y grid, which loops when there are more rows than it holds.
@@ -44,8 +42,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     float o[kVec];
 #pragma unroll
     for (int k = 0; k < kVec; ++k) {
-      const float gv = to_float(g.v[k]);
-      o[k] = gv * sigmoid(gv) * to_float(u.v[k]);
+      o[k] = swiglu_value(to_float(g.v[k]), to_float(u.v[k]));
     }
     store_pack(out + row * out_stride + c * kVec, pack_from_floats<T>(o));
   }

@@ -81,8 +81,14 @@ torch::Tensor SwiGLUMLPImpl::forward(const torch::Tensor& x, const torch::Tensor
   require_cuda(x, "SwiGLUMLP");
   // One GEMM for gate and up: their weights are adjacent rows of the layer's sharding unit, so
   // the packed weight is a view (a copy only when they are not).
-  const torch::Tensor gate_up =
-      torch::nn::functional::linear(x, ops::adjacent_rows(gate_proj->weight, up_proj->weight));
+  const torch::Tensor gate_up_weight = ops::adjacent_rows(gate_proj->weight, up_proj->weight);
+  // With a residual, the whole MLP as one node on the project's GEMM: the activation comes from
+  // the gate/up product's epilogue, the residual add from the down product's.
+  if (residual.defined() &&
+      ops::swiglu_mlp_fusable(x, gate_up_weight, down_proj->weight, residual)) {
+    return ops::swiglu_mlp_fused(x, gate_up_weight, down_proj->weight, residual);
+  }
+  const torch::Tensor gate_up = torch::nn::functional::linear(x, gate_up_weight);
   if (!ops::swiglu_fusable(gate_up, gate_up)) {
     const auto halves = gate_up.chunk(2, -1);
     return plus_residual(down_proj(ops::swiglu_reference(halves[0], halves[1])));

@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include "core/error.h"
+#include "kernels/gemm_sm90.h"
 #include "kernels/swiglu.h"
 #include "ops/gemm_ops.h"
 #include "ops/kernel_launch.h"
@@ -121,12 +122,11 @@ at::Tensor swiglu_down_forward(AutogradContext* ctx, const at::Tensor& gate_up,
       .view(shape);
 }
 
-// d(gate_up) and d(weight) (undefined when the weight needs none).
-std::pair<at::Tensor, at::Tensor> swiglu_down_backward(AutogradContext* ctx,
-                                                       const at::Tensor& grad) {
-  const auto saved = ctx->get_saved_variables();
-  const at::Tensor& gu = saved[0];
-  const at::Tensor& weight = saved[1];
+// d(gate_up) and d(weight) (undefined unless `weight_grad`) of the SwiGLU + down product whose
+// output gradient is `grad`, from the saved gate_up [rows, 2I] and down weight.
+std::pair<at::Tensor, at::Tensor> swiglu_down_backward(const at::Tensor& gu,
+                                                       const at::Tensor& weight,
+                                                       const at::Tensor& grad, bool weight_grad) {
   const int64_t half = gu.size(1) / 2;
   const at::Tensor dy = grad.reshape({-1, weight.size(0)});
   at::Tensor dact_then_act = at::mm(dy, weight);
@@ -136,11 +136,51 @@ std::pair<at::Tensor, at::Tensor> swiglu_down_backward(AutogradContext* ctx,
   launch_backward_recompute(dact_then_act, gu.narrow(1, 0, half), gu.narrow(1, half, half), dgate,
                             dup);
   at::Tensor dweight;
-  if (ctx->needs_input_grad(1)) dweight = at::mm(dy.t(), dact_then_act);
+  if (weight_grad) dweight = at::mm(dy.t(), dact_then_act);
+  return {dgu, dweight};
+}
+
+// The node's gradients with respect to (gate_up, weight), gate_up's in its input shape.
+std::pair<at::Tensor, at::Tensor> swiglu_down_backward(AutogradContext* ctx,
+                                                       const at::Tensor& grad) {
+  const auto saved = ctx->get_saved_variables();
+  auto [dgu, dweight] = swiglu_down_backward(saved[0], saved[1], grad, ctx->needs_input_grad(1));
   std::vector<int64_t> shape = grad.sizes().vec();
-  shape.back() = 2 * half;
+  shape.back() = dgu.size(1);
   return {dgu.view(shape), dweight};
 }
+
+// The whole SwiGLU MLP plus its residual as one node: the gate/up GEMM writes gate_up and the
+// activation in its epilogue (kernels/gemm_sm90.h), the down GEMM adds the residual in its own.
+// Keeps x, gate_up and both weights, as the linear layer and the SwiGLU + down node it replaces
+// did; the backward is theirs.
+struct SwiGLUMLPFunction : public torch::autograd::Function<SwiGLUMLPFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x,
+                            const at::Tensor& gate_up_weight, const at::Tensor& down_weight,
+                            const at::Tensor& residual) {
+    const c10::cuda::CUDAGuard guard(x.device());
+    const at::Tensor rows = x.reshape({-1, x.size(-1)});
+    const int64_t intermediate = down_weight.size(1);
+    at::Tensor gate_up = at::empty({rows.size(0), 2 * intermediate}, x.options());
+    at::Tensor act = at::empty({rows.size(0), intermediate}, x.options());
+    check_launch(kernels::gemm_bf16_swiglu(
+                     rows.data_ptr(), gate_up_weight.data_ptr(), gate_up.data_ptr(), act.data_ptr(),
+                     rows.size(0), intermediate, rows.size(1), at::cuda::getCurrentCUDAStream()),
+                 "SwiGLU MLP gate/up GEMM", x);
+    ctx->save_for_backward({rows, gate_up, gate_up_weight, down_weight});
+    return linear_rows(act, down_weight, residual.reshape({-1, down_weight.size(0)}))
+        .view(residual.sizes());
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &rows = saved[0], &gate_up = saved[1], &gate_up_weight = saved[2];
+    auto [dgu, ddown] = swiglu_down_backward(gate_up, saved[3], grads[0], ctx->needs_input_grad(2));
+    at::Tensor dgate_up_weight;
+    if (ctx->needs_input_grad(1)) dgate_up_weight = at::mm(dgu.t(), rows);
+    return {at::mm(dgu, gate_up_weight).view(grads[0].sizes()), dgate_up_weight, ddown, grads[0]};
+  }
+};
 
 struct SwiGLUDownFunction : public torch::autograd::Function<SwiGLUDownFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate_up,
@@ -234,6 +274,44 @@ at::Tensor swiglu_down_fused(const at::Tensor& gate_up, const at::Tensor& down_w
   }
   return residual.defined() ? SwiGLUDownResidualFunction::apply(gate_up, down_weight, residual)
                             : SwiGLUDownFunction::apply(gate_up, down_weight);
+}
+
+bool swiglu_mlp_fusable(const at::Tensor& x, const at::Tensor& gate_up_weight,
+                        const at::Tensor& down_weight, const at::Tensor& residual) {
+  const auto bf16_on = [&](const at::Tensor& t) {
+    return t.defined() && t.is_cuda() && t.device() == x.device() &&
+           t.scalar_type() == at::kBFloat16 && t.is_contiguous();
+  };
+  if (!bf16_on(x) || !bf16_on(gate_up_weight) || !bf16_on(down_weight) || !bf16_on(residual) ||
+      gate_up_weight.dim() != 2 || down_weight.dim() != 2 || x.dim() < 1) {
+    return false;
+  }
+  const int64_t hidden = x.size(-1), intermediate = down_weight.size(1);
+  if (gate_up_weight.size(0) != 2 * intermediate || gate_up_weight.size(1) != hidden ||
+      down_weight.size(0) != hidden || residual.sizes() != x.sizes() || x.numel() == 0) {
+    return false;
+  }
+  const c10::cuda::CUDAGuard guard(x.device());
+  // gate_up and the activation are fresh allocations, aligned as every caching-allocator block:
+  // x's pointer stands for them (x itself must be aligned as the GEMM's A operand).
+  const int64_t rows = x.numel() / hidden;
+  return kernels::gemm_bf16_swiglu_supported(x.data_ptr(), gate_up_weight.data_ptr(), x.data_ptr(),
+                                             x.data_ptr(), rows, intermediate, hidden) &&
+         kernels::gemm_bf16_supported(x.data_ptr(), down_weight.data_ptr(), x.data_ptr(),
+                                      residual.data_ptr(), rows, hidden, intermediate);
+}
+
+at::Tensor swiglu_mlp_fused(const at::Tensor& x, const at::Tensor& gate_up_weight,
+                            const at::Tensor& down_weight, const at::Tensor& residual) {
+  if (!swiglu_mlp_fusable(x, gate_up_weight, down_weight, residual)) {
+    fail(
+        "fused SwiGLU MLP needs contiguous CUDA bf16 x [..., H], a gate/up weight [2I, H], a down "
+        "weight [H, I] and a residual shaped as x on a device the project's GEMM runs on; got x "
+        "{}, gate/up {}, down {}, residual {}",
+        c10::str(x.sizes()), c10::str(gate_up_weight.sizes()), c10::str(down_weight.sizes()),
+        residual.defined() ? c10::str(residual.sizes()) : std::string("none"));
+  }
+  return SwiGLUMLPFunction::apply(x, gate_up_weight, down_weight, residual);
 }
 
 }  // namespace dspine::ops

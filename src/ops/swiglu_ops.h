@@ -37,4 +37,17 @@ bool swiglu_down_fusable(const at::Tensor& gate_up, const at::Tensor& down_weigh
 at::Tensor swiglu_down_fused(const at::Tensor& gate_up, const at::Tensor& down_weight,
                              const at::Tensor& residual = {});
 
+// Whether swiglu_mlp_fused takes these: contiguous CUDA bf16 x [..., H], gate/up weight [2I, H]
+// (gate rows, then up rows), down weight [H, I] and residual shaped as x, all on x's device, with
+// the alignments and device the project's GEMM needs (kernels/gemm_sm90.h).
+bool swiglu_mlp_fusable(const at::Tensor& x, const at::Tensor& gate_up_weight,
+                        const at::Tensor& down_weight, const at::Tensor& residual);
+
+// residual + down(silu(gate) · up) with [gate, up] = x · gate_up_weightᵀ: a SwiGLU MLP and its
+// residual add as one autograd node on the project's GEMM. The gate/up product writes gate_up and
+// the activation in its epilogue (no SwiGLU pass of its own), the down product adds the residual
+// in its own; the backward is swiglu_down_fused's and a linear layer's, the activation recomputed.
+at::Tensor swiglu_mlp_fused(const at::Tensor& x, const at::Tensor& gate_up_weight,
+                            const at::Tensor& down_weight, const at::Tensor& residual);
+
 }  // namespace dspine::ops

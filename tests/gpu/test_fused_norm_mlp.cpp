@@ -239,6 +239,36 @@ TEST_P(FusedNorm, SwiGLUDownAddsTheResidual) {
   }
 }
 
+// The whole MLP with its residual as one node (the project's GEMM, bf16 only): output and every
+// gradient against linear layers, the SwiGLU and the add in fp32; the module takes this path.
+TEST(FusedNormModules, SwiGLUMLPNodeMatchesTheLayers) {
+  REQUIRE_CUDA();
+  if (at::cuda::getCurrentDeviceProperties()->major != 9) GTEST_SKIP() << "needs sm_90";
+  torch::manual_seed(10);
+  const torch::Dtype dtype = torch::kBFloat16;
+  for (const Shape s : {Shape{1, 64}, Shape{300, 1000}, Shape{2048, 512}}) {
+    const int64_t hidden = 136;
+    const auto x = torch::randn({2, s.rows, hidden});
+    const auto wgu = torch::randn({2 * s.hidden, hidden}) / std::sqrt(double(hidden));
+    const auto wd = torch::randn({hidden, s.hidden}) / std::sqrt(double(s.hidden));
+    const auto r = torch::randn({2, s.rows, hidden}), dout = torch::randn({2, s.rows, hidden});
+    auto fused = leaves({x, wgu, wd, r}, dtype, kCuda);
+    auto ref = reference_leaves({x, wgu, wd, r}, dtype);
+    ASSERT_TRUE(ops::swiglu_mlp_fusable(fused[0], fused[1], fused[2], fused[3]));
+    const auto out = ops::swiglu_mlp_fused(fused[0], fused[1], fused[2], fused[3]);
+    const auto halves = torch::nn::functional::linear(ref[0], ref[1]).chunk(2, -1);
+    const auto out_ref =
+        torch::nn::functional::linear(ops::swiglu_reference(halves[0], halves[1]), ref[2]) + ref[3];
+    out.backward(dout.to(kCuda, dtype));
+    out_ref.backward(as_reference(dout, dtype));
+    const std::string what = label("swiglu_mlp", s, dtype);
+    expect_matches(out, out_ref, dtype, what + " out");
+    const char* names[] = {" dx", " dgate_up_weight", " ddown_weight", " dresidual"};
+    for (int i = 0; i < 4; ++i)
+      expect_matches(fused[i].grad(), ref[i].grad(), dtype, what + names[i]);
+  }
+}
+
 // The backward that recomputes the activation writes the forward's activation bit for bit, and
 // the same d(gate) and d(up) as the plain backward, over the gradient it read.
 TEST_P(FusedNorm, RecomputedActivationIsTheForwardsBitForBit) {

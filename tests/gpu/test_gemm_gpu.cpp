@@ -8,7 +8,9 @@
 #include <string>
 
 #include "common/require_cuda.h"
+#include "kernels/gemm_sm90.h"
 #include "ops/gemm_ops.h"
+#include "ops/swiglu_ops.h"
 
 namespace dspine {
 namespace {
@@ -54,6 +56,31 @@ TEST(OwnGemm, MatchesTheFp32ProductOnEveryTail) {
     EXPECT_LE(error_in_ulps(with_residual, exact + r.to(torch::kFloat32)), 0.5 + 1e-3 * s.k)
         << name(s) << " + residual";
     EXPECT_TRUE(torch::equal(ops::linear_rows(x, w), out)) << name(s) << " deterministic";
+  }
+}
+
+// The SwiGLU epilogue: gate_up as the plain product would write it, and an activation equal bit for
+// bit to the SwiGLU kernel's on that gate_up (what the backward recomputes), on tails of M, I, K.
+TEST(OwnGemm, SwiGLUEpilogueWritesGateUpAndTheKernelsActivation) {
+  REQUIRE_CUDA();
+  if (!hopper()) GTEST_SKIP() << "the GEMM runs on compute capability 9.0";
+  torch::manual_seed(4);
+  const auto bf16 = torch::TensorOptions(kCuda).dtype(torch::kBFloat16);
+  for (const Shape s : {Shape{1, 2, 8}, Shape{300, 200, 72}, Shape{129, 384, 1032},
+                        Shape{2048, 1536, 4096}}) {  // (M, I, K)
+    const auto x = torch::randn({s.m, s.k}, bf16), w = torch::randn({2 * s.n, s.k}, bf16) * 0.1;
+    auto gate_up = torch::empty({s.m, 2 * s.n}, bf16), act = torch::empty({s.m, s.n}, bf16);
+    ASSERT_EQ(
+        kernels::gemm_bf16_swiglu(x.data_ptr(), w.data_ptr(), gate_up.data_ptr(), act.data_ptr(),
+                                  s.m, s.n, s.k, at::cuda::getCurrentCUDAStream()),
+        cudaSuccess)
+        << name(s);
+    const auto exact = x.to(torch::kFloat32).mm(w.to(torch::kFloat32).t());
+    EXPECT_LE(error_in_ulps(gate_up, exact), 0.5 + 1e-3 * s.k) << name(s);
+    const auto halves = gate_up.chunk(2, -1);
+    EXPECT_TRUE(
+        torch::equal(act, ops::swiglu_fused(halves[0].contiguous(), halves[1].contiguous())))
+        << name(s) << " activation";
   }
 }
 
