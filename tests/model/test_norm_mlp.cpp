@@ -124,9 +124,16 @@ TEST(FusedOps, RefuseCpuTensorsWithAClearMessage) {
   EXPECT_FALSE(ops::swiglu_down_fusable(x, weight));
   const std::string down = error_of([&] { ops::swiglu_down_fused(x, weight); });
   EXPECT_NE(down.find("CUDA"), std::string::npos) << down;
-  EXPECT_NE(down.find("gate_up [2, 8] Float on cpu and weight [3, 4] Float on cpu"),
+  EXPECT_NE(down.find("gate_up [2, 8] Float on cpu, weight [3, 4] Float on cpu"),
             std::string::npos)
       << down;
+  // The whole-MLP node names every operand's shape.
+  const auto h = torch::randn({2, 4});
+  EXPECT_FALSE(ops::swiglu_mlp_fusable(h, torch::randn({6, 4}), weight.t(), h));
+  const std::string mlp =
+      error_of([&] { ops::swiglu_mlp_fused(h, torch::randn({6, 4}), weight.t(), h); });
+  EXPECT_NE(mlp.find("x [2, 4], gate/up [6, 4], down [4, 3], residual [2, 4]"), std::string::npos)
+      << mlp;
 }
 
 }  // namespace
