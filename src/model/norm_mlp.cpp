@@ -63,8 +63,9 @@ std::pair<torch::Tensor, torch::Tensor> RMSNormImpl::forward_add(const torch::Te
   return ops::add_rms_norm_fused(x, residual, weight, eps);
 }
 
-SwiGLUMLPImpl::SwiGLUMLPImpl(int64_t hidden_size, int64_t intermediate_size, bool fused)
-    : fused(fused) {
+SwiGLUMLPImpl::SwiGLUMLPImpl(int64_t hidden_size, int64_t intermediate_size, bool fused,
+                             bool own_gemm)
+    : fused(fused), own_gemm(fused && own_gemm) {
   auto linear = [](int64_t in, int64_t out) {
     return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false));
   };
@@ -82,9 +83,7 @@ torch::Tensor SwiGLUMLPImpl::forward(const torch::Tensor& x, const torch::Tensor
   // One GEMM for gate and up: their weights are adjacent rows of the layer's sharding unit, so
   // the packed weight is a view (a copy only when they are not).
   const torch::Tensor gate_up_weight = ops::adjacent_rows(gate_proj->weight, up_proj->weight);
-  // With a residual, the whole MLP as one node on the project's GEMM: the activation comes from
-  // the gate/up product's epilogue, the residual add from the down product's.
-  if (residual.defined() &&
+  if (own_gemm && residual.defined() &&
       ops::swiglu_mlp_fusable(x, gate_up_weight, down_proj->weight, residual)) {
     return ops::swiglu_mlp_fused(x, gate_up_weight, down_proj->weight, residual);
   }
@@ -95,8 +94,8 @@ torch::Tensor SwiGLUMLPImpl::forward(const torch::Tensor& x, const torch::Tensor
   }
   // The activation and the down projection as one node that recomputes the activation in its
   // backward rather than keeping it (docs/kernels.md, "RMSNorm and SwiGLU").
-  if (ops::swiglu_down_fusable(gate_up, down_proj->weight, residual)) {
-    return ops::swiglu_down_fused(gate_up, down_proj->weight, residual);
+  if (ops::swiglu_down_fusable(gate_up, down_proj->weight)) {
+    return plus_residual(ops::swiglu_down_fused(gate_up, down_proj->weight));
   }
   return plus_residual(down_proj(ops::swiglu_packed_fused(gate_up)));
 }

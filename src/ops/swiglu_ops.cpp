@@ -105,23 +105,6 @@ struct PackedSwiGLUFunction : public torch::autograd::Function<PackedSwiGLUFunct
   }
 };
 
-// The SwiGLU + down node's two passes, shared by its forms without and with a residual (an
-// autograd function takes no undefined input): the forward keeps gate_up and the weight, and adds
-// the residual (undefined: none) to the product before its rounding.
-at::Tensor swiglu_down_forward(AutogradContext* ctx, const at::Tensor& gate_up,
-                               const at::Tensor& weight, const at::Tensor& residual) {
-  const int64_t half = gate_up.size(-1) / 2;
-  const at::Tensor gu = as_rows(gate_up, 2 * half);
-  ctx->save_for_backward({gu, weight});
-  std::vector<int64_t> shape = gate_up.sizes().vec();
-  shape.back() = weight.size(0);
-  // The activation lives only until its GEMM has read it.
-  const at::Tensor act = launch_forward(gu.narrow(1, 0, half), gu.narrow(1, half, half));
-  return linear_rows(act, weight,
-                     residual.defined() ? residual.reshape({-1, weight.size(0)}) : at::Tensor())
-      .view(shape);
-}
-
 // d(gate_up) and d(weight) (undefined unless `weight_grad`) of the SwiGLU + down product whose
 // output gradient is `grad`, from the saved gate_up [rows, 2I] and down weight.
 std::pair<at::Tensor, at::Tensor> swiglu_down_backward(const at::Tensor& gu,
@@ -138,16 +121,6 @@ std::pair<at::Tensor, at::Tensor> swiglu_down_backward(const at::Tensor& gu,
   at::Tensor dweight;
   if (weight_grad) dweight = at::mm(dy.t(), dact_then_act);
   return {dgu, dweight};
-}
-
-// The node's gradients with respect to (gate_up, weight), gate_up's in its input shape.
-std::pair<at::Tensor, at::Tensor> swiglu_down_backward(AutogradContext* ctx,
-                                                       const at::Tensor& grad) {
-  const auto saved = ctx->get_saved_variables();
-  auto [dgu, dweight] = swiglu_down_backward(saved[0], saved[1], grad, ctx->needs_input_grad(1));
-  std::vector<int64_t> shape = grad.sizes().vec();
-  shape.back() = dgu.size(1);
-  return {dgu.view(shape), dweight};
 }
 
 // The whole SwiGLU MLP plus its residual as one node: the gate/up GEMM writes gate_up and the
@@ -185,23 +158,23 @@ struct SwiGLUMLPFunction : public torch::autograd::Function<SwiGLUMLPFunction> {
 struct SwiGLUDownFunction : public torch::autograd::Function<SwiGLUDownFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate_up,
                             const at::Tensor& weight) {
-    return swiglu_down_forward(ctx, gate_up, weight, at::Tensor());
+    const int64_t half = gate_up.size(-1) / 2;
+    const at::Tensor gu = as_rows(gate_up, 2 * half);
+    ctx->save_for_backward({gu, weight});
+    std::vector<int64_t> shape = gate_up.sizes().vec();
+    shape.back() = weight.size(0);
+    // The activation lives only until its GEMM has read it.
+    return at::mm(launch_forward(gu.narrow(1, 0, half), gu.narrow(1, half, half)), weight.t())
+        .view(shape);
   }
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    auto [dgu, dweight] = swiglu_down_backward(ctx, grads[0]);
-    return {dgu, dweight};
-  }
-};
 
-// The residual's gradient is the output's.
-struct SwiGLUDownResidualFunction : public torch::autograd::Function<SwiGLUDownResidualFunction> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate_up,
-                            const at::Tensor& weight, const at::Tensor& residual) {
-    return swiglu_down_forward(ctx, gate_up, weight, residual);
-  }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    auto [dgu, dweight] = swiglu_down_backward(ctx, grads[0]);
-    return {dgu, dweight, grads[0]};
+    const auto saved = ctx->get_saved_variables();
+    auto [dgu, dweight] =
+        swiglu_down_backward(saved[0], saved[1], grads[0], ctx->needs_input_grad(1));
+    std::vector<int64_t> shape = grads[0].sizes().vec();
+    shape.back() = dgu.size(1);
+    return {dgu.view(shape), dweight};
   }
 };
 
@@ -242,38 +215,23 @@ at::Tensor swiglu_packed_fused(const at::Tensor& gate_up) {
   return PackedSwiGLUFunction::apply(gate_up);
 }
 
-bool swiglu_down_fusable(const at::Tensor& gate_up, const at::Tensor& down_weight,
-                         const at::Tensor& residual) {
-  if (!swiglu_fusable(gate_up, gate_up) || gate_up.size(-1) % 2 != 0 || down_weight.dim() != 2 ||
-      down_weight.size(1) != gate_up.size(-1) / 2 ||
-      down_weight.scalar_type() != gate_up.scalar_type() ||
-      down_weight.device() != gate_up.device()) {
-    return false;
-  }
-  if (!residual.defined()) return true;
-  std::vector<int64_t> shape = gate_up.sizes().vec();
-  shape.back() = down_weight.size(0);
-  return residual.sizes() == at::IntArrayRef(shape) &&
-         residual.scalar_type() == gate_up.scalar_type() && residual.device() == gate_up.device();
+bool swiglu_down_fusable(const at::Tensor& gate_up, const at::Tensor& down_weight) {
+  return swiglu_fusable(gate_up, gate_up) && gate_up.size(-1) % 2 == 0 && down_weight.dim() == 2 &&
+         down_weight.size(1) == gate_up.size(-1) / 2 &&
+         down_weight.scalar_type() == gate_up.scalar_type() &&
+         down_weight.device() == gate_up.device();
 }
 
-at::Tensor swiglu_down_fused(const at::Tensor& gate_up, const at::Tensor& down_weight,
-                             const at::Tensor& residual) {
-  if (!swiglu_down_fusable(gate_up, down_weight, residual)) {
+at::Tensor swiglu_down_fused(const at::Tensor& gate_up, const at::Tensor& down_weight) {
+  if (!swiglu_down_fusable(gate_up, down_weight)) {
     fail(
-        "fused SwiGLU + down projection needs CUDA fp32/fp16/bf16 gate_up [..., 2I], a down "
-        "weight [H, I] of its dtype on its device and, if given, a residual [..., H] alike; got "
-        "gate_up {} {} on {}, weight {} {} on {}, residual {}",
+        "fused SwiGLU + down projection needs CUDA fp32/fp16/bf16 gate_up [..., 2I] and a down "
+        "weight [H, I] of its dtype on its device; got gate_up {} {} on {} and weight {} {} on {}",
         c10::str(gate_up.sizes()), c10::toString(gate_up.scalar_type()), gate_up.device().str(),
         c10::str(down_weight.sizes()), c10::toString(down_weight.scalar_type()),
-        down_weight.device().str(),
-        residual.defined()
-            ? c10::str(residual.sizes()) + " " + c10::toString(residual.scalar_type()) + " on " +
-                  residual.device().str()
-            : std::string("none"));
+        down_weight.device().str());
   }
-  return residual.defined() ? SwiGLUDownResidualFunction::apply(gate_up, down_weight, residual)
-                            : SwiGLUDownFunction::apply(gate_up, down_weight);
+  return SwiGLUDownFunction::apply(gate_up, down_weight);
 }
 
 bool swiglu_mlp_fusable(const at::Tensor& x, const at::Tensor& gate_up_weight,

@@ -200,45 +200,6 @@ TEST_P(FusedNorm, SwiGLUDownMatchesSwiGLUThenLinear) {
   }
 }
 
-// With a residual (a decoder layer's), the node returns the product plus the residual, added in the
-// GEMM's epilogue for bf16 (the project's GEMM takes [rows, 1000] · [96, 1000]ᵀ; the other shapes'
-// K or dtype go through ATen), and passes the output gradient to the residual unchanged.
-TEST_P(FusedNorm, SwiGLUDownAddsTheResidual) {
-  REQUIRE_CUDA();
-  const torch::Dtype dtype = GetParam();
-  torch::manual_seed(9);
-  for (const Shape s : {Shape{1, 123}, Shape{300, 1000}, Shape{2048, 64}}) {
-    const int64_t hidden = 96;
-    const auto gu = torch::randn({2, s.rows, 2 * s.hidden}) * 2;
-    const auto w = torch::randn({hidden, s.hidden}) / std::sqrt(static_cast<double>(s.hidden));
-    const auto r = torch::randn({2, s.rows, hidden});
-    const auto dout = torch::randn({2, s.rows, hidden});
-    auto fused = leaves({gu, w, r}, dtype, kCuda);
-    auto ref = reference_leaves({gu, w, r}, dtype);
-    const auto out = ops::swiglu_down_fused(fused[0], fused[1], fused[2]);
-    const auto halves = ref[0].chunk(2, -1);
-    const auto out_ref =
-        torch::nn::functional::linear(ops::swiglu_reference(halves[0], halves[1]), ref[1]) + ref[2];
-    out.backward(dout.to(kCuda, dtype));
-    out_ref.backward(as_reference(dout, dtype));
-    const std::string what = label("swiglu_down+residual", s, dtype);
-    expect_matches(out, out_ref, dtype, what + " out");
-    expect_matches(fused[0].grad(), ref[0].grad(), dtype, what + " dgate_up");
-    expect_matches(fused[1].grad(), ref[1].grad(), dtype, what + " dweight");
-    EXPECT_TRUE(torch::equal(fused[2].grad(), dout.to(kCuda, dtype))) << what << " dresidual";
-  }
-  // A residual of another shape is refused with the shapes named.
-  const auto opts = torch::TensorOptions(kCuda).dtype(dtype);
-  const auto gu = torch::randn({4, 20}, opts), w = torch::randn({6, 10}, opts);
-  EXPECT_FALSE(ops::swiglu_down_fusable(gu, w, torch::zeros({4, 5}, opts)));
-  try {
-    ops::swiglu_down_fused(gu, w, torch::zeros({4, 5}, opts));
-    ADD_FAILURE() << "a residual [4, 5] for an output [4, 6] was taken";
-  } catch (const std::exception& e) {
-    EXPECT_NE(std::string(e.what()).find("residual [4, 5]"), std::string::npos) << e.what();
-  }
-}
-
 // The whole MLP with its residual as one node (the project's GEMM, bf16 only): output and every
 // gradient against linear layers, the SwiGLU and the add in fp32; the module takes this path.
 TEST(FusedNormModules, SwiGLUMLPNodeMatchesTheLayers) {

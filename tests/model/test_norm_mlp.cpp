@@ -124,7 +124,7 @@ TEST(FusedOps, RefuseCpuTensorsWithAClearMessage) {
   EXPECT_FALSE(ops::swiglu_down_fusable(x, weight));
   const std::string down = error_of([&] { ops::swiglu_down_fused(x, weight); });
   EXPECT_NE(down.find("CUDA"), std::string::npos) << down;
-  EXPECT_NE(down.find("gate_up [2, 8] Float on cpu, weight [3, 4] Float on cpu"),
+  EXPECT_NE(down.find("gate_up [2, 8] Float on cpu and weight [3, 4] Float on cpu"),
             std::string::npos)
       << down;
   // The whole-MLP node names every operand's shape.
