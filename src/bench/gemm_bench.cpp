@@ -5,7 +5,9 @@
 // (scripts/profile_by_op.py --gemms) shows the backward forms well below the forward's rate; this
 // says how much of that a different algorithm recovers. Each candidate's product is compared with
 // at::mm's, so a layout mistake cannot pass as a fast algorithm; the fastest candidate is timed
-// again after the others, and at::mm before and after them (the faster kept).
+// again after the others, and at::mm before and after them (the faster kept). Then the project's
+// own GEMM (kernels/gemm_sm90.h) on the forward forms, and the SwiGLU MLP's forward as one node on
+// it against cuBLAS and the separate passes.
 #include <ATen/cuda/CUDAContext.h>
 #include <CLI/CLI.hpp>
 #include <cublasLt.h>
@@ -21,6 +23,7 @@
 #include "bench/cuda_timing.h"
 #include "core/error.h"
 #include "ops/gemm_ops.h"
+#include "ops/swiglu_ops.h"
 
 namespace dspine::bench {
 namespace {
@@ -161,6 +164,34 @@ void print_own_gemm(const GemmOptions& o) {
   }
 }
 
+// The SwiGLU MLP's forward with its residual at the recipe's size, as one node on the project's
+// GEMM (the activation and the add in its epilogues) against cuBLAS and the separate passes.
+void print_mlp_forward(const GemmOptions& o) {
+  const auto bf16 = torch::TensorOptions().dtype(torch::kBFloat16).device(torch::kCUDA);
+  const auto x = torch::randn({o.tokens, o.hidden}, bf16), r = torch::randn_like(x);
+  const auto gate_up_weight = torch::randn({2 * o.intermediate, o.hidden}, bf16) * 0.02;
+  const auto down_weight = torch::randn({o.hidden, o.intermediate}, bf16) * 0.02;
+  if (!ops::swiglu_mlp_fusable(x, gate_up_weight, down_weight, r)) {
+    std::printf("\nSwiGLU MLP forward: the project's GEMM does not run on this device\n");
+    return;
+  }
+  const auto separate = [&] {
+    return ops::swiglu_down_fused(at::mm(x, gate_up_weight.t()), down_weight) + r;
+  };
+  const auto node = [&] { return ops::swiglu_mlp_fused(x, gate_up_weight, down_weight, r); };
+  const auto reference = separate().to(torch::kFloat);
+  const double diff =
+      ((node().to(torch::kFloat) - reference).abs().max() / reference.abs().max()).item<double>();
+  double separate_ms = cuda_median_ms([&] { separate(); }, 3, o.iterations);
+  const double node_ms = cuda_median_ms([&] { node(); }, 3, o.iterations);
+  separate_ms = std::min(separate_ms, cuda_median_ms([&] { separate(); }, 3, o.iterations));
+  std::printf(
+      "\nSwiGLU MLP forward + residual, %ld x %ld, I %ld: cuBLAS + SwiGLU pass + add %.3f ms, "
+      "one node on the project's GEMM %.3f ms (node / separate %.3f; max rel. diff %.1e)\n",
+      long(o.tokens), long(o.hidden), long(o.intermediate), separate_ms, node_ms,
+      node_ms / separate_ms, diff);
+}
+
 void run_gemm_bench(const GemmOptions& o) {
   if (!torch::cuda::is_available()) fail("dspine-bench gemm needs a CUDA device");
   torch::NoGradGuard no_grad;
@@ -224,6 +255,7 @@ void run_gemm_bench(const GemmOptions& o) {
                 first_ms, best_ms, best, flop / best_ms / 1e9, best_ms / aten_ms, worst_diff);
   }
   print_own_gemm(o);
+  print_mlp_forward(o);
 }
 
 }  // namespace

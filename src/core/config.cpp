@@ -111,7 +111,6 @@ std::vector<Key> keys_of(Config& c) {
       {"model.target_layer_ids", &m.target_layer_ids},
       {"model.num_target_layers", &m.num_target_layers},
       {"model.fused_kernels", &m.fused_kernels, {}, true},
-      {"model.own_gemm", &m.own_gemm},
       {"data.source", &data.source},
       {"data.shards_dir", &data.shards_dir},
       {"data.samples", &data.samples},

@@ -107,9 +107,6 @@ struct ModelConfig {
   // the target's config.json, or data.synthetic.num_layers (data/target_depth.h).
   int64_t num_target_layers = 0;
   FusedKernels fused_kernels = FusedKernels::kAuto;
-  // With fused kernels in bf16: the decoder layers' SwiGLU MLP on the project's GEMM
-  // (docs/kernels.md, "GEMM"); off by default while cuBLAS and the separate passes are faster.
-  bool own_gemm = false;
   // An architecture's own settings: each map `model.<architecture>` kept as its YAML text, read
   // by that architecture's registry entry (model/draft_registry.h, core/config_section.h).
   std::map<std::string, std::string> sections;  // "dspine" -> YAML text of the map model.dspine

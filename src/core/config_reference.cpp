@@ -33,10 +33,6 @@ const std::map<std::string, std::string>& core_descriptions() {
        "fused CUDA kernels: RMSNorm/SwiGLU, q/k norm + RoPE, block attention (bf16), injection "
        "residual, alignment cosine, vocabulary objective, AdamW step (auto: on CUDA devices); "
        "false also keeps an online target on HF's ATen composition"},
-      {"model.own_gemm",
-       "with fused kernels in bf16 on an H100/H200: the decoder layers' SwiGLU MLP as one node on "
-       "the project's GEMM, its activation and residual add in the GEMMs' epilogues (off: cuBLAS "
-       "and separate passes, measured faster at the recipe's shapes; docs/kernels.md)"},
       {"data.source", "where batches come from (docs/data.md)"},
       {"data.shards_dir", "shard directory written by dspine-data generate"},
       {"data.samples", "token-sample JSONL the online target reads (docs/data.md)"},

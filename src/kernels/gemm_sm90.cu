@@ -45,8 +45,8 @@ __device__ __forceinline__ uint32_t shared_address(const void* p) {
 // Accumulator pair (d[4j + 2h], d[4j + 2h + 1]) of a consumer thread lies at row
 // warp·16 + lane/4 + 8h of its 64 rows and columns 8j + 2·(lane mod 4) + {0, 1}.
 __device__ __forceinline__ void store_tile(const float (&d)[128], __nv_bfloat16* c,
-                                           const __nv_bfloat16* residual, int row0, int col0,
-                                           int m, int n) {
+                                           const __nv_bfloat16* residual, int row0, int col0, int m,
+                                           int n) {
 #pragma unroll
   for (int j = 0; j < 32; ++j) {
     const int col = col0 + 8 * j;
@@ -92,8 +92,8 @@ __device__ __forceinline__ void store_swiglu_tile(const float (&d)[128], __nv_bf
       *reinterpret_cast<__nv_bfloat162*>(gate_up + at) = g;
       *reinterpret_cast<__nv_bfloat162*>(gate_up + at + n) = u;
       const float2 gf = __bfloat1622float2(g), uf = __bfloat1622float2(u);
-      *reinterpret_cast<__nv_bfloat162*>(act + int64_t(row) * n + col) = __floats2bfloat162_rn(
-          detail::swiglu_value(gf.x, uf.x), detail::swiglu_value(gf.y, uf.y));
+      *reinterpret_cast<__nv_bfloat162*>(act + int64_t(row) * n + col) =
+          __floats2bfloat162_rn(detail::swiglu_value(gf.x, uf.x), detail::swiglu_value(gf.y, uf.y));
     }
   }
 }
@@ -229,11 +229,11 @@ bool gemm_bf16_supported(const void* a, const void* b, const void* c, const void
          (residual == nullptr || aligned(residual, 4)) && device_traits().major == 9;
 }
 
-bool gemm_bf16_swiglu_supported(const void* a, const void* w, const void* gate_up,
-                                const void* act, int64_t m, int64_t intermediate, int64_t k) {
-  return act != nullptr && intermediate < (int64_t(1) << 30) &&
-         gemm_bf16_supported(a, w, gate_up, act, m, 2 * intermediate, k) &&
-         intermediate % 2 == 0;
+bool gemm_bf16_swiglu_supported(const void* a, const void* w, const void* gate_up, const void* act,
+                                int64_t m, int64_t intermediate, int64_t k) {
+  return act != nullptr && aligned(act, 4) && intermediate % 2 == 0 &&
+         intermediate < (int64_t(1) << 30) &&
+         gemm_bf16_supported(a, w, gate_up, nullptr, m, 2 * intermediate, k);
 }
 
 namespace {

@@ -7,7 +7,7 @@ namespace dspine::model {
 
 DecoderLayerImpl::DecoderLayerImpl(const core::ModelConfig& c, bool fused) {
   self_attn = register_module("self_attn", DSpineAttention(c, fused));
-  mlp = register_module("mlp", SwiGLUMLP(c.hidden_size, c.intermediate_size, fused, c.own_gemm));
+  mlp = register_module("mlp", SwiGLUMLP(c.hidden_size, c.intermediate_size, fused));
   input_layernorm =
       register_module("input_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps, fused));
   post_attention_layernorm =
@@ -22,10 +22,9 @@ torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& x, const torch::Ten
     attended = self_attn(input_layernorm(x), context, mask, rope);
   }
   RECORD_USER_SCOPE("dspine.mlp");
-  // The residual add and the post-attention norm in one pass (one fused kernel each way); with
-  // model.own_gemm the MLP adds its residual in the down product's epilogue.
+  // The residual add and the post-attention norm in one pass (one fused kernel each way).
   auto [h, normed] = post_attention_layernorm->forward_add(attended, x);
-  return mlp(normed, h);
+  return h + mlp(normed);
 }
 
 }  // namespace dspine::model

@@ -63,9 +63,8 @@ std::pair<torch::Tensor, torch::Tensor> RMSNormImpl::forward_add(const torch::Te
   return ops::add_rms_norm_fused(x, residual, weight, eps);
 }
 
-SwiGLUMLPImpl::SwiGLUMLPImpl(int64_t hidden_size, int64_t intermediate_size, bool fused,
-                             bool own_gemm)
-    : fused(fused), own_gemm(fused && own_gemm) {
+SwiGLUMLPImpl::SwiGLUMLPImpl(int64_t hidden_size, int64_t intermediate_size, bool fused)
+    : fused(fused) {
   auto linear = [](int64_t in, int64_t out) {
     return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false));
   };
@@ -74,30 +73,23 @@ SwiGLUMLPImpl::SwiGLUMLPImpl(int64_t hidden_size, int64_t intermediate_size, boo
   down_proj = register_module("down_proj", linear(intermediate_size, hidden_size));
 }
 
-torch::Tensor SwiGLUMLPImpl::forward(const torch::Tensor& x, const torch::Tensor& residual) {
-  const auto plus_residual = [&](const torch::Tensor& y) {
-    return residual.defined() ? y + residual : y;
-  };
-  if (!fused) return plus_residual(down_proj(ops::swiglu_reference(gate_proj(x), up_proj(x))));
+torch::Tensor SwiGLUMLPImpl::forward(const torch::Tensor& x) {
+  if (!fused) return down_proj(ops::swiglu_reference(gate_proj(x), up_proj(x)));
   require_cuda(x, "SwiGLUMLP");
   // One GEMM for gate and up: their weights are adjacent rows of the layer's sharding unit, so
   // the packed weight is a view (a copy only when they are not).
-  const torch::Tensor gate_up_weight = ops::adjacent_rows(gate_proj->weight, up_proj->weight);
-  if (own_gemm && residual.defined() &&
-      ops::swiglu_mlp_fusable(x, gate_up_weight, down_proj->weight, residual)) {
-    return ops::swiglu_mlp_fused(x, gate_up_weight, down_proj->weight, residual);
-  }
-  const torch::Tensor gate_up = torch::nn::functional::linear(x, gate_up_weight);
+  const torch::Tensor gate_up =
+      torch::nn::functional::linear(x, ops::adjacent_rows(gate_proj->weight, up_proj->weight));
   if (!ops::swiglu_fusable(gate_up, gate_up)) {
     const auto halves = gate_up.chunk(2, -1);
-    return plus_residual(down_proj(ops::swiglu_reference(halves[0], halves[1])));
+    return down_proj(ops::swiglu_reference(halves[0], halves[1]));
   }
   // The activation and the down projection as one node that recomputes the activation in its
   // backward rather than keeping it (docs/kernels.md, "RMSNorm and SwiGLU").
   if (ops::swiglu_down_fusable(gate_up, down_proj->weight)) {
-    return plus_residual(ops::swiglu_down_fused(gate_up, down_proj->weight));
+    return ops::swiglu_down_fused(gate_up, down_proj->weight);
   }
-  return plus_residual(down_proj(ops::swiglu_packed_fused(gate_up)));
+  return down_proj(ops::swiglu_packed_fused(gate_up));
 }
 
 }  // namespace dspine::model

@@ -33,18 +33,14 @@ class RMSNormImpl : public torch::nn::Module {
 };
 TORCH_MODULE(RMSNorm);
 
-// down_proj(silu(gate_proj(x)) * up_proj(x)) (+ residual when given); projections without bias.
-// Fused, gate and up run as one GEMM on the concatenated weights (the checkpoint keeps gate_proj /
-// up_proj separate). With own_gemm (model.own_gemm) and a residual, the whole MLP runs as one node
-// on the project's GEMM: the activation in the gate/up product's epilogue, the residual add in the
-// down product's (docs/kernels.md, "GEMM").
+// down_proj(silu(gate_proj(x)) * up_proj(x)); projections without bias. Fused, gate and up run
+// as one GEMM on the concatenated weights (the checkpoint keeps gate_proj / up_proj separate).
 class SwiGLUMLPImpl : public torch::nn::Module {
  public:
-  SwiGLUMLPImpl(int64_t hidden_size, int64_t intermediate_size, bool fused, bool own_gemm = false);
-  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& residual = {});
+  SwiGLUMLPImpl(int64_t hidden_size, int64_t intermediate_size, bool fused);
+  torch::Tensor forward(const torch::Tensor& x);
   torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
   bool fused;
-  bool own_gemm;
 };
 TORCH_MODULE(SwiGLUMLP);
 

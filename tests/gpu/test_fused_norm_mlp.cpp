@@ -201,7 +201,7 @@ TEST_P(FusedNorm, SwiGLUDownMatchesSwiGLUThenLinear) {
 }
 
 // The whole MLP with its residual as one node (the project's GEMM, bf16 only): output and every
-// gradient against linear layers, the SwiGLU and the add in fp32; the module takes this path.
+// gradient against linear layers, the SwiGLU and the add in fp32.
 TEST(FusedNormModules, SwiGLUMLPNodeMatchesTheLayers) {
   REQUIRE_CUDA();
   if (at::cuda::getCurrentDeviceProperties()->major != 9) GTEST_SKIP() << "needs sm_90";
