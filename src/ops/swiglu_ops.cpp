@@ -125,8 +125,8 @@ std::pair<at::Tensor, at::Tensor> swiglu_down_backward(const at::Tensor& gu,
 
 // The whole SwiGLU MLP plus its residual as one node: the gate/up GEMM writes gate_up and the
 // activation in its epilogue (kernels/gemm_sm90.h), the down GEMM adds the residual in its own.
-// Keeps x, gate_up and both weights, as the linear layer and the SwiGLU + down node it replaces
-// did; the backward is theirs.
+// Keeps x, gate_up and both weights, as the linear layer and the SwiGLU + down node it stands for
+// do; the backward is theirs.
 struct SwiGLUMLPFunction : public torch::autograd::Function<SwiGLUMLPFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x,
                             const at::Tensor& gate_up_weight, const at::Tensor& down_weight,
