@@ -15,6 +15,7 @@
 #include "kernels/norm_swiglu_common.cuh"
 #include "kernels/tma.cuh"
 #include "kernels/wgmma.cuh"
+#include "kernels/wgmma_probe.h"
 
 namespace dspine::kernels {
 namespace {
@@ -53,21 +54,16 @@ __device__ __forceinline__ void store_tile(const float (&d)[128], __nv_bfloat16*
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int row = row0 + 8 * h;
-      if (row >= m || col >= n) continue;
+      if (row >= m || col >= n) continue;  // n is even: a pair is whole
       const int64_t at = int64_t(row) * n + col;
       float x = d[4 * j + 2 * h], y = d[4 * j + 2 * h + 1];
-      if (col + 1 < n) {
-        if (residual != nullptr) {
-          const float2 r =
-              __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(residual + at));
-          x += r.x;
-          y += r.y;
-        }
-        *reinterpret_cast<__nv_bfloat162*>(c + at) = __floats2bfloat162_rn(x, y);
-      } else {
-        if (residual != nullptr) x += __bfloat162float(residual[at]);
-        c[at] = __float2bfloat16_rn(x);
+      if (residual != nullptr) {
+        const float2 r =
+            __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(residual + at));
+        x += r.x;
+        y += r.y;
       }
+      *reinterpret_cast<__nv_bfloat162*>(c + at) = __floats2bfloat162_rn(x, y);
     }
   }
 }
@@ -203,22 +199,6 @@ bool aligned(const void* p, uintptr_t bytes) {
   return (reinterpret_cast<uintptr_t>(p) & (bytes - 1)) == 0;
 }
 
-// The device's compute capability major and SM count, read once per device.
-struct DeviceTraits {
-  int major = 0, sms = 0;
-};
-DeviceTraits device_traits() {
-  static DeviceTraits traits[64];
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= 64) return {};
-  DeviceTraits& t = traits[device];
-  if (t.sms == 0) {
-    cudaDeviceGetAttribute(&t.major, cudaDevAttrComputeCapabilityMajor, device);
-    cudaDeviceGetAttribute(&t.sms, cudaDevAttrMultiProcessorCount, device);
-  }
-  return t;
-}
-
 }  // namespace
 
 bool gemm_bf16_supported(const void* a, const void* b, const void* c, const void* residual,
@@ -226,7 +206,7 @@ bool gemm_bf16_supported(const void* a, const void* b, const void* c, const void
   const int64_t limit = int64_t(1) << 31;
   return m >= 1 && n >= 1 && k >= 1 && m < limit && n < limit && k < limit && k % 8 == 0 &&
          n % 2 == 0 && aligned(a, 16) && aligned(b, 16) && aligned(c, 4) &&
-         (residual == nullptr || aligned(residual, 4)) && device_traits().major == 9;
+         (residual == nullptr || aligned(residual, 4)) && wgmma_available();
 }
 
 bool gemm_bf16_swiglu_supported(const void* a, const void* w, const void* gate_up, const void* act,
@@ -251,7 +231,7 @@ cudaError_t launch(const void* a, const void* b, void* c, const void* residual, 
       gemm_bf16_kernel<kSwiGLU>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes);
   if (configured != cudaSuccess) return configured;
   const int64_t tiles = ((m + kTileM - 1) / kTileM) * ((n + columns - 1) / columns);
-  const int grid = static_cast<int>(std::min<int64_t>(device_traits().sms, tiles));
+  const int grid = static_cast<int>(std::min<int64_t>(detail::multiprocessor_count(), tiles));
   gemm_bf16_kernel<kSwiGLU><<<grid, kThreads, kSharedBytes, stream>>>(
       map_a, map_b, static_cast<__nv_bfloat16*>(c), static_cast<const __nv_bfloat16*>(residual),
       static_cast<__nv_bfloat16*>(act), static_cast<int>(m), static_cast<int>(n),
