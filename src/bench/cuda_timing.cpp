@@ -8,8 +8,7 @@
 
 namespace dspine::bench {
 
-double cuda_median_ms(const std::function<void()>& fn, int warmup, int iterations) {
-  for (int i = 0; i < warmup; ++i) fn();
+std::vector<double> cuda_each_ms(const std::function<void()>& fn, int iterations) {
   const auto stream = at::cuda::getCurrentCUDAStream();
   std::vector<cudaEvent_t> events(2 * iterations);
   for (auto& e : events) cudaEventCreate(&e);
@@ -19,11 +18,19 @@ double cuda_median_ms(const std::function<void()>& fn, int warmup, int iteration
     cudaEventRecord(events[2 * i + 1], stream);
   }
   cudaEventSynchronize(events.back());
-  std::vector<float> times(iterations);
+  std::vector<double> times(iterations);
   for (int i = 0; i < iterations; ++i) {
-    cudaEventElapsedTime(&times[i], events[2 * i], events[2 * i + 1]);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, events[2 * i], events[2 * i + 1]);
+    times[i] = ms;
   }
   for (auto& e : events) cudaEventDestroy(e);
+  return times;
+}
+
+double cuda_median_ms(const std::function<void()>& fn, int warmup, int iterations) {
+  for (int i = 0; i < warmup; ++i) fn();
+  std::vector<double> times = cuda_each_ms(fn, iterations);
   std::sort(times.begin(), times.end());
   return times[iterations / 2];
 }

@@ -4,8 +4,13 @@
 
 #include <cstdint>
 #include <functional>
+#include <vector>
 
 namespace dspine::bench {
+
+// CUDA-event time of each of `iterations` calls of `fn` in ms, queued back to back on the current
+// stream.
+std::vector<double> cuda_each_ms(const std::function<void()>& fn, int iterations);
 
 // Median CUDA-event time of `fn` in ms on the current stream after `warmup` untimed calls.
 double cuda_median_ms(const std::function<void()>& fn, int warmup, int iterations);

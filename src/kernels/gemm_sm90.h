@@ -4,7 +4,9 @@
 // rounding, so a layer's residual add costs no pass of its own. TMA copies tiles into a
 // multi-stage shared-memory ring; two consumer warpgroups multiply them with wgmma (128 × 256
 // tiles) while a producer warp keeps the ring full; persistent CTAs walk the tiles in groups of
-// eight tile rows, so that the B tiles a group reads stay in L2.
+// eight tile rows, so that the B tiles a group reads stay in L2. The epilogue stages a tile in
+// shared memory (the residual loaded there by TMA) and stores it with TMA while the next tile's
+// products run.
 #pragma once
 
 #include <cstdint>
@@ -14,8 +16,8 @@
 namespace dspine::kernels {
 
 // Whether the GEMM takes these operands on the current device: compute capability 9.0 (sm_90a
-// code), rows of A and B 16-byte aligned (K a multiple of 8 and 16-byte aligned bases), C and the
-// residual 4-byte aligned with N even, and M, N, K in [1, 2^31).
+// code), rows of A, B, C and the residual 16-byte aligned (K and N multiples of 8, 16-byte aligned
+// bases: TMA copies them all), and M, N, K in [1, 2^31).
 bool gemm_bf16_supported(const void* a, const void* b, const void* c, const void* residual,
                          int64_t m, int64_t n, int64_t k);
 

@@ -88,6 +88,31 @@ __device__ __forceinline__ void copy_box(uint32_t dst, const CUtensorMap* map, u
       : "memory");
 }
 
+// One box of `map` at element coordinates (c0..c3) from shared memory at `src` to global memory
+// (parts outside the tensor are not written), in the calling thread's current bulk group.
+__device__ __forceinline__ void store_box(const CUtensorMap* map, uint32_t src, int c0, int c1,
+                                          int c2, int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n" ::"l"(
+          reinterpret_cast<uint64_t>(map)),
+      "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+      : "memory");
+}
+// Closes the calling thread's stores issued so far into one bulk group.
+__device__ __forceinline__ void commit_stores() {
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+// Waits until at most `Pending` of the thread's store groups still read their shared memory.
+template <int Pending>
+__device__ __forceinline__ void wait_stores_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(Pending) : "memory");
+}
+// Waits until at most `Pending` of the thread's store groups are still in flight.
+template <int Pending>
+__device__ __forceinline__ void wait_stores() {
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(Pending) : "memory");
+}
+
 #endif
 
 }  // namespace dspine::kernels::tma

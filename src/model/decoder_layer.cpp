@@ -22,9 +22,10 @@ torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& x, const torch::Ten
     attended = self_attn(input_layernorm(x), context, mask, rope);
   }
   RECORD_USER_SCOPE("dspine.mlp");
-  // The residual add and the post-attention norm in one pass (one fused kernel each way).
+  // The residual add and the post-attention norm in one pass (one fused kernel each way); the
+  // MLP's residual is added in its down projection.
   auto [h, normed] = post_attention_layernorm->forward_add(attended, x);
-  return h + mlp(normed);
+  return mlp->forward_add(normed, h);
 }
 
 }  // namespace dspine::model

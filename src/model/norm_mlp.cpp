@@ -73,8 +73,17 @@ SwiGLUMLPImpl::SwiGLUMLPImpl(int64_t hidden_size, int64_t intermediate_size, boo
   down_proj = register_module("down_proj", linear(intermediate_size, hidden_size));
 }
 
-torch::Tensor SwiGLUMLPImpl::forward(const torch::Tensor& x) {
-  if (!fused) return down_proj(ops::swiglu_reference(gate_proj(x), up_proj(x)));
+torch::Tensor SwiGLUMLPImpl::forward(const torch::Tensor& x) { return project(x, {}); }
+
+torch::Tensor SwiGLUMLPImpl::forward_add(const torch::Tensor& x, const torch::Tensor& residual) {
+  return project(x, residual);
+}
+
+torch::Tensor SwiGLUMLPImpl::project(const torch::Tensor& x, const torch::Tensor& residual) {
+  const auto plus_residual = [&](const torch::Tensor& y) {
+    return residual.defined() ? residual + y : y;
+  };
+  if (!fused) return plus_residual(down_proj(ops::swiglu_reference(gate_proj(x), up_proj(x))));
   require_cuda(x, "SwiGLUMLP");
   // One GEMM for gate and up: their weights are adjacent rows of the layer's sharding unit, so
   // the packed weight is a view (a copy only when they are not).
@@ -82,14 +91,15 @@ torch::Tensor SwiGLUMLPImpl::forward(const torch::Tensor& x) {
       torch::nn::functional::linear(x, ops::adjacent_rows(gate_proj->weight, up_proj->weight));
   if (!ops::swiglu_fusable(gate_up, gate_up)) {
     const auto halves = gate_up.chunk(2, -1);
-    return down_proj(ops::swiglu_reference(halves[0], halves[1]));
+    return plus_residual(down_proj(ops::swiglu_reference(halves[0], halves[1])));
   }
   // The activation and the down projection as one node that recomputes the activation in its
-  // backward rather than keeping it (docs/kernels.md, "RMSNorm and SwiGLU").
-  if (ops::swiglu_down_fusable(gate_up, down_proj->weight)) {
-    return ops::swiglu_down_fused(gate_up, down_proj->weight);
+  // backward rather than keeping it (docs/kernels.md, "RMSNorm and SwiGLU"); the residual is
+  // added in the down GEMM's epilogue (docs/kernels.md, "GEMM").
+  if (ops::swiglu_down_fusable(gate_up, down_proj->weight, residual)) {
+    return ops::swiglu_down_fused(gate_up, down_proj->weight, residual);
   }
-  return down_proj(ops::swiglu_packed_fused(gate_up));
+  return plus_residual(down_proj(ops::swiglu_packed_fused(gate_up)));
 }
 
 }  // namespace dspine::model

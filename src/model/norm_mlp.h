@@ -39,8 +39,14 @@ class SwiGLUMLPImpl : public torch::nn::Module {
  public:
   SwiGLUMLPImpl(int64_t hidden_size, int64_t intermediate_size, bool fused);
   torch::Tensor forward(const torch::Tensor& x);
+  // The decoder layer's residual + forward(x); fused, the add happens in the down projection's
+  // GEMM epilogue where the project's GEMM takes the operands.
+  torch::Tensor forward_add(const torch::Tensor& x, const torch::Tensor& residual);
   torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
   bool fused;
+
+ private:
+  torch::Tensor project(const torch::Tensor& x, const torch::Tensor& residual);
 };
 TORCH_MODULE(SwiGLUMLP);
 

@@ -27,7 +27,7 @@ bool own_gemm_takes(const at::Tensor& x, const at::Tensor& weight, const at::Ten
     return false;
   }
   const c10::cuda::CUDAGuard guard(x.device());
-  // The output is a fresh allocation, 4-byte aligned like every caching-allocator block.
+  // The output is a fresh allocation, 16-byte aligned like every caching-allocator block.
   return kernels::gemm_bf16_supported(x.data_ptr(), weight.data_ptr(), x.data_ptr(),
                                       residual.defined() ? residual.data_ptr() : nullptr, x.size(0),
                                       weight.size(0), x.size(1));

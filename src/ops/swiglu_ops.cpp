@@ -155,26 +155,50 @@ struct SwiGLUMLPFunction : public torch::autograd::Function<SwiGLUMLPFunction> {
   }
 };
 
+// The SwiGLU + down node's forward: keeps gate_up and the weight, returns the product (plus the
+// residual when it is defined, added in the GEMM's epilogue where the project's GEMM takes it).
+at::Tensor swiglu_down_forward(AutogradContext* ctx, const at::Tensor& gate_up,
+                               const at::Tensor& weight, const at::Tensor& residual) {
+  const int64_t half = gate_up.size(-1) / 2;
+  const at::Tensor gu = as_rows(gate_up, 2 * half);
+  ctx->save_for_backward({gu, weight});
+  std::vector<int64_t> shape = gate_up.sizes().vec();
+  shape.back() = weight.size(0);
+  // The activation lives only until its GEMM has read it.
+  const at::Tensor act = launch_forward(gu.narrow(1, 0, half), gu.narrow(1, half, half));
+  if (!residual.defined()) return at::mm(act, weight.t()).view(shape);
+  return linear_rows(act, weight, residual.reshape({-1, weight.size(0)})).view(shape);
+}
+
+// d(gate_up) and d(weight) of the node, shaped as its inputs.
+variable_list swiglu_down_gradients(AutogradContext* ctx, const at::Tensor& grad) {
+  const auto saved = ctx->get_saved_variables();
+  auto [dgu, dweight] = swiglu_down_backward(saved[0], saved[1], grad, ctx->needs_input_grad(1));
+  std::vector<int64_t> shape = grad.sizes().vec();
+  shape.back() = dgu.size(1);
+  return {dgu.view(shape), dweight};
+}
+
 struct SwiGLUDownFunction : public torch::autograd::Function<SwiGLUDownFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate_up,
                             const at::Tensor& weight) {
-    const int64_t half = gate_up.size(-1) / 2;
-    const at::Tensor gu = as_rows(gate_up, 2 * half);
-    ctx->save_for_backward({gu, weight});
-    std::vector<int64_t> shape = gate_up.sizes().vec();
-    shape.back() = weight.size(0);
-    // The activation lives only until its GEMM has read it.
-    return at::mm(launch_forward(gu.narrow(1, 0, half), gu.narrow(1, half, half)), weight.t())
-        .view(shape);
+    return swiglu_down_forward(ctx, gate_up, weight, {});
   }
-
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const auto saved = ctx->get_saved_variables();
-    auto [dgu, dweight] =
-        swiglu_down_backward(saved[0], saved[1], grads[0], ctx->needs_input_grad(1));
-    std::vector<int64_t> shape = grads[0].sizes().vec();
-    shape.back() = dgu.size(1);
-    return {dgu.view(shape), dweight};
+    return swiglu_down_gradients(ctx, grads[0]);
+  }
+};
+
+// The same node with the layer's residual added: its gradient is the output's.
+struct SwiGLUDownAddFunction : public torch::autograd::Function<SwiGLUDownAddFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate_up,
+                            const at::Tensor& weight, const at::Tensor& residual) {
+    return swiglu_down_forward(ctx, gate_up, weight, residual);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    variable_list out = swiglu_down_gradients(ctx, grads[0]);
+    out.push_back(grads[0]);
+    return out;
   }
 };
 
@@ -215,22 +239,37 @@ at::Tensor swiglu_packed_fused(const at::Tensor& gate_up) {
   return PackedSwiGLUFunction::apply(gate_up);
 }
 
-bool swiglu_down_fusable(const at::Tensor& gate_up, const at::Tensor& down_weight) {
-  return swiglu_fusable(gate_up, gate_up) && gate_up.size(-1) % 2 == 0 && down_weight.dim() == 2 &&
-         down_weight.size(1) == gate_up.size(-1) / 2 &&
-         down_weight.scalar_type() == gate_up.scalar_type() &&
-         down_weight.device() == gate_up.device();
+bool swiglu_down_fusable(const at::Tensor& gate_up, const at::Tensor& down_weight,
+                         const at::Tensor& residual) {
+  if (!swiglu_fusable(gate_up, gate_up) || gate_up.size(-1) % 2 != 0 || down_weight.dim() != 2 ||
+      down_weight.size(1) != gate_up.size(-1) / 2 ||
+      down_weight.scalar_type() != gate_up.scalar_type() ||
+      down_weight.device() != gate_up.device()) {
+    return false;
+  }
+  if (!residual.defined()) return true;
+  std::vector<int64_t> shape = gate_up.sizes().vec();
+  shape.back() = down_weight.size(0);
+  return residual.sizes() == c10::IntArrayRef(shape) &&
+         residual.scalar_type() == gate_up.scalar_type() && residual.device() == gate_up.device();
 }
 
-at::Tensor swiglu_down_fused(const at::Tensor& gate_up, const at::Tensor& down_weight) {
-  if (!swiglu_down_fusable(gate_up, down_weight)) {
+at::Tensor swiglu_down_fused(const at::Tensor& gate_up, const at::Tensor& down_weight,
+                             const at::Tensor& residual) {
+  if (!swiglu_down_fusable(gate_up, down_weight, residual)) {
     fail(
-        "fused SwiGLU + down projection needs CUDA fp32/fp16/bf16 gate_up [..., 2I] and a down "
-        "weight [H, I] of its dtype on its device; got gate_up {} {} on {} and weight {} {} on {}",
+        "fused SwiGLU + down projection needs CUDA fp32/fp16/bf16 gate_up [..., 2I], a down "
+        "weight [H, I] and a residual [..., H] (or none) of its dtype on its device; got "
+        "gate_up {} {} on {}, weight {} {} on {}, residual {}",
         c10::str(gate_up.sizes()), c10::toString(gate_up.scalar_type()), gate_up.device().str(),
         c10::str(down_weight.sizes()), c10::toString(down_weight.scalar_type()),
-        down_weight.device().str());
+        down_weight.device().str(),
+        residual.defined()
+            ? c10::str(residual.sizes()) + " " + c10::toString(residual.scalar_type()) + " on " +
+                  residual.device().str()
+            : std::string("none"));
   }
+  if (residual.defined()) return SwiGLUDownAddFunction::apply(gate_up, down_weight, residual);
   return SwiGLUDownFunction::apply(gate_up, down_weight);
 }
 

@@ -22,15 +22,21 @@ at::Tensor swiglu_fused(const at::Tensor& gate, const at::Tensor& up);
 at::Tensor swiglu_packed_fused(const at::Tensor& gate_up);
 
 // Whether swiglu_down_fused takes these: gate_up as swiglu_fusable takes it, with an even last
-// dimension 2I, and a 2-D down weight [H, I] of gate_up's dtype on its device.
-bool swiglu_down_fusable(const at::Tensor& gate_up, const at::Tensor& down_weight);
+// dimension 2I, a 2-D down weight [H, I] and, if defined, a residual [..., H], all of gate_up's
+// dtype on its device.
+bool swiglu_down_fusable(const at::Tensor& gate_up, const at::Tensor& down_weight,
+                         const at::Tensor& residual = {});
 
-// silu(g) * u · down_weightᵀ for gate_up = [..., 2I] (g and u its halves) and down_weight [H, I]:
-// the SwiGLU MLP's activation and down projection as one autograd node that keeps gate_up and the
-// weight but not the activation [..., I] (the largest tensor a layer would keep besides gate_up).
-// Its backward recomputes the activation in the SwiGLU backward pass, in the memory of the
-// activation's gradient, for the weight gradient's GEMM. Returns [..., H].
-at::Tensor swiglu_down_fused(const at::Tensor& gate_up, const at::Tensor& down_weight);
+// silu(g) * u · down_weightᵀ (+ residual) for gate_up = [..., 2I] (g and u its halves) and
+// down_weight [H, I]: the SwiGLU MLP's activation and down projection as one autograd node that
+// keeps gate_up and the weight but not the activation [..., I] (the largest tensor a layer would
+// keep besides gate_up). Its backward recomputes the activation in the SwiGLU backward pass, in the
+// memory of the activation's gradient, for the weight gradient's GEMM. A residual [..., H] (the
+// decoder layer's) is added in the down GEMM's epilogue where the project's GEMM takes the
+// operands (ops/gemm_ops.h: in fp32, before the one rounding), else after at::mm; its gradient is
+// the output's. Returns [..., H].
+at::Tensor swiglu_down_fused(const at::Tensor& gate_up, const at::Tensor& down_weight,
+                             const at::Tensor& residual = {});
 
 // Whether swiglu_mlp_fused takes these: contiguous CUDA bf16 x [..., H], gate/up weight [2I, H]
 // (gate rows, then up rows), down weight [H, I] and residual shaped as x, all on x's device, with

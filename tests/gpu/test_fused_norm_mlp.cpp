@@ -175,28 +175,37 @@ TEST_P(FusedNorm, PackedSwiGLUMatchesReferenceOnBothHalves) {
 }
 
 // The activation and the down projection as one node (the activation recomputed in the
-// backward): output, d(gate_up) and d(weight) against the packed SwiGLU then a linear layer.
+// backward), without and with the layer's residual (added in the project's GEMM in bf16 where it
+// takes I, else after at::mm): output, d(gate_up), d(weight) and d(residual) against the packed
+// SwiGLU, a linear layer and the add.
 TEST_P(FusedNorm, SwiGLUDownMatchesSwiGLUThenLinear) {
   REQUIRE_CUDA();
   const torch::Dtype dtype = GetParam();
   torch::manual_seed(7);
-  for (const Shape s : {Shape{1, 123}, Shape{17, 200}, Shape{2048, 64}, Shape{5, 1000}}) {
-    const int64_t hidden = 96;
-    const auto gu = torch::randn({2, s.rows, 2 * s.hidden}) * 2;
-    const auto w = torch::randn({hidden, s.hidden}) / std::sqrt(static_cast<double>(s.hidden));
-    const auto dout = torch::randn({2, s.rows, hidden});
-    auto fused = leaves({gu, w}, dtype, kCuda);
-    auto ref = reference_leaves({gu, w}, dtype);
-    const auto out = ops::swiglu_down_fused(fused[0], fused[1]);
-    const auto halves = ref[0].chunk(2, -1);
-    const auto out_ref =
-        torch::nn::functional::linear(ops::swiglu_reference(halves[0], halves[1]), ref[1]);
-    out.backward(dout.to(kCuda, dtype));
-    out_ref.backward(as_reference(dout, dtype));
-    const std::string what = label("swiglu_down", s, dtype);
-    expect_matches(out, out_ref, dtype, what + " out");
-    expect_matches(fused[0].grad(), ref[0].grad(), dtype, what + " dgate_up");
-    expect_matches(fused[1].grad(), ref[1].grad(), dtype, what + " dweight");
+  for (const bool with_residual : {false, true}) {
+    for (const Shape s : {Shape{1, 123}, Shape{17, 200}, Shape{2048, 64}, Shape{5, 1000}}) {
+      const int64_t hidden = 96;
+      const auto gu = torch::randn({2, s.rows, 2 * s.hidden}) * 2;
+      const auto w = torch::randn({hidden, s.hidden}) / std::sqrt(static_cast<double>(s.hidden));
+      const auto r = torch::randn({2, s.rows, hidden}), dout = torch::randn({2, s.rows, hidden});
+      auto fused = leaves({gu, w, r}, dtype, kCuda);
+      auto ref = reference_leaves({gu, w, r}, dtype);
+      const auto residual = with_residual ? fused[2] : torch::Tensor();
+      ASSERT_TRUE(ops::swiglu_down_fusable(fused[0], fused[1], residual));
+      const auto out = ops::swiglu_down_fused(fused[0], fused[1], residual);
+      const auto halves = ref[0].chunk(2, -1);
+      auto out_ref =
+          torch::nn::functional::linear(ops::swiglu_reference(halves[0], halves[1]), ref[1]);
+      if (with_residual) out_ref = out_ref + ref[2];
+      out.backward(dout.to(kCuda, dtype));
+      out_ref.backward(as_reference(dout, dtype));
+      const std::string what =
+          label(with_residual ? "swiglu_down + residual" : "swiglu_down", s, dtype);
+      expect_matches(out, out_ref, dtype, what + " out");
+      expect_matches(fused[0].grad(), ref[0].grad(), dtype, what + " dgate_up");
+      expect_matches(fused[1].grad(), ref[1].grad(), dtype, what + " dweight");
+      if (with_residual) expect_matches(fused[2].grad(), ref[2].grad(), dtype, what + " dresidual");
+    }
   }
 }
 

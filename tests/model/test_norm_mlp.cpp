@@ -111,6 +111,8 @@ TEST(ReferenceSwiGLUMLP, MatchesDownOfSiluGateTimesUp) {
   const auto expected = torch::matmul(gate * torch::sigmoid(gate) * up, mlp->down_proj->weight.t());
   EXPECT_TRUE(torch::allclose(mlp(x), expected, 1e-5, 1e-6));
   EXPECT_TRUE(torch::allclose(ops::swiglu_reference(gate, up), gate * torch::sigmoid(gate) * up));
+  const auto residual = torch::randn({2, 3, 8});
+  EXPECT_TRUE(torch::equal(mlp->forward_add(x, residual), residual + mlp(x)));
 }
 
 TEST(FusedOps, RefuseCpuTensorsWithAClearMessage) {
@@ -124,9 +126,13 @@ TEST(FusedOps, RefuseCpuTensorsWithAClearMessage) {
   EXPECT_FALSE(ops::swiglu_down_fusable(x, weight));
   const std::string down = error_of([&] { ops::swiglu_down_fused(x, weight); });
   EXPECT_NE(down.find("CUDA"), std::string::npos) << down;
-  EXPECT_NE(down.find("gate_up [2, 8] Float on cpu and weight [3, 4] Float on cpu"),
+  EXPECT_NE(down.find("gate_up [2, 8] Float on cpu, weight [3, 4] Float on cpu, residual none"),
             std::string::npos)
       << down;
+  const auto residual = torch::randn({2, 3});
+  EXPECT_FALSE(ops::swiglu_down_fusable(x, weight, residual));
+  const std::string down_add = error_of([&] { ops::swiglu_down_fused(x, weight, residual); });
+  EXPECT_NE(down_add.find("residual [2, 3] Float on cpu"), std::string::npos) << down_add;
   // The whole-MLP node names every operand's shape.
   const auto h = torch::randn({2, 4});
   EXPECT_FALSE(ops::swiglu_mlp_fusable(h, torch::randn({6, 4}), weight.t(), h));
