@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "ops/injection_pairs_ops.h"
 #include "ops/injection_residual_ops.h"
 #include "ops/rms_norm_ops.h"
 
@@ -95,13 +96,16 @@ torch::Tensor AdjacentInjectionImpl::forward(const torch::Tensor& h, int64_t lay
   const int64_t proposals = h.size(2) - 1;
   auto features = feature(h, layer);
   auto anchor = scaled_codes(codes, token_ids.slice(2, 0, 1)).to(features.scalar_type());
-  auto pred = torch::cat({anchor, features.slice(2, 1, proposals)}, 2);  // [B, N, T, r]
+  // Proposal k receives at slot k + 1 and reads its predecessor at slot k (the anchor's code at 0).
+  auto [receiver, pred] = fused_ && ops::injection_pairs_fusable(features, anchor)
+                              ? ops::injection_pairs_fused(features, anchor)
+                              : ops::injection_pairs_reference(features, anchor);  // [B, N, T-1, r]
   if (replace.defined() && layer < replacement_layers_) {
     auto truth = scaled_codes(codes, token_ids.slice(2, 0, proposals)).to(pred.scalar_type());
     pred = torch::where(replace.to(torch::kBool).view({replace.size(0), replace.size(1), 1, 1}),
                         truth, pred);
   }
-  return residual(h, delta(features.slice(2, 1), pred, layer), /*skip_first=*/true);
+  return residual(h, delta(receiver, pred, layer), /*skip_first=*/true);
 }
 
 }  // namespace dspine::model

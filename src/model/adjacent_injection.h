@@ -18,8 +18,9 @@ class AdjacentInjectionImpl : public torch::nn::Module {
   // Registration order (state-dict keys): bias, readouts.{i}, writes.{i}, message,
   // receiver_gate, predecessor_gate. writes, predecessor_gate and bias start at zero so every
   // write is the identity at init; message/receiver_gate/readouts keep the default Linear init.
-  // `fused`: the feature normalisation and the residual write run as fused CUDA kernels
-  // (docs/kernels.md, "Injection residual"), same parameters and function.
+  // `fused`: the feature normalisation, the receiver/predecessor rows and the residual write run
+  // as fused CUDA kernels (docs/kernels.md, "Injection pairs", "Injection residual"), same
+  // parameters and function.
   AdjacentInjectionImpl(int64_t hidden_size, int64_t transfer_rank, int64_t message_size,
                         int64_t num_layers, int64_t replacement_layers, bool fused = false);
 

@@ -1,7 +1,9 @@
 // The fused injection residual (src/kernels/injection_residual.cu) against its ATen reference:
 // fp32 values and gradients to 1e-5 relative; bf16 against the reference evaluated in fp32 on the
 // same bf16 inputs by relative error (≤ 1e-2 of the norm) and cosine (≥ 0.9999), as for the other
-// bf16 kernels; rows with rms 0; and the whole adjacent injection module, fused against reference.
+// bf16 kernels; rows with rms 0; the receiver/predecessor rows (src/kernels/injection_pairs.cu)
+// bit for bit against their ATen reference, values and gradients; and the whole adjacent injection
+// module, fused against reference.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -11,6 +13,7 @@
 #include "common/parity.h"
 #include "common/require_cuda.h"
 #include "model/adjacent_injection.h"
+#include "ops/injection_pairs_ops.h"
 #include "ops/injection_residual_ops.h"
 
 namespace dspine {
@@ -81,6 +84,50 @@ TEST(InjectionResidualGpu, MatchesReferenceInBf16) {
   for (bool skip_first : {true, false}) {
     check({2, 64, 16, 4096}, torch::kBFloat16, skip_first, 3);
     check({3, 7, 5, 200}, torch::kBFloat16, skip_first, 4);  // 25 packs, T not a power of two
+  }
+}
+
+// Copies and two-term sums rounded once: the fused pairs equal ATen's slices, concatenation and
+// gradient accumulation bit for bit, with either output's gradient absent too.
+TEST(InjectionPairsGpu, EqualTheReferenceBitForBit) {
+  REQUIRE_CUDA();
+  torch::manual_seed(6);
+  struct PairShape {
+    int64_t rows, blocks, positions, rank;
+  };
+  for (const torch::Dtype dtype : {torch::kBFloat16, torch::kFloat32}) {
+    for (const PairShape s : {PairShape{2, 64, 16, 1024}, PairShape{3, 7, 5, 200},
+                              PairShape{1, 5, 2, 8}}) {
+      for (int used = 0; used < 3; ++used) {  // both outputs, the receiver only, the predecessor
+        const auto options = torch::TensorOptions().dtype(dtype).device(kCuda);
+        const auto features0 = torch::randn({s.rows, s.blocks, s.positions, s.rank}, options);
+        const auto anchor0 = torch::randn({s.rows, s.blocks, 1, s.rank}, options);
+        const auto grad_r = torch::randn({s.rows, s.blocks, s.positions - 1, s.rank}, options);
+        const auto grad_p = torch::randn_like(grad_r);
+        std::vector<torch::Tensor> results[2];
+        for (const bool fused : {false, true}) {
+          auto features = features0.clone().requires_grad_(true);
+          auto anchor = anchor0.clone().requires_grad_(true);
+          ASSERT_TRUE(ops::injection_pairs_fusable(features, anchor));
+          auto [receiver, predecessor] = fused ? ops::injection_pairs_fused(features, anchor)
+                                               : ops::injection_pairs_reference(features, anchor);
+          auto loss = torch::zeros({}, options.dtype(torch::kFloat32));
+          if (used != 2) loss = loss + (receiver.to(torch::kFloat32) * grad_r).sum();
+          if (used != 1) loss = loss + (predecessor.to(torch::kFloat32) * grad_p).sum();
+          loss.backward();
+          const auto grad_anchor =
+              anchor.grad().defined() ? anchor.grad() : torch::zeros_like(anchor);
+          results[fused] = {receiver.detach(), predecessor.detach(), features.grad(), grad_anchor};
+        }
+        const std::string what = std::string(c10::toString(dtype)) + " rank " +
+                                 std::to_string(s.rank) + " T " + std::to_string(s.positions) +
+                                 " outputs used " + std::to_string(used);
+        const char* names[] = {"receiver", "predecessor", "dfeatures", "danchor"};
+        for (int i = 0; i < 4; ++i) {
+          EXPECT_TRUE(torch::equal(results[1][i], results[0][i])) << what << " " << names[i];
+        }
+      }
+    }
   }
 }
 

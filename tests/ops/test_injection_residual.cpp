@@ -1,11 +1,14 @@
 // The injection residual's ATen reference (src/ops/injection_residual_ops.h) against the
-// adjacent injection's original composition, and the rules for when the fused kernels apply.
+// adjacent injection's original composition, the receiver/predecessor rows' reference
+// (src/ops/injection_pairs_ops.h) against hand-built rows, and the rules for when the fused kernels
+// apply.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <cmath>
 
 #include "core/error.h"
+#include "ops/injection_pairs_ops.h"
 #include "ops/injection_residual_ops.h"
 
 namespace dspine {
@@ -67,6 +70,42 @@ TEST(InjectionResidual, FusedRefusesInputsItCannotTakeByName) {
     EXPECT_NE(text.find("[2, 4, 8]"), std::string::npos) << text;
     EXPECT_NE(text.find("skip_first true"), std::string::npos) << text;
   }
+}
+
+TEST(InjectionPairs, ReferenceReceivesAtTheNextSlotAndReadsThePrevious) {
+  // features[b][j] = 10·b + j in every column, the anchor's code -1 - b.
+  const auto features = (torch::arange(3).view({3, 1, 1}) * 10 + torch::arange(4).view({1, 4, 1}))
+                            .expand({3, 4, 2})
+                            .to(torch::kFloat32);
+  const auto anchor = -1 - torch::arange(3).view({3, 1, 1}).expand({3, 1, 2}).to(torch::kFloat32);
+  auto [receiver, predecessor] = ops::injection_pairs_reference(features, anchor);
+  ASSERT_EQ(receiver.sizes(), (std::vector<int64_t>{3, 3, 2}));
+  ASSERT_EQ(predecessor.sizes(), (std::vector<int64_t>{3, 3, 2}));
+  for (int64_t b = 0; b < 3; ++b) {
+    for (int64_t k = 0; k < 3; ++k) {
+      EXPECT_EQ(receiver[b][k][1].item<float>(), 10 * b + k + 1);
+      EXPECT_EQ(predecessor[b][k][0].item<float>(), k == 0 ? -1 - b : 10 * b + k);
+    }
+  }
+}
+
+TEST(InjectionPairs, FusedRefusesWhatItCannotTakeByName) {
+  const auto features = torch::randn({2, 4, 8}), anchor = torch::randn({2, 1, 8});
+  EXPECT_FALSE(ops::injection_pairs_fusable(features, anchor));  // CPU
+  try {
+    ops::injection_pairs_fused(features, anchor);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    const std::string text = e.what();
+    EXPECT_NE(text.find("features Float [2, 4, 8] on cpu"), std::string::npos) << text;
+    EXPECT_NE(text.find("anchor Float [2, 1, 8] on cpu"), std::string::npos) << text;
+  }
+  if (!torch::cuda::is_available()) return;
+  const auto f = features.to(torch::kCUDA), a = anchor.to(torch::kCUDA);
+  EXPECT_TRUE(ops::injection_pairs_fusable(f, a));
+  EXPECT_FALSE(ops::injection_pairs_fusable(f, a.expand({2, 2, 8})));       // anchor not [.., 1, r]
+  EXPECT_FALSE(ops::injection_pairs_fusable(f.narrow(2, 0, 6), a.narrow(2, 0, 6)));  // 24 bytes
+  EXPECT_FALSE(ops::injection_pairs_fusable(f.narrow(1, 0, 1), a));         // T = 1
 }
 
 }  // namespace
