@@ -63,9 +63,8 @@ struct InjectionPairsFunction : torch::autograd::Function<InjectionPairsFunction
     auto grad_features = at::empty(features_shape, dr.options());
     auto grad_anchor = at::empty(anchor_shape, dr.options());
     check_launch(kernels::injection_pairs_backward(
-                     dr.data_ptr(), dp.data_ptr(), grad_features.data_ptr(),
-                     grad_anchor.data_ptr(), kernel_shape(grad_features),
-                     at::cuda::getCurrentCUDAStream()),
+                     dr.data_ptr(), dp.data_ptr(), grad_features.data_ptr(), grad_anchor.data_ptr(),
+                     kernel_shape(grad_features), at::cuda::getCurrentCUDAStream()),
                  "injection pairs backward", dr);
     return {grad_features, grad_anchor};
   }
@@ -91,12 +90,12 @@ bool injection_pairs_fusable(const at::Tensor& features, const at::Tensor& ancho
 std::pair<at::Tensor, at::Tensor> injection_pairs_fused(const at::Tensor& features,
                                                         const at::Tensor& anchor) {
   if (!injection_pairs_fusable(features, anchor)) {
-    fail("fused injection pairs: features {} {} on {} and anchor {} {} on {} are not taken: CUDA "
-         "fp32/fp16/bf16, features [..., T ≥ 2, r] and anchor [..., 1, r] of one dtype, r·bytes "
-         "a multiple of 16",
-         c10::toString(features.scalar_type()), c10::str(features.sizes()),
-         features.device().str(), c10::toString(anchor.scalar_type()), c10::str(anchor.sizes()),
-         anchor.device().str());
+    fail(
+        "fused injection pairs: features {} {} on {} and anchor {} {} on {} are not taken: CUDA "
+        "fp32/fp16/bf16, features [..., T ≥ 2, r] and anchor [..., 1, r] of one dtype, r·bytes "
+        "a multiple of 16",
+        c10::toString(features.scalar_type()), c10::str(features.sizes()), features.device().str(),
+        c10::toString(anchor.scalar_type()), c10::str(anchor.sizes()), anchor.device().str());
   }
   auto out = InjectionPairsFunction::apply(features, anchor);
   return {out[0], out[1]};

@@ -96,8 +96,8 @@ TEST(InjectionPairsGpu, EqualTheReferenceBitForBit) {
     int64_t rows, blocks, positions, rank;
   };
   for (const torch::Dtype dtype : {torch::kBFloat16, torch::kFloat32}) {
-    for (const PairShape s : {PairShape{2, 64, 16, 1024}, PairShape{3, 7, 5, 200},
-                              PairShape{1, 5, 2, 8}}) {
+    for (const PairShape s :
+         {PairShape{2, 64, 16, 1024}, PairShape{3, 7, 5, 200}, PairShape{1, 5, 2, 8}}) {
       for (int used = 0; used < 3; ++used) {  // both outputs, the receiver only, the predecessor
         const auto options = torch::TensorOptions().dtype(dtype).device(kCuda);
         const auto features0 = torch::randn({s.rows, s.blocks, s.positions, s.rank}, options);

@@ -103,9 +103,9 @@ TEST(InjectionPairs, FusedRefusesWhatItCannotTakeByName) {
   if (!torch::cuda::is_available()) return;
   const auto f = features.to(torch::kCUDA), a = anchor.to(torch::kCUDA);
   EXPECT_TRUE(ops::injection_pairs_fusable(f, a));
-  EXPECT_FALSE(ops::injection_pairs_fusable(f, a.expand({2, 2, 8})));       // anchor not [.., 1, r]
+  EXPECT_FALSE(ops::injection_pairs_fusable(f, a.expand({2, 2, 8})));  // anchor not [.., 1, r]
   EXPECT_FALSE(ops::injection_pairs_fusable(f.narrow(2, 0, 6), a.narrow(2, 0, 6)));  // 24 bytes
-  EXPECT_FALSE(ops::injection_pairs_fusable(f.narrow(1, 0, 1), a));         // T = 1
+  EXPECT_FALSE(ops::injection_pairs_fusable(f.narrow(1, 0, 1), a));                  // T = 1
 }
 
 }  // namespace
