@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Builds and runs every GPU test and benchmark on the GPU machine in one go; logs under $OUT.
 # Uses the machine's torch 2.11 and packages (installs nothing); carry .whl for Liger-Kernel.
+# DEVICE_BUNDLE=FILE (carried): run the binaries scripts/pack_device_bundle.sh packed on the CPU
+# machine instead of building them here (about 300 s of device time saved).
 # Usage: scripts/device_check.sh
 #          [all|tests|gspo|target|attention|vocab|gemm|train|step|profile|testbed|ab]
 # (tests: every GPU test binary of `all`, test_trainer included, and no benchmark; gspo: the GSPO
@@ -32,6 +34,8 @@ trap pack_logs EXIT
 BUILD_DIR=build-device
 [[ $PHASE != ab || -f .ab-base/CMakeLists.txt ]] ||
   { echo "ab: no .ab-base/: git archive --prefix=.ab-base/ REV | tar -x, then carry .ab-base"; exit 1; }
+[[ $PHASE != ab || -z ${DEVICE_BUNDLE:-} ]] ||
+  { echo "ab builds both trees here; DEVICE_BUNDLE serves the other phases"; exit 1; }
 start=$(date +%s)
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
   python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'; } > "$OUT/device.txt" 2>&1
@@ -60,10 +64,25 @@ if [[ $PHASE == ab ]]; then
     > "$OUT/build_ab_base.log" 2>&1 &
   base_build=$!
 fi
-{ cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$TORCH_PREFIX" &&
-  ninja -C "$BUILD_DIR" -j "$build_jobs" "${targets[@]}"; } > "$OUT/build.log" 2>&1 ||
-  { grep -E -A12 "error|FAILED" "$OUT/build.log" | head -80; exit 1; }
-echo "build ok in $(( $(date +%s) - start )) s"
+if [[ -n ${DEVICE_BUNDLE:-} ]]; then
+  # Binaries built on the CPU machine (scripts/pack_device_bundle.sh) instead of a build here:
+  # torch's and CUDA's libraries come from this machine's python3, the rest from the bundle.
+  rm -rf "$BUILD_DIR" && mkdir -p "$BUILD_DIR" && xz -dc "$DEVICE_BUNDLE" | tar -xf - -C "$BUILD_DIR" ||
+    { echo "DEVICE_BUNDLE=$DEVICE_BUNDLE: cannot unpack it"; exit 1; }
+  source_dir=$(cat "$BUILD_DIR/source_dir.txt")  # where the tests look for configs and data
+  [[ -e $source_dir ]] || { mkdir -p "$(dirname "$source_dir")" && ln -s "$PWD" "$source_dir"; }
+  site=$(python3 -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))')
+  nvidia_libs=$(ls -d "$site"/nvidia/*/lib 2>/dev/null | tr '\n' ':')
+  export LD_LIBRARY_PATH="$site/torch/lib:$nvidia_libs/usr/local/cuda/lib64:$PWD/$BUILD_DIR/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  missing=$(ldd "$BUILD_DIR"/tests/* "$BUILD_DIR"/bin/* | grep "not found" | sort -u)
+  [[ -z $missing ]] || { echo "DEVICE_BUNDLE: libraries not found:"; echo "$missing"; exit 1; }
+  echo "bundle unpacked in $(( $(date +%s) - start )) s"
+else
+  { cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$TORCH_PREFIX" &&
+    ninja -C "$BUILD_DIR" -j "$build_jobs" "${targets[@]}"; } > "$OUT/build.log" 2>&1 ||
+    { grep -E -A12 "error|FAILED" "$OUT/build.log" | head -80; exit 1; }
+  echo "build ok in $(( $(date +%s) - start )) s"
+fi
 
 status=0
 # test_dspine_fused_step: the recipe-size fused-vs-reference window (about 2 minutes; a run short
@@ -102,6 +121,17 @@ if [[ $PHASE == train ]]; then
   echo "done in $(( $(date +%s) - start )) s, status $status"
   exit $status
 fi
+# The step's largest GEMMs as ATen runs them and with each algorithm cuBLASLt offers, and the
+# project's GEMM beside them.
+gemm_bench() {
+  "$BUILD_DIR/bin/dspine-bench" gemm > "$OUT/bench_gemm.md" 2>&1 || status=1
+  cat "$OUT/bench_gemm.md"
+}
+if [[ $PHASE == gemm ]]; then
+  gemm_bench
+  echo "done in $(( $(date +%s) - start )) s, status $status"
+  exit $status
+fi
 # The recipe-size RL window beside the supervised replay, with the window's kernel profile
 # (docs/benchmarks.md, "GSPO RL step"); from random inputs, no checkpoint.
 gspo_rl_step() {
@@ -112,7 +142,7 @@ tests=(test_fused_norm_mlp test_gspo_gpu test_gspo_policy_gpu test_logit_rows_gp
   test_dspine_fused_step test_random_source_gpu test_qwen3_model_gpu test_block_attention_gpu test_kernel_profile_gpu
   test_dspine_objective test_trainer test_trainer_start test_vocab_objective_gpu test_fused_vocabulary
   test_injection_residual_gpu test_qk_norm_rope_gpu test_master_adamw_gpu test_wgmma_probe_gpu
-  test_cosine_alignment_gpu test_candidate_scores_gpu)
+  test_cosine_alignment_gpu test_candidate_scores_gpu test_gemm_gpu)
 [[ $PHASE == gspo ]] && tests=(test_gspo_policy_gpu test_logit_rows_gpu test_vocab_objective_gpu)
 [[ $PHASE == target || $PHASE == testbed ]] && tests=(test_qwen3_model_gpu)
 [[ $PHASE == attention ]] && tests=(test_wgmma_probe_gpu test_block_attention_gpu
@@ -177,16 +207,6 @@ vocab_bench() {
   "$BUILD_DIR/bin/dspine-bench" vocab > "$OUT/bench_vocab.log" 2>&1 || status=1
   tail -32 "$OUT/bench_vocab.log"
 }
-# The step's largest GEMMs as ATen runs them and with each algorithm cuBLASLt offers.
-gemm_bench() {
-  "$BUILD_DIR/bin/dspine-bench" gemm > "$OUT/bench_gemm.md" 2>&1 || status=1
-  cat "$OUT/bench_gemm.md"
-}
-if [[ $PHASE == gemm ]]; then
-  gemm_bench
-  echo "done in $(( $(date +%s) - start )) s, status $status"
-  exit $status
-fi
 if [[ $PHASE == step ]]; then
   attention_bench
   vocab_bench
