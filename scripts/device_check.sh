@@ -45,15 +45,12 @@ if compgen -G ".whl/liger_kernel-*.whl" >/dev/null; then
 fi
 command -v nvcc >/dev/null || export PATH="/usr/local/cuda/bin:$PATH"
 TORCH_PREFIX=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null)
-targets=(test_fused_norm_mlp test_gspo_gpu test_gspo_policy_gpu test_logit_rows_gpu
-  test_dspine_fused_step test_random_source_gpu test_qwen3_model_gpu test_block_attention_gpu test_kernel_profile_gpu
-  test_dspine_objective test_trainer test_trainer_start test_vocab_objective_gpu test_fused_vocabulary
-  test_injection_residual_gpu test_qk_norm_rope_gpu test_master_adamw_gpu test_wgmma_probe_gpu
-  test_cosine_alignment_gpu test_candidate_scores_gpu test_gemm_gpu dspine-bench attention-check)
+source scripts/gpu_tests.sh
+targets=("${gpu_tests[@]}" dspine-bench attention-check)
 [[ $PHASE == train || $PHASE == profile || $PHASE == ab || $PHASE == gemm ]] && targets=(dspine-bench)
 [[ $PHASE == testbed ]] && targets=(test_qwen3_model_gpu dspine-train dspine-eval)
 [[ $PHASE == gspo ]] && targets=(test_gspo_policy_gpu test_logit_rows_gpu test_vocab_objective_gpu dspine-bench)
-[[ $PHASE == tests ]] && targets=("${targets[@]:0:${#targets[@]}-2}")  # no benchmark binaries
+[[ $PHASE == tests ]] && targets=("${gpu_tests[@]}")  # no benchmark binaries
 # ab: the base tree builds beside this one, each on half the cores (together about 250 s on the
 # H200 machine's 16 cores).
 build_jobs=$(nproc)
@@ -138,11 +135,7 @@ gspo_rl_step() {
   scripts/bench_gspo_step.sh "$BUILD_DIR" > "$OUT/bench_gspo_step.md" 2>&1 || status=1
   cat "$OUT/bench_gspo_step.md"
 }
-tests=(test_fused_norm_mlp test_gspo_gpu test_gspo_policy_gpu test_logit_rows_gpu
-  test_dspine_fused_step test_random_source_gpu test_qwen3_model_gpu test_block_attention_gpu test_kernel_profile_gpu
-  test_dspine_objective test_trainer test_trainer_start test_vocab_objective_gpu test_fused_vocabulary
-  test_injection_residual_gpu test_qk_norm_rope_gpu test_master_adamw_gpu test_wgmma_probe_gpu
-  test_cosine_alignment_gpu test_candidate_scores_gpu test_gemm_gpu)
+tests=("${gpu_tests[@]}")
 [[ $PHASE == gspo ]] && tests=(test_gspo_policy_gpu test_logit_rows_gpu test_vocab_objective_gpu)
 [[ $PHASE == target || $PHASE == testbed ]] && tests=(test_qwen3_model_gpu)
 [[ $PHASE == attention ]] && tests=(test_wgmma_probe_gpu test_block_attention_gpu

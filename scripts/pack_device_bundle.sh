@@ -13,12 +13,8 @@ cd "$(dirname "$0")/.."
 BUILD_DIR=${1:-build}
 OUT_FILE=${2:-.device-bundle.txz}
 # Every binary device_check.sh runs from $BUILD_DIR, by the directory it expects them in.
-tests=(test_fused_norm_mlp test_gspo_gpu test_gspo_policy_gpu test_logit_rows_gpu
-  test_dspine_fused_step test_random_source_gpu test_qwen3_model_gpu test_block_attention_gpu
-  test_kernel_profile_gpu test_dspine_objective test_trainer test_trainer_start
-  test_vocab_objective_gpu test_fused_vocabulary test_injection_residual_gpu test_qk_norm_rope_gpu
-  test_master_adamw_gpu test_wgmma_probe_gpu test_cosine_alignment_gpu test_candidate_scores_gpu
-  test_gemm_gpu)
+source scripts/gpu_tests.sh
+tests=("${gpu_tests[@]}")
 tools=(dspine-bench dspine-train dspine-eval attention-check)
 bundled_libs=(libyaml-cpp libspdlog libfmt libmpi_cxx)
 
