@@ -79,6 +79,7 @@ __global__ void injection_residual_backward_kernel(const T* __restrict__ grad,
                                                    const T* __restrict__ h,
                                                    const T* __restrict__ delta,
                                                    const float* __restrict__ rms,
+                                                   const float* __restrict__ extra_dot,
                                                    T* __restrict__ grad_h,
                                                    T* __restrict__ grad_delta, InjectionRows s) {
   constexpr int kVec = RowPacks<T, kItems>::kVec;
@@ -109,7 +110,9 @@ __global__ void injection_residual_backward_kernel(const T* __restrict__ grad,
   }
   const float r = rms[row];
   // d rms / d h = h / (H · rms); at rms = 0 the norm's subgradient 0, as ATen's norm backward.
-  const float c = r > 0.f ? block_sum(dot, scratch) / (float(s.hidden) * r) : 0.f;
+  // extra_dot: the rest of the loss's derivative by rms, from other uses of it.
+  const float extra = extra_dot != nullptr ? extra_dot[row] : 0.f;
+  const float c = r > 0.f ? (block_sum(dot, scratch) + extra) / (float(s.hidden) * r) : 0.f;
 #pragma unroll
   for (int i = 0; i < kItems; ++i) {
     const int p = threadIdx.x + i * blockDim.x;
@@ -197,8 +200,9 @@ cudaError_t injection_residual_forward(const void* h, const void* delta, void* o
 }
 
 cudaError_t injection_residual_backward(const void* grad, const void* h, const void* delta,
-                                        const float* rms, void* grad_h, void* grad_delta,
-                                        const InjectionRows& s, cudaStream_t stream) {
+                                        const float* rms, const float* extra_dot, void* grad_h,
+                                        void* grad_delta, const InjectionRows& s,
+                                        cudaStream_t stream) {
   if (s.rows == 0) return cudaSuccess;
   for (const void* p : {grad, h, delta, static_cast<const void*>(grad_h),
                         static_cast<const void*>(grad_delta)}) {
@@ -209,7 +213,7 @@ cudaError_t injection_residual_backward(const void* grad, const void* h, const v
     injection_residual_backward_kernel<T, decltype(items)::value>
         <<<unsigned(s.rows), threads_for(s), 0, stream>>>(
             static_cast<const T*>(grad), static_cast<const T*>(h), static_cast<const T*>(delta),
-            rms, static_cast<T*>(grad_h), static_cast<T*>(grad_delta), s);
+            rms, extra_dot, static_cast<T*>(grad_h), static_cast<T*>(grad_delta), s);
     return cudaGetLastError();
   });
 }

@@ -28,10 +28,12 @@ bool injection_residual_supported(int64_t hidden, DType type);
 cudaError_t injection_residual_forward(const void* h, const void* delta, void* out, float* rms,
                                        const InjectionRows& shape, cudaStream_t stream);
 
-// dh = g + (Σ g·delta) · h / (H · rms) (g alone on skipped rows and where rms = 0);
-// ddelta = rms · g.
+// dh = g + (Σ g·delta + e) · h / (H · rms) (g alone on skipped rows and where rms = 0);
+// ddelta = rms · g. e = extra_dot[row] is the derivative by rms from its other uses (the readout
+// of the output, ops::injection_residual_readout_fused); extra_dot may be null (e = 0).
 cudaError_t injection_residual_backward(const void* grad, const void* h, const void* delta,
-                                        const float* rms, void* grad_h, void* grad_delta,
-                                        const InjectionRows& shape, cudaStream_t stream);
+                                        const float* rms, const float* extra_dot, void* grad_h,
+                                        void* grad_delta, const InjectionRows& shape,
+                                        cudaStream_t stream);
 
 }  // namespace dspine::kernels

@@ -47,7 +47,10 @@ AdjacentInjectionImpl::AdjacentInjectionImpl(int64_t hidden_size, int64_t transf
 constexpr double kZeroNorm = 1e-12;
 
 torch::Tensor AdjacentInjectionImpl::feature(const torch::Tensor& h, int64_t layer) {
-  auto readout = readout_layers.at(layer)(h);
+  return normalize(readout_layers.at(layer)(h));
+}
+
+torch::Tensor AdjacentInjectionImpl::normalize(const torch::Tensor& readout) {
   if (fused_ && readout.is_cuda()) {
     // sqrt(r) · p / ‖p‖ is RMSNorm with unit weight: one kernel each way.
     if (!unit_weight_.defined() || unit_weight_.device() != readout.device() ||
@@ -61,14 +64,19 @@ torch::Tensor AdjacentInjectionImpl::feature(const torch::Tensor& h, int64_t lay
   }
   auto p = readout.to(torch::kFloat32);
   auto unit = p / p.norm(2, -1, true).clamp_min(kZeroNorm);
-  return (std::sqrt(static_cast<double>(rank_)) * unit).to(h.scalar_type());
+  return (std::sqrt(static_cast<double>(rank_)) * unit).to(readout.scalar_type());
+}
+
+torch::Tensor AdjacentInjectionImpl::messages(const torch::Tensor& receiver,
+                                              const torch::Tensor& pred) {
+  auto p = pred.to(receiver.scalar_type());
+  auto gate = torch::sigmoid(receiver_gate(receiver) + predecessor_gate(p) + bias);
+  return gate * message(p);
 }
 
 torch::Tensor AdjacentInjectionImpl::delta(const torch::Tensor& receiver, const torch::Tensor& pred,
                                            int64_t layer) {
-  auto p = pred.to(receiver.scalar_type());
-  auto gate = torch::sigmoid(receiver_gate(receiver) + predecessor_gate(p) + bias);
-  return write_layers.at(layer)(gate * message(p));
+  return write_layers.at(layer)(messages(receiver, pred));
 }
 
 torch::Tensor AdjacentInjectionImpl::residual(const torch::Tensor& h, const torch::Tensor& delta,
@@ -89,12 +97,30 @@ torch::Tensor AdjacentInjectionImpl::scaled_codes(const torch::Tensor& codes,
   return std::sqrt(static_cast<double>(rank_)) * torch::embedding(codes, ids);
 }
 
-torch::Tensor AdjacentInjectionImpl::forward(const torch::Tensor& h, int64_t layer,
-                                             const torch::Tensor& token_ids,
-                                             const torch::Tensor& codes,
-                                             const torch::Tensor& replace) {
+AdjacentInjectionImpl::Output AdjacentInjectionImpl::write_with_feature(
+    const torch::Tensor& h, const torch::Tensor& readout, const torch::Tensor& messages,
+    int64_t layer) {
+  const auto& write = write_layers.at(layer)->weight;  // [H, m]
+  auto delta = torch::nn::functional::linear(messages, write);
+  // readout(rms · delta) = rms · messages · (readout · write)ᵀ: a rank-m product instead of one
+  // over H; the write's rms comes from the residual kernel (one node, one pass over h each way).
+  auto through = torch::matmul(readout_layers.at(layer)->weight, write);  // [r, m]
+  auto delta_readout = torch::nn::functional::linear(messages, through);
+  auto [out, out_readout] =
+      ops::injection_residual_readout_fusable(h, delta, readout, delta_readout, true)
+          ? ops::injection_residual_readout_fused(h, delta, readout, delta_readout, true)
+          : ops::injection_residual_readout_reference(h, delta, readout, delta_readout, true);
+  return {out, normalize(out_readout)};
+}
+
+AdjacentInjectionImpl::Output AdjacentInjectionImpl::forward(const torch::Tensor& h, int64_t layer,
+                                                             const torch::Tensor& token_ids,
+                                                             const torch::Tensor& codes,
+                                                             const torch::Tensor& replace,
+                                                             bool with_feature) {
   const int64_t proposals = h.size(2) - 1;
-  auto features = feature(h, layer);
+  auto readout = readout_layers.at(layer)(h);
+  auto features = normalize(readout);
   auto anchor = scaled_codes(codes, token_ids.slice(2, 0, 1)).to(features.scalar_type());
   // Proposal k receives at slot k + 1 and reads its predecessor at slot k (the anchor's code at 0).
   auto [receiver, pred] = fused_ && ops::injection_pairs_fusable(features, anchor)
@@ -105,7 +131,10 @@ torch::Tensor AdjacentInjectionImpl::forward(const torch::Tensor& h, int64_t lay
     pred = torch::where(replace.to(torch::kBool).view({replace.size(0), replace.size(1), 1, 1}),
                         truth, pred);
   }
-  return residual(h, delta(receiver, pred, layer), /*skip_first=*/true);
+  if (with_feature && fused_)
+    return write_with_feature(h, readout, messages(receiver, pred), layer);
+  auto out = residual(h, delta(receiver, pred, layer), /*skip_first=*/true);
+  return {out, with_feature ? feature(out, layer) : torch::Tensor()};
 }
 
 }  // namespace dspine::model

@@ -31,15 +31,27 @@ class AdjacentInjectionImpl : public torch::nn::Module {
   torch::Tensor write(const torch::Tensor& h, const torch::Tensor& receiver,
                       const torch::Tensor& pred, int64_t layer);
 
-  // writes[layer](sigmoid(receiver_gate(receiver) + predecessor_gate(pred) + bias)
-  //               * message(pred)); pred is cast to receiver's dtype first.
+  // writes[layer](messages(receiver, pred)).
   torch::Tensor delta(const torch::Tensor& receiver, const torch::Tensor& pred, int64_t layer);
+
+  // sigmoid(receiver_gate(receiver) + predecessor_gate(pred) + bias) * message(pred), pred cast
+  // to receiver's dtype first: [..., m].
+  torch::Tensor messages(const torch::Tensor& receiver, const torch::Tensor& pred);
+
+  struct Output {
+    torch::Tensor out;      // the written state [B, N, bs, H]
+    torch::Tensor feature;  // feature(out, layer) when asked for, else undefined
+  };
 
   // h [B, N, bs, H] pre-injection state of `layer`; token_ids [B, N, bs] (slot 0 = anchor);
   // codes [V, r]; replace [B, N] bool or undefined. Slot 0 is never written. Blocks with
   // replace = true use the true tokens' codes as predecessors when layer < replacement_layers.
-  torch::Tensor forward(const torch::Tensor& h, int64_t layer, const torch::Tensor& token_ids,
-                        const torch::Tensor& codes, const torch::Tensor& replace);
+  // With `with_feature`, also the written state's feature; fused, its readout is readout(h) plus
+  // rms(h) times the messages through readouts[layer]·writes[layer] ([r, m]), not a product
+  // over H (docs/model.md, "Adjacent injection and the transfer space").
+  Output forward(const torch::Tensor& h, int64_t layer, const torch::Tensor& token_ids,
+                 const torch::Tensor& codes, const torch::Tensor& replace,
+                 bool with_feature = false);
 
   // sqrt(r) * codes[ids]: [..., r] in the codes' dtype.
   torch::Tensor scaled_codes(const torch::Tensor& codes, const torch::Tensor& ids) const;
@@ -52,6 +64,12 @@ class AdjacentInjectionImpl : public torch::nn::Module {
  private:
   // h + rms(h) · delta; with skip_first, slot 0 of every block is kept and delta covers slots 1..
   torch::Tensor residual(const torch::Tensor& h, const torch::Tensor& delta, bool skip_first);
+  // sqrt(r) * normalize(readout) in the readout's dtype.
+  torch::Tensor normalize(const torch::Tensor& readout);
+  // The written state and its feature from readout = readouts[layer](h), with the readout of
+  // the write taken through the messages (fused path of `forward`).
+  Output write_with_feature(const torch::Tensor& h, const torch::Tensor& readout,
+                            const torch::Tensor& messages, int64_t layer);
 
   int64_t hidden_size_, rank_, replacement_layers_;
   bool fused_;

@@ -16,15 +16,18 @@ DecoderLayerImpl::DecoderLayerImpl(const core::ModelConfig& c, bool fused) {
 
 torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& x, const torch::Tensor& context,
                                         const AttentionMask& mask, const RopeTables& rope) {
-  torch::Tensor attended;
+  torch::Tensor attended, residual;
   {
     RECORD_USER_SCOPE("dspine.attention");  // named in profiles (scripts/profile_by_op.py)
-    attended = self_attn(input_layernorm(x), context, mask, rope);
+    // x is normed and is the residual: fused, its two gradients meet in the norm's kernel.
+    auto [passed, normed_input] = input_layernorm->forward_residual(x);
+    residual = passed;
+    attended = self_attn(normed_input, context, mask, rope);
   }
   RECORD_USER_SCOPE("dspine.mlp");
   // The residual add and the post-attention norm in one pass (one fused kernel each way); the
   // MLP's residual is added in its down projection.
-  auto [h, normed] = post_attention_layernorm->forward_add(attended, x);
+  auto [h, normed] = post_attention_layernorm->forward_add(attended, residual);
   return mlp->forward_add(normed, h);
 }
 

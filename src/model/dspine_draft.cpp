@@ -128,9 +128,10 @@ DraftOutput DSpineDraftImpl::forward(const torch::Tensor& position_ids,
     x = leave(unit, layer_modules[i](x, ctx, mask, rope));
     pre = x.view({rows, blocks, bs, hidden});
     RECORD_USER_SCOPE("dspine.injection");
-    auto y = injection->forward(pre, i, block_token_ids, transfer_codes, replace_mask);
-    if (layer_features) features.push_back(injection->feature(y, i));
-    x = y.view({rows, queries, hidden});
+    auto injected =
+        injection->forward(pre, i, block_token_ids, transfer_codes, replace_mask, layer_features);
+    if (layer_features) features.push_back(injected.feature);
+    x = injected.out.view({rows, queries, hidden});
   }
   return {norm(x).view({rows, blocks, bs, hidden}), pre,
           layer_features ? torch::stack(features) : torch::Tensor()};

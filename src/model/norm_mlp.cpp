@@ -63,6 +63,13 @@ std::pair<torch::Tensor, torch::Tensor> RMSNormImpl::forward_add(const torch::Te
   return ops::add_rms_norm_fused(x, residual, weight, eps);
 }
 
+std::pair<torch::Tensor, torch::Tensor> RMSNormImpl::forward_residual(const torch::Tensor& x) {
+  if (!fused) return {x, ops::rms_norm_reference(x, weight, eps)};
+  require_cuda(x, "RMSNorm");
+  if (!ops::rms_norm_fusable(x, weight)) return {x, ops::rms_norm_reference(x, weight, eps)};
+  return ops::rms_norm_residual_fused(x, weight, eps);
+}
+
 SwiGLUMLPImpl::SwiGLUMLPImpl(int64_t hidden_size, int64_t intermediate_size, bool fused)
     : fused(fused) {
   auto linear = [](int64_t in, int64_t out) {

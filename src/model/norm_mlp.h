@@ -27,6 +27,9 @@ class RMSNormImpl : public torch::nn::Module {
   // when fused.
   std::pair<torch::Tensor, torch::Tensor> forward_add(const torch::Tensor& x,
                                                       const torch::Tensor& residual);
+  // {x, norm(x)} for an x that is also the residual: fused, both come from one autograd node
+  // whose backward adds the residual's gradient inside the norm's kernel (no separate sum).
+  std::pair<torch::Tensor, torch::Tensor> forward_residual(const torch::Tensor& x);
   torch::Tensor weight;
   double eps;
   bool fused;

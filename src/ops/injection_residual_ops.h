@@ -7,6 +7,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <utility>
+
 namespace dspine::ops {
 
 // rms accumulated in fp32 (fp64 for fp64 h; no widened copy of h), rounded to h's dtype, then
@@ -20,5 +22,30 @@ bool injection_residual_fusable(const at::Tensor& h, const at::Tensor& delta, bo
 // The fused kernels; throws dspine::Error naming the shapes when !injection_residual_fusable.
 at::Tensor injection_residual_fused(const at::Tensor& h, const at::Tensor& delta,
                                     bool skip_first);
+
+// The residual write and the readout of what it wrote, at once: {out, out_r} with out as above and
+// out_r = r + rms(h) · delta_r (r unchanged on skipped slots). When r = readout(h) and delta_r =
+// readout(delta) for a linear readout, out_r = readout(out) up to rounding: the adjacent
+// injection's layer features without a product over H (docs/model.md, "Adjacent injection and the
+// transfer space"). r is [..., T, R]; delta_r pairs with r as delta with h.
+std::pair<at::Tensor, at::Tensor> injection_residual_readout_reference(const at::Tensor& h,
+                                                                       const at::Tensor& delta,
+                                                                       const at::Tensor& r,
+                                                                       const at::Tensor& delta_r,
+                                                                       bool skip_first);
+
+// injection_residual_fusable(h, delta) with r and delta_r of h's dtype and device, paired alike.
+bool injection_residual_readout_fusable(const at::Tensor& h, const at::Tensor& delta,
+                                        const at::Tensor& r, const at::Tensor& delta_r,
+                                        bool skip_first);
+
+// The write by the fused kernels and the readout's update in ATen (rms in fp32, rounded once),
+// one autograd node: the readout's derivative by rms reaches the kernel's backward, so h's
+// gradient is one pass. Throws dspine::Error naming the shapes when not fusable.
+std::pair<at::Tensor, at::Tensor> injection_residual_readout_fused(const at::Tensor& h,
+                                                                   const at::Tensor& delta,
+                                                                   const at::Tensor& r,
+                                                                   const at::Tensor& delta_r,
+                                                                   bool skip_first);
 
 }  // namespace dspine::ops

@@ -118,6 +118,24 @@ struct AddRMSNormFunction : public torch::autograd::Function<AddRMSNormFunction>
   }
 };
 
+// x returned as an output (autograd makes it a view of x with this node's gradient edge) beside
+// its norm; the backward is AddRMSNormFunction's with x as the saved sum.
+struct RMSNormResidualFunction : public torch::autograd::Function<RMSNormResidualFunction> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+                               double eps) {
+    Forward out = launch_forward(x, nullptr, weight, eps);
+    ctx->save_for_backward({as_rows(x, x.size(-1)), weight.contiguous(), out.rstd});
+    return {x, out.y.view(x.sizes())};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    auto [dx, dweight] = launch_backward(grads[1], grads[0], saved[0], saved[1], saved[2]);
+    const auto shape = grads[1].defined() ? grads[1].sizes() : grads[0].sizes();
+    return {dx.view(shape), dweight, at::Tensor()};
+  }
+};
+
 }  // namespace
 
 at::Tensor rms_norm_reference(const at::Tensor& x, const at::Tensor& weight, double eps) {
@@ -157,6 +175,13 @@ std::pair<at::Tensor, at::Tensor> add_rms_norm_fused(const at::Tensor& x,
          c10::str(x.sizes()), c10::toString(x.scalar_type()), x.device().str());
   }
   auto outputs = AddRMSNormFunction::apply(x, residual, weight, eps);
+  return {outputs[0], outputs[1]};
+}
+
+std::pair<at::Tensor, at::Tensor> rms_norm_residual_fused(const at::Tensor& x,
+                                                          const at::Tensor& weight, double eps) {
+  require_fusable(x, weight);
+  auto outputs = RMSNormResidualFunction::apply(x, weight, eps);
   return {outputs[0], outputs[1]};
 }
 

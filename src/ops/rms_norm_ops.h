@@ -25,5 +25,9 @@ at::Tensor rms_norm_fused(const at::Tensor& x, const at::Tensor& weight, double 
 std::pair<at::Tensor, at::Tensor> add_rms_norm_fused(const at::Tensor& x,
                                                      const at::Tensor& residual,
                                                      const at::Tensor& weight, double eps);
+// {x (a view), norm(x)} as one node, for an x used both as a residual and normed: the backward
+// gives d(view) + d(norm) from the norm's kernel, where autograd would add the two in a pass.
+std::pair<at::Tensor, at::Tensor> rms_norm_residual_fused(const at::Tensor& x,
+                                                          const at::Tensor& weight, double eps);
 
 }  // namespace dspine::ops

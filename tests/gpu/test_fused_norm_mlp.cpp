@@ -132,6 +132,32 @@ TEST_P(FusedNorm, AddRMSNormForwardAndGradientsMatchReference) {
   }
 }
 
+// x used as a residual and normed, one node: its gradient is the residual's plus the norm's, as
+// autograd sums them around the reference; the first output is x's own values.
+TEST_P(FusedNorm, RMSNormWithResidualGradientMatchesReference) {
+  REQUIRE_CUDA();
+  const torch::Dtype dtype = GetParam();
+  torch::manual_seed(4);
+  for (const Shape s : kNormShapes) {
+    const auto x = torch::randn({s.rows, s.hidden}) * 3;
+    const auto w = torch::rand({s.hidden}) + 0.5;
+    const auto dpassed = torch::randn({s.rows, s.hidden});
+    const auto dy = torch::randn({s.rows, s.hidden});
+    auto fused = leaves({x, w}, dtype, kCuda);
+    auto ref = reference_leaves({x, w}, dtype);
+    auto [passed, y] = ops::rms_norm_residual_fused(fused[0], fused[1], 1e-6);
+    const auto y_ref = ops::rms_norm_reference(ref[0], ref[1], 1e-6);
+    const std::string what = label("rms_norm_residual", s, dtype);
+    EXPECT_TRUE(torch::equal(passed, fused[0])) << what;
+    torch::autograd::backward({passed, y}, {dpassed.to(kCuda, dtype), dy.to(kCuda, dtype)});
+    torch::autograd::backward({ref[0], y_ref},
+                              {as_reference(dpassed, dtype), as_reference(dy, dtype)});
+    expect_matches(y, y_ref, dtype, what + " y");
+    expect_matches(fused[0].grad(), ref[0].grad(), dtype, what + " dx");
+    expect_matches(fused[1].grad(), ref[1].grad(), dtype, what + " dweight");
+  }
+}
+
 TEST_P(FusedNorm, SwiGLUForwardAndGradientsMatchReference) {
   REQUIRE_CUDA();
   const torch::Dtype dtype = GetParam();

@@ -131,6 +131,61 @@ TEST(InjectionPairsGpu, EqualTheReferenceBitForBit) {
   }
 }
 
+// The write with its readout (ops::injection_residual_readout_fused) against the ATen reference,
+// as `check` does for the write alone, with the readout's gradient present, absent, or alone.
+TEST(InjectionResidualGpu, ReadoutOfTheWriteMatchesReference) {
+  REQUIRE_CUDA();
+  torch::manual_seed(7);
+  for (const torch::Dtype dtype : {torch::kFloat32, torch::kBFloat16}) {
+    for (int used = 0; used < 3; ++used) {  // both outputs, the write only, the readout only
+      const auto options = torch::TensorOptions().dtype(dtype).device(kCuda);
+      const int64_t rows = 2, blocks = 9, positions = 16, hidden = 4096, rank = 1024;
+      const auto h0 = torch::randn({rows, blocks, positions, hidden}, options);
+      const auto delta0 = torch::randn({rows, blocks, positions - 1, hidden}, options);
+      const auto r0 = torch::randn({rows, blocks, positions, rank}, options);
+      const auto delta_r0 = torch::randn({rows, blocks, positions - 1, rank}, options);
+      const auto grad = torch::randn(h0.sizes(), options.dtype(torch::kFloat32));
+      const auto grad_r = torch::randn(r0.sizes(), options.dtype(torch::kFloat32));
+      auto run_op = [&](bool fused, torch::Dtype as) {
+        std::vector<torch::Tensor> inputs;
+        for (const auto& t : {h0, delta0, r0, delta_r0}) {
+          inputs.push_back(t.to(as).requires_grad_(true));
+        }
+        auto [out, out_r] = fused ? ops::injection_residual_readout_fused(
+                                        inputs[0], inputs[1], inputs[2], inputs[3], true)
+                                  : ops::injection_residual_readout_reference(
+                                        inputs[0], inputs[1], inputs[2], inputs[3], true);
+        auto loss = torch::zeros({}, options.dtype(torch::kFloat32));
+        if (used != 2) loss = loss + (out.to(torch::kFloat32) * grad).sum();
+        if (used != 1) loss = loss + (out_r.to(torch::kFloat32) * grad_r).sum();
+        loss.backward();
+        std::vector<torch::Tensor> results{out.detach(), out_r.detach()};
+        for (auto& t : inputs) {
+          results.push_back(t.grad().defined() ? t.grad() : torch::zeros_like(t));
+        }
+        return results;
+      };
+      ASSERT_TRUE(ops::injection_residual_readout_fusable(h0, delta0, r0, delta_r0, true));
+      const auto fused = run_op(true, dtype);
+      const auto ref = run_op(false, torch::kFloat32);  // the oracle in fp32 on the same inputs
+      const double tolerance = dtype == torch::kFloat32 ? 1e-5 : 1e-2;
+      const char* names[] = {"out", "out_r", "dh", "ddelta", "dr", "ddelta_r"};
+      for (int i = 0; i < 6; ++i) {
+        const std::string what = std::string(c10::toString(dtype)) + " outputs used " +
+                                 std::to_string(used) + " " + names[i];
+        if (ref[i].abs().max().item<double>() == 0.0) {
+          EXPECT_EQ(fused[i].abs().max().item<double>(), 0.0) << what;
+          continue;
+        }
+        EXPECT_LE(norm_relative_error(fused[i], ref[i]), tolerance) << what;
+        EXPECT_GE(cosine(fused[i], ref[i]), 0.9999) << what;
+      }
+      // Slot 0 of the readout passes through unchanged.
+      EXPECT_TRUE(torch::equal(fused[1].select(2, 0), r0.select(2, 0))) << c10::toString(dtype);
+    }
+  }
+}
+
 TEST(InjectionResidualGpu, FusedModuleMatchesReferenceModule) {
   REQUIRE_CUDA();
   const int64_t hidden = 256, rank = 64, message = 32, layers = 2, positions = 8;
@@ -160,14 +215,13 @@ TEST(InjectionResidualGpu, FusedModuleMatchesReferenceModule) {
   auto tokens = torch::randint(0, 100, {2, 6, positions}, options.dtype(torch::kInt64));
   auto codes = torch::randn({100, rank}, options);
   auto replace = torch::rand({2, 6}, options.dtype(torch::kFloat32)) < 0.5;
-  // Random projections of the written state and of the next layer's feature (Σ feature² would
-  // be constant, its gradient pure rounding noise).
+  // Random projections of the written state and of its feature (Σ feature² would be constant,
+  // its gradient pure rounding noise); the fused module reads the feature through the messages.
   auto grad = torch::randn(h.sizes(), options.dtype(torch::kFloat32));
   auto feature_grad = torch::randn({2, 6, positions, rank}, options.dtype(torch::kFloat32));
   auto run_module = [&](model::AdjacentInjection& module, torch::Dtype dtype) {
     auto x = h.to(dtype).requires_grad_(true);
-    auto y = module->forward(x, 0, tokens, codes.to(dtype), replace);
-    auto features = module->feature(y, 1);
+    auto [y, features] = module->forward(x, 0, tokens, codes.to(dtype), replace, true);
     ((y.to(torch::kFloat32) * grad).sum() + (features.to(torch::kFloat32) * feature_grad).sum())
         .backward();
     std::vector<torch::Tensor> grads{x.grad()};

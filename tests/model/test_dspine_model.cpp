@@ -12,6 +12,7 @@
 #include "core/safetensors.h"
 #include "model/block_mask.h"
 #include "model/dspine_config.h"
+#include "model/adjacent_injection.h"
 #include "model/dspine_draft.h"
 #include "model/rope.h"
 #include "model/transfer_space.h"
@@ -221,8 +222,8 @@ TEST(DSpineInjection, ReplacementChangesOnlyReplacedBlocksOfEarlyLayers) {
   auto replace = torch::tensor({{true, false}, {false, true}});
   auto& inj = *draft->injection;
   for (int64_t layer = 0; layer < 3; ++layer) {
-    auto plain = inj.forward(h, layer, tokens, draft->transfer_codes, {});
-    auto replaced = inj.forward(h, layer, tokens, draft->transfer_codes, replace);
+    auto plain = inj.forward(h, layer, tokens, draft->transfer_codes, {}).out;
+    auto replaced = inj.forward(h, layer, tokens, draft->transfer_codes, replace).out;
     EXPECT_TRUE(torch::equal(replaced.select(2, 0), h.select(2, 0)));
     EXPECT_TRUE(torch::equal(replaced[0][1], plain[0][1]));
     EXPECT_TRUE(torch::equal(replaced[1][0], plain[1][0]));
@@ -235,6 +236,49 @@ TEST(DSpineInjection, ReplacementChangesOnlyReplacedBlocksOfEarlyLayers) {
       EXPECT_FALSE(torch::equal(replaced[1][1].slice(0, 2), plain[1][1].slice(0, 2)));
     }
   }
+}
+
+// The fused injection reads the written state's feature as readout(h) + rms(h) · messages ·
+// (readout · write)ᵀ instead of a readout over H; on the CPU that algebra runs through the ATen
+// op, in fp64, against the plain module: the same state, feature and gradients.
+TEST(DSpineInjection, FeatureOfTheWriteTakenThroughTheMessagesIsTheReadout) {
+  const int64_t hidden = 24, rank = 6, message = 4, layers = 2, positions = 5;
+  torch::manual_seed(11);
+  AdjacentInjection plain(hidden, rank, message, layers, 1, false);
+  AdjacentInjection factored(hidden, rank, message, layers, 1, true);
+  plain->to(torch::kFloat64);
+  factored->to(torch::kFloat64);
+  {
+    torch::NoGradGuard no_grad;
+    auto source = plain->parameters();
+    auto target = factored->parameters();
+    for (size_t i = 0; i < source.size(); ++i) target[i].copy_(source[i].normal_(0.0, 0.3));
+  }
+  const auto options = torch::TensorOptions().dtype(torch::kFloat64);
+  const auto h0 = torch::randn({2, 3, positions, hidden}, options);
+  const auto tokens = torch::randint(0, 10, {2, 3, positions}, torch::kInt64);
+  const auto codes = torch::randn({10, rank}, options);
+  const auto replace = torch::tensor({{true, false, true}, {false, false, true}});
+  const auto grad_out = torch::randn(h0.sizes(), options);
+  const auto grad_feature = torch::randn({2, 3, positions, rank}, options);
+  auto run_module = [&](AdjacentInjection& module) {
+    auto h = h0.clone().requires_grad_(true);
+    auto result = module->forward(h, 0, tokens, codes, replace, /*with_feature=*/true);
+    ((result.out * grad_out).sum() + (result.feature * grad_feature).sum()).backward();
+    std::vector<torch::Tensor> tensors{result.out.detach(), result.feature.detach(), h.grad()};
+    for (auto& p : module->parameters()) {
+      tensors.push_back(p.grad().defined() ? p.grad() : torch::zeros_like(p));
+    }
+    return tensors;
+  };
+  const auto expected = run_module(plain);
+  const auto got = run_module(factored);
+  ASSERT_EQ(got.size(), expected.size());
+  EXPECT_TRUE(torch::equal(got[0], expected[0])) << "the written state";
+  for (size_t i = 1; i < got.size(); ++i) {
+    EXPECT_TRUE(torch::allclose(got[i], expected[i], 1e-9, 1e-11)) << "tensor " << i;
+  }
+  EXPECT_GT(expected[1].abs().max().item<double>(), 0.1);
 }
 
 TEST(DSpineDraft, RefineOfSlotOneMatchesTheFinalHiddenState) {

@@ -72,6 +72,37 @@ TEST(InjectionResidual, FusedRefusesInputsItCannotTakeByName) {
   }
 }
 
+// For a linear readout R, r = h·Rᵀ and delta_r = delta·Rᵀ give the readout of the written
+// state; the write itself is injection_residual_reference's, bit for bit.
+TEST(InjectionResidual, ReadoutReferenceIsTheReadoutOfTheWrite) {
+  torch::manual_seed(4);
+  const auto f64 = torch::TensorOptions().dtype(torch::kFloat64);
+  for (bool skip_first : {false, true}) {
+    auto h = torch::randn({2, 3, 5, 24}, f64);
+    auto delta = torch::randn({2, 3, skip_first ? 4 : 5, 24}, f64);
+    auto readout = torch::randn({7, 24}, f64);
+    auto [out, out_r] = ops::injection_residual_readout_reference(
+        h, delta, torch::matmul(h, readout.t()), torch::matmul(delta, readout.t()), skip_first);
+    EXPECT_TRUE(torch::equal(out, ops::injection_residual_reference(h, delta, skip_first)));
+    EXPECT_TRUE(torch::allclose(out_r, torch::matmul(out, readout.t()), 1e-12, 1e-12));
+  }
+}
+
+TEST(InjectionResidual, ReadoutFusedRefusesInputsItCannotTakeByName) {
+  auto h = torch::randn({2, 4, 8});
+  EXPECT_FALSE(ops::injection_residual_readout_fusable(
+      h, torch::randn({2, 3, 8}), torch::randn({2, 4, 2}), torch::randn({2, 3, 2}), true));  // CPU
+  try {
+    ops::injection_residual_readout_fused(h, torch::randn({2, 3, 8}), torch::randn({2, 4, 2}),
+                                          torch::randn({2, 4, 2}), true);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    const std::string text = e.what();
+    EXPECT_NE(text.find("delta_r [2, 4, 2]"), std::string::npos) << text;
+    EXPECT_NE(text.find("skip_first true"), std::string::npos) << text;
+  }
+}
+
 TEST(InjectionPairs, ReferenceReceivesAtTheNextSlotAndReadsThePrevious) {
   // features[b][j] = 10·b + j in every column, the anchor's code -1 - b.
   const auto features = (torch::arange(3).view({3, 1, 1}) * 10 + torch::arange(4).view({1, 4, 1}))
