@@ -36,10 +36,73 @@ __device__ __forceinline__ int64_t delta_row(int64_t row, const InjectionRows& s
   return row / s.positions * (s.positions - 1) + row % s.positions - 1;
 }
 
+// The readout rows on the device (InjectionReadout with typed pointers); width 0 when absent.
+template <typename T>
+struct ReadoutRows {
+  int nvec = 0;  // 16-byte packs per row
+  const T* r = nullptr;
+  const T* delta_r = nullptr;
+  T* out_r = nullptr;
+  const T* grad_r = nullptr;
+  T* grad_delta_r = nullptr;
+};
+
+template <typename T>
+ReadoutRows<T> readout_rows(const InjectionReadout* readout) {
+  ReadoutRows<T> rows;
+  if (readout == nullptr) return rows;
+  rows.nvec = int(readout->width * int64_t(sizeof(T)) / 16);
+  rows.r = static_cast<const T*>(readout->r);
+  rows.delta_r = static_cast<const T*>(readout->delta_r);
+  rows.out_r = static_cast<T*>(readout->out_r);
+  rows.grad_r = static_cast<const T*>(readout->grad_r);
+  rows.grad_delta_r = static_cast<T*>(readout->grad_delta_r);
+  return rows;
+}
+
+// out_r = r + rms · delta_r over a row's packs (r alone on skipped rows), rounded once.
+template <typename T>
+__device__ void write_readout_row(const ReadoutRows<T>& o, int64_t row, int64_t drow, float rms,
+                                  bool skipped) {
+  constexpr int kVec = 16 / sizeof(T);
+  for (int p = threadIdx.x; p < o.nvec; p += blockDim.x) {
+    auto y = load_pack<T, kVec>(o.r + row * o.nvec * kVec + int64_t(p) * kVec);
+    if (!skipped) {
+      const auto d = load_pack<T, kVec>(o.delta_r + drow * o.nvec * kVec + int64_t(p) * kVec);
+#pragma unroll
+      for (int k = 0; k < kVec; ++k)
+        y.v[k] = from_float<T>(to_float(y.v[k]) + rms * to_float(d.v[k]));
+    }
+    store_pack(o.out_r + row * o.nvec * kVec + int64_t(p) * kVec, y);
+  }
+}
+
+// This thread's share of Σ grad_r · delta_r over a written row; writes grad_delta_r = rms·grad_r.
+template <typename T>
+__device__ float readout_gradient_row(const ReadoutRows<T>& o, int64_t row, int64_t drow,
+                                      float rms) {
+  constexpr int kVec = 16 / sizeof(T);
+  float dot = 0.f;
+  if (o.grad_r == nullptr) return dot;
+  for (int p = threadIdx.x; p < o.nvec; p += blockDim.x) {
+    const auto g = load_pack<T, kVec>(o.grad_r + row * o.nvec * kVec + int64_t(p) * kVec);
+    const auto d = load_pack<T, kVec>(o.delta_r + drow * o.nvec * kVec + int64_t(p) * kVec);
+    Pack<T, kVec> gd;
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) {
+      dot += to_float(g.v[k]) * to_float(d.v[k]);
+      gd.v[k] = from_float<T>(rms * to_float(g.v[k]));
+    }
+    store_pack(o.grad_delta_r + drow * o.nvec * kVec + int64_t(p) * kVec, gd);
+  }
+  return dot;
+}
+
 template <typename T, int kItems>
 __global__ void injection_residual_forward_kernel(const T* __restrict__ h,
                                                   const T* __restrict__ delta, T* __restrict__ out,
-                                                  float* __restrict__ rms, InjectionRows s) {
+                                                  float* __restrict__ rms, InjectionRows s,
+                                                  ReadoutRows<T> readout) {
   constexpr int kVec = RowPacks<T, kItems>::kVec;
   __shared__ float scratch[32];
   const int nvec = int(s.hidden / kVec);
@@ -58,6 +121,7 @@ __global__ void injection_residual_forward_kernel(const T* __restrict__ h,
   // Uniform per block: every thread reaches the block sum or none does.
   const float r = skipped ? 0.f : sqrtf(block_sum(sumsq, scratch) / float(s.hidden));
   if (threadIdx.x == 0) rms[row] = r;
+  if (readout.nvec > 0) write_readout_row(readout, row, delta_row(row, s), r, skipped);
   RowPacks<T, kItems> d;
   if (!skipped) d.load(delta + delta_row(row, s) * s.hidden, nvec);
 #pragma unroll
@@ -79,9 +143,9 @@ __global__ void injection_residual_backward_kernel(const T* __restrict__ grad,
                                                    const T* __restrict__ h,
                                                    const T* __restrict__ delta,
                                                    const float* __restrict__ rms,
-                                                   const float* __restrict__ extra_dot,
                                                    T* __restrict__ grad_h,
-                                                   T* __restrict__ grad_delta, InjectionRows s) {
+                                                   T* __restrict__ grad_delta, InjectionRows s,
+                                                   ReadoutRows<T> readout) {
   constexpr int kVec = RowPacks<T, kItems>::kVec;
   __shared__ float scratch[32];
   const int nvec = int(s.hidden / kVec);
@@ -109,10 +173,9 @@ __global__ void injection_residual_backward_kernel(const T* __restrict__ grad,
     }
   }
   const float r = rms[row];
+  if (readout.nvec > 0) dot += readout_gradient_row(readout, row, drow, r);
   // d rms / d h = h / (H · rms); at rms = 0 the norm's subgradient 0, as ATen's norm backward.
-  // extra_dot: the rest of the loss's derivative by rms, from other uses of it.
-  const float extra = extra_dot != nullptr ? extra_dot[row] : 0.f;
-  const float c = r > 0.f ? (block_sum(dot, scratch) + extra) / (float(s.hidden) * r) : 0.f;
+  const float c = r > 0.f ? block_sum(dot, scratch) / (float(s.hidden) * r) : 0.f;
 #pragma unroll
   for (int i = 0; i < kItems; ++i) {
     const int p = threadIdx.x + i * blockDim.x;
@@ -170,6 +233,17 @@ cudaError_t dispatch(const InjectionRows& s, F&& f) {
   });
 }
 
+// A readout's width and pointers the kernels take (null: none).
+cudaError_t check_readout(const InjectionReadout* readout, DType type) {
+  if (readout == nullptr) return cudaSuccess;
+  if (!injection_readout_supported(readout->width, type)) return cudaErrorInvalidValue;
+  for (const void* p : {readout->r, readout->delta_r, static_cast<const void*>(readout->out_r),
+                        readout->grad_r, static_cast<const void*>(readout->grad_delta_r)}) {
+    if (p != nullptr && !detail::aligned16(p)) return cudaErrorMisalignedAddress;
+  }
+  return cudaSuccess;
+}
+
 int threads_for(const InjectionRows& s) {
   const int64_t nvec = packs_per_row(s.hidden, s.type);
   const int items = items_for(nvec);
@@ -178,32 +252,48 @@ int threads_for(const InjectionRows& s) {
 
 }  // namespace
 
+bool injection_readout_supported(int64_t width, DType type) {
+  return width > 0 && width * int64_t(detail::dtype_size(type)) % 16 == 0;
+}
+
 bool injection_residual_supported(int64_t hidden, DType type) {
   const int64_t bytes = hidden * int64_t(detail::dtype_size(type));
   return hidden > 0 && bytes % 16 == 0 && items_for(bytes / 16) > 0;
 }
 
 cudaError_t injection_residual_forward(const void* h, const void* delta, void* out, float* rms,
-                                       const InjectionRows& s, cudaStream_t stream) {
+                                       const InjectionRows& s, cudaStream_t stream,
+                                       const InjectionReadout* readout) {
   if (s.rows == 0) return cudaSuccess;
   if (!detail::aligned16(h) || !detail::aligned16(delta) || !detail::aligned16(out)) {
     return cudaErrorMisalignedAddress;
   }
+  if (readout != nullptr && (readout->r == nullptr || readout->delta_r == nullptr ||
+                             readout->out_r == nullptr)) {
+    return cudaErrorInvalidValue;
+  }
+  if (const cudaError_t e = check_readout(readout, s.type); e != cudaSuccess) return e;
   return dispatch(s, [&](auto tag, auto items) {
     using T = typename decltype(tag)::type;
     injection_residual_forward_kernel<T, decltype(items)::value>
         <<<unsigned(s.rows), threads_for(s), 0, stream>>>(static_cast<const T*>(h),
                                                           static_cast<const T*>(delta),
-                                                          static_cast<T*>(out), rms, s);
+                                                          static_cast<T*>(out), rms, s,
+                                                          readout_rows<T>(readout));
     return cudaGetLastError();
   });
 }
 
 cudaError_t injection_residual_backward(const void* grad, const void* h, const void* delta,
-                                        const float* rms, const float* extra_dot, void* grad_h,
-                                        void* grad_delta, const InjectionRows& s,
-                                        cudaStream_t stream) {
+                                        const float* rms, void* grad_h, void* grad_delta,
+                                        const InjectionRows& s, cudaStream_t stream,
+                                        const InjectionReadout* readout) {
   if (s.rows == 0) return cudaSuccess;
+  if (readout != nullptr && readout->grad_r != nullptr &&
+      (readout->delta_r == nullptr || readout->grad_delta_r == nullptr)) {
+    return cudaErrorInvalidValue;
+  }
+  if (const cudaError_t e = check_readout(readout, s.type); e != cudaSuccess) return e;
   for (const void* p : {grad, h, delta, static_cast<const void*>(grad_h),
                         static_cast<const void*>(grad_delta)}) {
     if (!detail::aligned16(p)) return cudaErrorMisalignedAddress;
@@ -213,7 +303,8 @@ cudaError_t injection_residual_backward(const void* grad, const void* h, const v
     injection_residual_backward_kernel<T, decltype(items)::value>
         <<<unsigned(s.rows), threads_for(s), 0, stream>>>(
             static_cast<const T*>(grad), static_cast<const T*>(h), static_cast<const T*>(delta),
-            rms, extra_dot, static_cast<T*>(grad_h), static_cast<T*>(grad_delta), s);
+            rms, static_cast<T*>(grad_h), static_cast<T*>(grad_delta), s,
+            readout_rows<T>(readout));
     return cudaGetLastError();
   });
 }

@@ -24,16 +24,32 @@ struct InjectionRows {
 // Whether the kernels take rows of `hidden` elements of `type` (16-byte packs, ≤ 8 per thread).
 bool injection_residual_supported(int64_t hidden, DType type);
 
+// Optional rows of width R beside h's, one per row of h and of delta alike: the readout of the
+// write (ops::injection_residual_readout_fused). Forward: out_r = r + rms · delta_r (r copied on
+// skipped rows). Backward: with grad_r, Σ grad_r · delta_r joins Σ g · delta as the derivative
+// by rms, and grad_delta_r = rms · grad_r (r's gradient is grad_r itself).
+struct InjectionReadout {
+  int64_t width = 0;  // R; rows contiguous, 16-byte packs
+  const void* r = nullptr;
+  const void* delta_r = nullptr;
+  void* out_r = nullptr;
+  const void* grad_r = nullptr;  // null: the readout took no gradient
+  void* grad_delta_r = nullptr;
+};
+
+// Whether the kernels take readout rows of `width` elements of `type`.
+bool injection_readout_supported(int64_t width, DType type);
+
 // out [rows, H]; rms [rows] fp32 (0 on skipped rows), saved for the backward.
 cudaError_t injection_residual_forward(const void* h, const void* delta, void* out, float* rms,
-                                       const InjectionRows& shape, cudaStream_t stream);
+                                       const InjectionRows& shape, cudaStream_t stream,
+                                       const InjectionReadout* readout = nullptr);
 
-// dh = g + (Σ g·delta + e) · h / (H · rms) (g alone on skipped rows and where rms = 0);
-// ddelta = rms · g. e = extra_dot[row] is the derivative by rms from its other uses (the readout
-// of the output, ops::injection_residual_readout_fused); extra_dot may be null (e = 0).
+// dh = g + (Σ g·delta) · h / (H · rms) (g alone on skipped rows and where rms = 0);
+// ddelta = rms · g; with a readout, as above.
 cudaError_t injection_residual_backward(const void* grad, const void* h, const void* delta,
-                                        const float* rms, const float* extra_dot, void* grad_h,
-                                        void* grad_delta, const InjectionRows& shape,
-                                        cudaStream_t stream);
+                                        const float* rms, void* grad_h, void* grad_delta,
+                                        const InjectionRows& shape, cudaStream_t stream,
+                                        const InjectionReadout* readout = nullptr);
 
 }  // namespace dspine::kernels

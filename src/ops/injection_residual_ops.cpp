@@ -41,28 +41,28 @@ struct Written {
   at::Tensor out, rms;  // rms [rows] fp32, 0 on skipped rows
 };
 
-Written launch_forward(const at::Tensor& h, const at::Tensor& delta, bool skip_first) {
+Written launch_forward(const at::Tensor& h, const at::Tensor& delta, bool skip_first,
+                       const kernels::InjectionReadout* readout = nullptr) {
   const auto shape = kernel_rows(h, skip_first);
   Written w{at::empty_like(h), at::empty({shape.rows}, h.options().dtype(at::kFloat))};
   check_launch(kernels::injection_residual_forward(h.data_ptr(), delta.data_ptr(), w.out.data_ptr(),
                                                    w.rms.data_ptr<float>(), shape,
-                                                   at::cuda::getCurrentCUDAStream()),
+                                                   at::cuda::getCurrentCUDAStream(), readout),
                "injection residual forward", h);
   return w;
 }
 
-// {dh, ddelta}; extra_dot [rows] fp32 or undefined (the kernels' e, injection_residual.h).
-std::pair<at::Tensor, at::Tensor> launch_backward(const at::Tensor& grad, const at::Tensor& h,
-                                                  const at::Tensor& delta, const at::Tensor& rms,
-                                                  const at::Tensor& extra_dot, bool skip_first) {
+// {dh, ddelta}.
+std::pair<at::Tensor, at::Tensor> launch_backward(
+    const at::Tensor& grad, const at::Tensor& h, const at::Tensor& delta, const at::Tensor& rms,
+    bool skip_first, const kernels::InjectionReadout* readout = nullptr) {
   auto grad_h = at::empty_like(h);
   auto grad_delta = at::empty_like(delta);
-  check_launch(
-      kernels::injection_residual_backward(
-          grad.data_ptr(), h.data_ptr(), delta.data_ptr(), rms.data_ptr<float>(),
-          extra_dot.defined() ? extra_dot.data_ptr<float>() : nullptr, grad_h.data_ptr(),
-          grad_delta.data_ptr(), kernel_rows(h, skip_first), at::cuda::getCurrentCUDAStream()),
-      "injection residual backward", h);
+  check_launch(kernels::injection_residual_backward(
+                   grad.data_ptr(), h.data_ptr(), delta.data_ptr(), rms.data_ptr<float>(),
+                   grad_h.data_ptr(), grad_delta.data_ptr(), kernel_rows(h, skip_first),
+                   at::cuda::getCurrentCUDAStream(), readout),
+               "injection residual backward", h);
   return {grad_h, grad_delta};
 }
 
@@ -88,9 +88,8 @@ struct InjectionResidualFunction : torch::autograd::Function<InjectionResidualFu
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     const c10::cuda::CUDAGuard guard(saved[0].device());
-    auto [grad_h, grad_delta] =
-        launch_backward(grads[0].contiguous(), saved[0], saved[1], saved[2], at::Tensor(),
-                        ctx->saved_data["skip_first"].toBool());
+    auto [grad_h, grad_delta] = launch_backward(grads[0].contiguous(), saved[0], saved[1], saved[2],
+                                                ctx->saved_data["skip_first"].toBool());
     return {grad_h, grad_delta, at::Tensor()};
   }
 };
@@ -98,50 +97,46 @@ struct InjectionResidualFunction : torch::autograd::Function<InjectionResidualFu
 // The write by the kernels and out_r = r + rms · delta_r beside it (r-space, ATen, fp32 then one
 // rounding). Backward: d delta_r = rms · g_r, d r = g_r, and Σ g_r · delta_r per row joins the
 // kernel's Σ g · delta as the derivative by rms.
+// The write with the readout rows of the same kernels: out_r = r + rms · delta_r forward;
+// backward d delta_r = rms · g_r and Σ g_r · delta_r joining the derivative by rms, while r's
+// gradient is g_r itself.
 struct InjectionResidualReadoutFunction
     : torch::autograd::Function<InjectionResidualReadoutFunction> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& h, const at::Tensor& delta,
                                const at::Tensor& r, const at::Tensor& delta_r, bool skip_first) {
     const c10::cuda::CUDAGuard guard(h.device());
     const auto hc = h.contiguous(), dc = delta.contiguous();
-    auto written = launch_forward(hc, dc, skip_first);
-    const auto scale = written_slots(row_scale(written.rms, r), skip_first);
-    const auto out_r = with_first_slot(
-        r,
-        (written_slots(r, skip_first).to(at::kFloat) + scale * delta_r.to(at::kFloat))
-            .to(r.scalar_type()),
-        skip_first);
-    ctx->save_for_backward({hc, dc, written.rms, delta_r});
+    const auto rc = r.contiguous(), drc = delta_r.contiguous();
+    auto out_r = at::empty_like(rc);
+    kernels::InjectionReadout readout;
+    readout.width = rc.size(-1);
+    readout.r = rc.data_ptr();
+    readout.delta_r = drc.data_ptr();
+    readout.out_r = out_r.data_ptr();
+    auto written = launch_forward(hc, dc, skip_first, &readout);
+    ctx->save_for_backward({hc, dc, written.rms, drc});
     ctx->saved_data["skip_first"] = skip_first;
     return {written.out, out_r};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    const auto &h = saved[0], &delta = saved[1], &rms = saved[2], &delta_r = saved[3];
-    const bool skip_first = ctx->saved_data["skip_first"].toBool();
+    const auto &h = saved[0], &delta_r = saved[3];
     const c10::cuda::CUDAGuard guard(h.device());
-    const auto &grad = grads[0], &grad_r = grads[1];
-    at::Tensor extra_dot, grad_delta_r;
+    const auto grad_r = grads[1].defined() ? grads[1].contiguous() : at::Tensor();
+    at::Tensor grad_delta_r;
+    kernels::InjectionReadout readout;
+    readout.width = delta_r.size(-1);
+    readout.delta_r = delta_r.data_ptr();
     if (grad_r.defined()) {
-      const auto written_grad = written_slots(grad_r, skip_first).to(at::kFloat);
-      const auto dots = (written_grad * delta_r.to(at::kFloat)).sum(-1, /*keepdim=*/true);
-      extra_dot = at::zeros_like(row_scale(rms, grad_r));
-      written_slots(extra_dot, skip_first).copy_(dots);
-      grad_delta_r = (written_slots(row_scale(rms, grad_r), skip_first) * written_grad)
-                         .to(delta_r.scalar_type());
+      grad_delta_r = at::empty_like(delta_r);
+      readout.grad_r = grad_r.data_ptr();
+      readout.grad_delta_r = grad_delta_r.data_ptr();
     }
     auto [grad_h, grad_delta] =
-        launch_backward(grad.defined() ? grad.contiguous() : at::zeros_like(h), h, delta, rms,
-                        extra_dot.defined() ? extra_dot.reshape({-1}) : extra_dot, skip_first);
+        launch_backward(grads[0].defined() ? grads[0].contiguous() : at::zeros_like(h), h, saved[1],
+                        saved[2], ctx->saved_data["skip_first"].toBool(), &readout);
     return {grad_h, grad_delta, grad_r, grad_delta_r, at::Tensor()};
-  }
-
-  // rms [rows] as [..., T, 1] against t [..., T, R].
-  static at::Tensor row_scale(const at::Tensor& rms, const at::Tensor& t) {
-    auto shape = t.sizes().vec();
-    shape.back() = 1;
-    return rms.view(shape);
   }
 };
 
@@ -205,7 +200,10 @@ bool injection_residual_readout_fusable(const at::Tensor& h, const at::Tensor& d
   for (const auto* t : {&r, &delta_r}) {
     if (t->device() != h.device() || t->scalar_type() != h.scalar_type()) return false;
   }
-  return r.sizes().slice(0, r.dim() - 1) == h.sizes().slice(0, h.dim() - 1);
+  kernels::DType type = kernels::DType::kFloat32;
+  kernel_dtype(h.scalar_type(), &type);
+  return r.sizes().slice(0, r.dim() - 1) == h.sizes().slice(0, h.dim() - 1) &&
+         kernels::injection_readout_supported(r.size(-1), type);
 }
 
 std::pair<at::Tensor, at::Tensor> injection_residual_readout_fused(const at::Tensor& h,

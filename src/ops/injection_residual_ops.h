@@ -34,14 +34,15 @@ std::pair<at::Tensor, at::Tensor> injection_residual_readout_reference(const at:
                                                                        const at::Tensor& delta_r,
                                                                        bool skip_first);
 
-// injection_residual_fusable(h, delta) with r and delta_r of h's dtype and device, paired alike.
+// injection_residual_fusable(h, delta) with r and delta_r of h's dtype and device, paired alike,
+// r's rows h's and of 16-byte packs.
 bool injection_residual_readout_fusable(const at::Tensor& h, const at::Tensor& delta,
                                         const at::Tensor& r, const at::Tensor& delta_r,
                                         bool skip_first);
 
-// The write by the fused kernels and the readout's update in ATen (rms in fp32, rounded once),
-// one autograd node: the readout's derivative by rms reaches the kernel's backward, so h's
-// gradient is one pass. Throws dspine::Error naming the shapes when not fusable.
+// Both by the fused kernels, each row's rms in fp32 and each sum rounded once, one autograd node:
+// the readout's derivative by rms joins the write's in the kernel's backward, so h's gradient is
+// one pass. Throws dspine::Error naming the shapes when not fusable.
 std::pair<at::Tensor, at::Tensor> injection_residual_readout_fused(const at::Tensor& h,
                                                                    const at::Tensor& delta,
                                                                    const at::Tensor& r,

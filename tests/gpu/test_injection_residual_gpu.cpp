@@ -149,7 +149,7 @@ TEST(InjectionResidualGpu, ReadoutOfTheWriteMatchesReference) {
       auto run_op = [&](bool fused, torch::Dtype as) {
         std::vector<torch::Tensor> inputs;
         for (const auto& t : {h0, delta0, r0, delta_r0}) {
-          inputs.push_back(t.to(as).requires_grad_(true));
+          inputs.push_back(t.to(as).clone().requires_grad_(true));  // fresh leaves
         }
         auto [out, out_r] = fused ? ops::injection_residual_readout_fused(
                                         inputs[0], inputs[1], inputs[2], inputs[3], true)
