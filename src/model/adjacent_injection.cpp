@@ -100,11 +100,11 @@ torch::Tensor AdjacentInjectionImpl::scaled_codes(const torch::Tensor& codes,
 AdjacentInjectionImpl::Output AdjacentInjectionImpl::write_with_feature(
     const torch::Tensor& h, const torch::Tensor& readout, const torch::Tensor& messages,
     int64_t layer) {
-  const auto& write = write_layers.at(layer)->weight;  // [H, m]
-  auto delta = torch::nn::functional::linear(messages, write);
+  auto delta = write_layers.at(layer)(messages);
   // readout(rms · delta) = rms · messages · (readout · write)ᵀ: a rank-m product instead of one
   // over H; the write's rms comes from the residual kernel (one node, one pass over h each way).
-  auto through = torch::matmul(readout_layers.at(layer)->weight, write);  // [r, m]
+  auto through =
+      torch::matmul(readout_layers.at(layer)->weight, write_layers.at(layer)->weight);  // [r, m]
   auto delta_readout = torch::nn::functional::linear(messages, through);
   auto [out, out_readout] =
       ops::injection_residual_readout_fusable(h, delta, readout, delta_readout, true)
