@@ -457,6 +457,32 @@ __device__ __forceinline__ void copy_key_tile_tma(bf16* dst, const CUtensorMap& 
 }
 constexpr uint32_t kTmaTileBytes = kKeys * 128 * sizeof(bf16);  // one key tile at D 128
 
+// Block n's query rows of kv head g (a query, dO or output tile) by TMA, in the rows and layout
+// load_query_tile gives them (row = local head · bs + position): the map walks positions inside
+// heads (query_maps), so each half of the swizzled tile is one box of bs positions × group heads.
+// Rows past the group are not written.
+__device__ __forceinline__ void copy_query_tile_tma(bf16* dst, const CUtensorMap& map,
+                                                    uint32_t barrier, const Problem& p, int b,
+                                                    int n, int g) {
+#ifdef DSPINE_WGMMA
+  const int position = static_cast<int>(n * p.shape.block_size);
+  for (int half = 0; half < 2; ++half) {
+    tma::copy_box(shared_address(dst) + half * kKeys * 128, &map, barrier, 64 * half, position,
+                  g * p.group, b);
+  }
+#endif
+}
+__device__ __forceinline__ uint32_t query_tile_bytes(const Problem& p) {
+  return static_cast<uint32_t>(p.group * p.shape.block_size) * 128 * sizeof(bf16);
+}
+
+// Zeroes `elements` bf16 (a multiple of 8) of shared memory with every thread of the CTA.
+__device__ __forceinline__ void zero_tiles(bf16* dst, int elements) {
+  for (int i = threadIdx.x * 8; i < elements; i += kThreads * 8) {
+    *reinterpret_cast<uint4*>(dst + i) = make_uint4(0, 0, 0, 0);
+  }
+}
+
 // Thread 0 prepares the two barriers on which TMA tile copies arrive (visible to every thread
 // after the CTA's next barrier).
 template <typename Ops>
@@ -973,7 +999,9 @@ __global__ void __launch_bounds__(kThreads)
     attention_dkdv_kernel(Problem p, const bf16* __restrict__ q, const bf16* __restrict__ k,
                 const bf16* __restrict__ v, const bf16* __restrict__ dout,
                 const float* __restrict__ lse, const float* __restrict__ delta,
-                bf16* __restrict__ dk, bf16* __restrict__ dv) {
+                bf16* __restrict__ dk, bf16* __restrict__ dv,
+                const __grid_constant__ CUtensorMap query_map,
+                const __grid_constant__ CUtensorMap dout_map) {
   static_assert(kThreads == 2 * kRows, "one thread copies each row's lse and one its delta");
   using Tile = typename Ops::Tile;
   extern __shared__ __align__(16) unsigned char smem_bytes[];
@@ -1028,24 +1056,56 @@ __global__ void __launch_bounds__(kThreads)
   const int stat_row = threadIdx.x % kRows;
   const int stat_offset = query_rows[QueryRowTable<D>::slot(stat_row)];
   const float* stat_source = threadIdx.x < kRows ? lse : delta;
-  auto load_block = [&](int n, int buf) {
-    const QueryRowOffsets<D> rows(query_rows);
-    load_query_tile<D, Tile>(s_q + buf * Tile::kElements, q, rows, p, b, n);
-    load_query_tile<D, Tile>(s_do + buf * Tile::kElements, dout, rows, p, b, n);
+  // With tensor copies, a block's query and dO tiles come by TMA from one thread (copy_query_tile_tma),
+  // load i into buffer i & 1, arriving on barrier i & 1 in phase (i >> 1) & 1; the lse/delta rows
+  // still come by cp.async from every thread.
+  __shared__ __align__(8) uint64_t arrivals[2];
+  auto arrival = [&](int i) { return shared_address(&arrivals[i & 1]); };
+  auto load_block = [&](int n, int i) {
+    const int buf = i & 1;
+    if constexpr (Ops::kTensorCopies) {
+#ifdef DSPINE_WGMMA
+      if (threadIdx.x == 0) {
+        const uint32_t bytes = query_tile_bytes(p);
+        tma::expect_bytes(arrival(i), 2 * bytes);
+        copy_query_tile_tma(s_q + buf * Tile::kElements, query_map, arrival(i), p, b, n, g);
+        copy_query_tile_tma(s_do + buf * Tile::kElements, dout_map, arrival(i), p, b, n, g);
+      }
+#endif
+    } else {
+      const QueryRowOffsets<D> rows(query_rows);
+      load_query_tile<D, Tile>(s_q + buf * Tile::kElements, q, rows, p, b, n);
+      load_query_tile<D, Tile>(s_do + buf * Tile::kElements, dout, rows, p, b, n);
+    }
     const int64_t first = (b * p.queries + static_cast<int64_t>(n) * p.shape.block_size) *
                           p.shape.heads;
     copy4_async(s_stats + buf * 2 * kRows + threadIdx.x,
                 stat_source + first + max(stat_offset, 0) / D, stat_offset >= 0);
   };
+  auto wait_block = [&](int i, bool loaded) {
+    wait_async<0>();
+#ifdef DSPINE_WGMMA
+    if constexpr (Ops::kTensorCopies) {
+      if (loaded) tma::wait_barrier(arrival(i), (i >> 1) & 1);
+    }
+#endif
+    Ops::tiles_ready();
+    __syncthreads();
+  };
 
+  if constexpr (Ops::kTensorCopies) {
+    // Rows past the group are never copied: zeroed once, they add nothing to dk and dv.
+    if (p.group * p.shape.block_size < kRows) zero_tiles(s_q, 4 * Tile::kElements);
+    init_tile_arrivals<Ops>(arrivals);
+    Ops::tiles_ready();
+    __syncthreads();
+  }
   load_key_tile<D, Tile>(s_k, k, p, b, g, block_tile, start);
   load_key_tile<D, Tile>(s_v, v, p, b, g, block_tile, start);
-  int entry = next_entry();
-  if (entry >= 0) load_block(entry_block(entry), 0);
+  int entry = next_entry(), loads = 0;
+  if (entry >= 0) load_block(entry_block(entry), loads);
   commit_async();
-  wait_async<0>();
-  Ops::tiles_ready();
-  __syncthreads();
+  wait_block(loads, entry >= 0);
 
   // Each iteration finishes block n and starts the next block's scores before waiting for its own
   // dK product, so the tensor cores work through the elementwise part and the barrier.
@@ -1057,11 +1117,11 @@ __global__ void __launch_bounds__(kThreads)
     Ops::scores_async(s, s_k, s_q, lane);
     Ops::scores_async(dp, s_v, s_do, lane);
   }
-  int buf = 0;
   while (entry >= 0) {
+    const int buf = loads & 1;
     const int following = next_entry();
     if (following >= 0) {
-      load_block(entry_block(following), buf ^ 1);
+      load_block(entry_block(following), loads + 1);
       commit_async();
     }
     const bf16* tile_q = s_q + buf * Tile::kElements;
@@ -1107,9 +1167,7 @@ __global__ void __launch_bounds__(kThreads)
     to_a_fragments(ds_frag, dp);
     Ops::accumulate_async(dk_acc, ds_frag, tile_q, lane);
     if (following >= 0) {
-      wait_async<0>();
-      Ops::tiles_ready();
-      __syncthreads();
+      wait_block(loads + 1, true);
       Ops::scores_async(s, s_k, s_q + (buf ^ 1) * Tile::kElements, lane);
       Ops::scores_async(dp, s_v, s_do + (buf ^ 1) * Tile::kElements, lane);
       Ops::template wait<2>(dv_acc, dk_acc);
@@ -1118,7 +1176,7 @@ __global__ void __launch_bounds__(kThreads)
     }
     __syncthreads();  // every warp is done with this buffer before it is refilled
     entry = following;
-    buf ^= 1;
+    ++loads;
   }
   // Nothing is in flight here: the last block took the wait<0> branch, and with no blocks nothing
   // was started. ptxas does not tie the exit test to those branches (to it the next block's scores
@@ -1164,6 +1222,28 @@ cudaError_t key_value_maps(const Problem& p, const void* k, const void* v, CUten
   const uint32_t box[4] = {64, 1, kKeys, 1};
   cudaError_t status = tma::encode_bf16_map(&key_map, k, dims, strides, box);
   if (status == cudaSuccess) status = tma::encode_bf16_map(&value_map, v, dims, strides, box);
+  return status;
+}
+
+// TMA maps of q and dout [B, N·bs, H, D] as 4-D tensors (D, positions, heads, rows), heads outside
+// positions, so that a box of 64 columns × bs positions × group heads holds a CTA's query rows in
+// load_query_tile's order; left empty for kernels that copy their tiles with cp.async.
+template <int D, typename Ops>
+cudaError_t query_maps(const Problem& p, const void* q, const void* dout, CUtensorMap& query_map,
+                       CUtensorMap& dout_map) {
+  query_map = CUtensorMap{};
+  dout_map = CUtensorMap{};
+  if constexpr (!Ops::kTensorCopies) return cudaSuccess;
+  const uint64_t row_bytes = static_cast<uint64_t>(D) * sizeof(bf16);
+  const uint64_t dims[4] = {static_cast<uint64_t>(D), static_cast<uint64_t>(p.queries),
+                            static_cast<uint64_t>(p.shape.heads),
+                            static_cast<uint64_t>(p.shape.rows)};
+  const uint64_t strides[3] = {row_bytes * p.shape.heads, row_bytes,
+                               row_bytes * p.shape.heads * p.queries};
+  const uint32_t box[4] = {64, static_cast<uint32_t>(p.shape.block_size),
+                           static_cast<uint32_t>(p.group), 1};
+  cudaError_t status = tma::encode_bf16_map(&query_map, q, dims, strides, box);
+  if (status == cudaSuccess) status = tma::encode_bf16_map(&dout_map, dout, dims, strides, box);
   return status;
 }
 
@@ -1213,9 +1293,13 @@ cudaError_t launch_gradients(const Problem& p, const void* q, const void* k, con
   if (status != cudaSuccess) return status;
   const dim3 kv_grid(static_cast<unsigned>(p.shape.kv_heads), static_cast<unsigned>(p.shape.rows),
                      static_cast<unsigned>(p.context_tiles + p.shape.blocks));
+  CUtensorMap query_map, dout_map;
+  status = query_maps<D, Ops>(p, q, dout, query_map, dout_map);
+  if (status != cudaSuccess) return status;
   attention_dkdv_kernel<D, Ops><<<kv_grid, kThreads, kv_smem, stream>>>(
       p, static_cast<const bf16*>(q), static_cast<const bf16*>(k), static_cast<const bf16*>(v),
-      static_cast<const bf16*>(dout), lse, delta, static_cast<bf16*>(dk), static_cast<bf16*>(dv));
+      static_cast<const bf16*>(dout), lse, delta, static_cast<bf16*>(dk), static_cast<bf16*>(dv),
+      query_map, dout_map);
   return cudaGetLastError();
 }
 
