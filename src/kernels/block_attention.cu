@@ -642,7 +642,8 @@ __global__ void __launch_bounds__(kThreads, Ops::kForwardBlocksPerSm)
     attention_forward_kernel(Problem p, const bf16* __restrict__ q, const bf16* __restrict__ k,
                              const bf16* __restrict__ v, bf16* __restrict__ out,
                              float* __restrict__ lse, const __grid_constant__ CUtensorMap key_map,
-                             const __grid_constant__ CUtensorMap value_map) {
+                             const __grid_constant__ CUtensorMap value_map,
+                             const __grid_constant__ CUtensorMap query_map) {
   using Tile = typename Ops::Tile;
   extern __shared__ __align__(16) unsigned char smem_bytes[];
   // The query tile is staged in the second key buffer and moved to registers before that buffer is
@@ -667,8 +668,8 @@ __global__ void __launch_bounds__(kThreads, Ops::kForwardBlocksPerSm)
   auto tile_start = [&](int t) -> int64_t {
     return t < context_tiles ? static_cast<int64_t>(t) * kKeys : n * p.shape.block_size;
   };
-  // With tensor copies, group i of tiles (i = -1: keys 0, before the loop; i = t: keys t + 1 and
-  // values t, those that exist) is issued by thread 0 and arrives on barrier i & 1, in that
+  // With tensor copies, group i of tiles (i = -1: the query tile and keys 0, before the loop;
+  // i = t: keys t + 1 and values t, those that exist) is issued by thread 0 and arrives on barrier i & 1, in that
   // barrier's phase ((i + 1) >> 1) & 1. A group is never issued before every thread has waited
   // for the one two before it on the same barrier (the loop's barrier lies between).
   __shared__ __align__(8) uint64_t arrivals[2];
@@ -678,7 +679,9 @@ __global__ void __launch_bounds__(kThreads, Ops::kForwardBlocksPerSm)
     const bool keys = i + 1 < tiles, values = i >= 0 && i < tiles;
     if (!keys && !values) return;
     const uint32_t barrier = arrival(i);
-    tma::expect_bytes(barrier, (int(keys) + int(values)) * kTmaTileBytes);
+    const uint32_t staged = i < 0 ? query_tile_bytes(p) : 0;
+    tma::expect_bytes(barrier, (int(keys) + int(values)) * kTmaTileBytes + staged);
+    if (i < 0) copy_query_tile_tma(s_q, query_map, barrier, p, b, n, g);
     if (keys) {
       copy_key_tile_tma(s_k + ((i + 1) & 1) * Tile::kElements, key_map, barrier, p, b, g,
                         i + 1 == context_tiles, tile_start(i + 1));
@@ -697,16 +700,21 @@ __global__ void __launch_bounds__(kThreads, Ops::kForwardBlocksPerSm)
   __shared__ __align__(16) int query_rows[kRows];
   QueryRowTable<D>::fill(query_rows, p, g);
   init_tile_arrivals<Ops>(arrivals);
-  __syncthreads();
-  load_query_tile<D, Tile>(s_q, q, QueryRowOffsets<D>(query_rows), p, b, n);
   if constexpr (Ops::kTensorCopies) {
+    // Rows past the group are never copied: zeroed, their scores are 0 and they are not stored.
+    if (p.group * p.shape.block_size < kRows) zero_tiles(s_q, Tile::kElements);
+    Ops::tiles_ready();
+    __syncthreads();
     if (threadIdx.x == 0) issue_group(-1);
+    wait_group(-1);
   } else {
+    __syncthreads();
+    load_query_tile<D, Tile>(s_q, q, QueryRowOffsets<D>(query_rows), p, b, n);
     load_key_tile<D, Tile>(s_k, k, p, b, g, context_tiles == 0, tile_start(0));
+    commit_async();
+    wait_async<0>();
+    __syncthreads();
   }
-  commit_async();
-  wait_async<0>();
-  __syncthreads();
   uint32_t q_frag[D / 16][4];
   load_a<D, Tile>(q_frag, s_q, warp * 16, lane);
 
@@ -809,7 +817,10 @@ __global__ void __launch_bounds__(kThreads)
               const bf16* __restrict__ dout, const float* __restrict__ lse,
               float* __restrict__ delta, bf16* __restrict__ dq,
               const __grid_constant__ CUtensorMap key_map,
-              const __grid_constant__ CUtensorMap value_map) {
+              const __grid_constant__ CUtensorMap value_map,
+              const __grid_constant__ CUtensorMap query_map,
+              const __grid_constant__ CUtensorMap dout_map,
+              const __grid_constant__ CUtensorMap out_map) {
   using Tile = typename Ops::Tile;
   constexpr int kBuffers = 3;
   extern __shared__ __align__(16) unsigned char smem_bytes[];
@@ -841,7 +852,8 @@ __global__ void __launch_bounds__(kThreads)
   };
   // With tensor copies, tile i's keys and values are issued by thread 0 and arrive on barrier
   // i & 1, in that barrier's phase (i >> 1) & 1; tile i + 2 is issued only after every thread
-  // has waited for tile i (the loop's barrier lies between).
+  // has waited for tile i (the loop's barrier lies between). The query, dO and output tiles
+  // arrive with tile 0.
   __shared__ __align__(8) uint64_t arrivals[2];
   auto arrival = [&](int i) { return shared_address(&arrivals[i & 1]); };
   auto copy_tiles = [&](int t) {
@@ -849,7 +861,13 @@ __global__ void __launch_bounds__(kThreads)
 #ifdef DSPINE_WGMMA
       if (threadIdx.x == 0) {
         const uint32_t barrier = arrival(t);
-        tma::expect_bytes(barrier, 2 * kTmaTileBytes);
+        const uint32_t staged = t == 0 ? 3 * query_tile_bytes(p) : 0;
+        tma::expect_bytes(barrier, 2 * kTmaTileBytes + staged);
+        if (t == 0) {
+          copy_query_tile_tma(s_q, query_map, barrier, p, b, n, g);
+          copy_query_tile_tma(s_do, dout_map, barrier, p, b, n, g);
+          copy_query_tile_tma(s_out, out_map, barrier, p, b, n, g);
+        }
         copy_key_tile_tma(s_k + t % kBuffers * Tile::kElements, key_map, barrier, p, b, g,
                           t == context_tiles, tile_start(t));
         copy_key_tile_tma(s_v + t % kBuffers * Tile::kElements, value_map, barrier, p, b, g,
@@ -864,14 +882,23 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ __align__(16) int query_rows[kRows];
   QueryRowTable<D>::fill(query_rows, p, g);
   init_tile_arrivals<Ops>(arrivals);
-  __syncthreads();
-  {
+  if constexpr (Ops::kTensorCopies) {
+    // Rows past the group are never copied: zeroed, they give delta 0 and are not stored. (The
+    // staging tiles are key buffers 1 and 2, which are contiguous, and value buffer 2.)
+    if (p.group * p.shape.block_size < kRows) {
+      zero_tiles(s_out, 2 * Tile::kElements);
+      zero_tiles(s_do, Tile::kElements);
+    }
+    Ops::tiles_ready();
+    __syncthreads();
+  } else {
+    __syncthreads();
     const QueryRowOffsets<D> rows(query_rows);
     load_query_tile<D, Tile>(s_q, q, rows, p, b, n);
     load_query_tile<D, Tile>(s_do, dout, rows, p, b, n);
     load_query_tile<D, Tile>(s_out, out, rows, p, b, n);
+    commit_async();
   }
-  commit_async();
   copy_tiles(0);
 
   const float scale_log2 = p.scale * kLog2e;
@@ -1225,14 +1252,13 @@ cudaError_t key_value_maps(const Problem& p, const void* k, const void* v, CUten
   return status;
 }
 
-// TMA maps of q and dout [B, N·bs, H, D] as 4-D tensors (D, positions, heads, rows), heads outside
-// positions, so that a box of 64 columns × bs positions × group heads holds a CTA's query rows in
-// load_query_tile's order; left empty for kernels that copy their tiles with cp.async.
+// The TMA map of a [B, N·bs, H, D] tensor (q, dout or out) as a 4-D tensor (D, positions, heads,
+// rows), heads outside positions, so that a box of 64 columns × bs positions × group heads holds a
+// CTA's query rows in load_query_tile's order (copy_query_tile_tma); left empty for kernels that
+// copy their tiles with cp.async.
 template <int D, typename Ops>
-cudaError_t query_maps(const Problem& p, const void* q, const void* dout, CUtensorMap& query_map,
-                       CUtensorMap& dout_map) {
-  query_map = CUtensorMap{};
-  dout_map = CUtensorMap{};
+cudaError_t query_tile_map(const Problem& p, const void* tensor, CUtensorMap& map) {
+  map = CUtensorMap{};
   if constexpr (!Ops::kTensorCopies) return cudaSuccess;
   const uint64_t row_bytes = static_cast<uint64_t>(D) * sizeof(bf16);
   const uint64_t dims[4] = {static_cast<uint64_t>(D), static_cast<uint64_t>(p.queries),
@@ -1242,9 +1268,7 @@ cudaError_t query_maps(const Problem& p, const void* q, const void* dout, CUtens
                                row_bytes * p.shape.heads * p.queries};
   const uint32_t box[4] = {64, static_cast<uint32_t>(p.shape.block_size),
                            static_cast<uint32_t>(p.group), 1};
-  cudaError_t status = tma::encode_bf16_map(&query_map, q, dims, strides, box);
-  if (status == cudaSuccess) status = tma::encode_bf16_map(&dout_map, dout, dims, strides, box);
-  return status;
+  return tma::encode_bf16_map(&map, tensor, dims, strides, box);
 }
 
 template <int D, typename Ops>
@@ -1256,12 +1280,13 @@ cudaError_t launch_forward(const Problem& p, const void* q, const void* k, const
   if (status != cudaSuccess) return status;
   const dim3 grid(static_cast<unsigned>(p.shape.kv_heads), static_cast<unsigned>(p.shape.rows),
                   static_cast<unsigned>(p.shape.blocks));
-  CUtensorMap key_map, value_map;
+  CUtensorMap key_map, value_map, query_map;
   status = key_value_maps<D, Ops>(p, k, v, key_map, value_map);
+  if (status == cudaSuccess) status = query_tile_map<D, Ops>(p, q, query_map);
   if (status != cudaSuccess) return status;
   attention_forward_kernel<D, Ops><<<grid, kThreads, smem, stream>>>(
       p, static_cast<const bf16*>(q), static_cast<const bf16*>(k), static_cast<const bf16*>(v),
-      static_cast<bf16*>(out), lse, key_map, value_map);
+      static_cast<bf16*>(out), lse, key_map, value_map, query_map);
   return cudaGetLastError();
 }
 
@@ -1276,13 +1301,16 @@ cudaError_t launch_gradients(const Problem& p, const void* q, const void* k, con
   if (status != cudaSuccess) return status;
   const dim3 dq_grid(static_cast<unsigned>(p.shape.kv_heads), static_cast<unsigned>(p.shape.rows),
                      static_cast<unsigned>(p.shape.blocks));
-  CUtensorMap key_map, value_map;
+  CUtensorMap key_map, value_map, query_map, dout_map, out_map;
   status = key_value_maps<D, Ops>(p, k, v, key_map, value_map);
+  if (status == cudaSuccess) status = query_tile_map<D, Ops>(p, q, query_map);
+  if (status == cudaSuccess) status = query_tile_map<D, Ops>(p, dout, dout_map);
+  if (status == cudaSuccess) status = query_tile_map<D, Ops>(p, out, out_map);
   if (status != cudaSuccess) return status;
   attention_dq_kernel<D, Ops><<<dq_grid, kThreads, dq_smem, stream>>>(
       p, static_cast<const bf16*>(q), static_cast<const bf16*>(k), static_cast<const bf16*>(v),
       static_cast<const bf16*>(out), static_cast<const bf16*>(dout), lse, delta,
-      static_cast<bf16*>(dq), key_map, value_map);
+      static_cast<bf16*>(dq), key_map, value_map, query_map, dout_map, out_map);
   status = cudaGetLastError();
   if (status != cudaSuccess) return status;
 
@@ -1293,8 +1321,8 @@ cudaError_t launch_gradients(const Problem& p, const void* q, const void* k, con
   if (status != cudaSuccess) return status;
   const dim3 kv_grid(static_cast<unsigned>(p.shape.kv_heads), static_cast<unsigned>(p.shape.rows),
                      static_cast<unsigned>(p.context_tiles + p.shape.blocks));
-  CUtensorMap query_map, dout_map;
-  status = query_maps<D, Ops>(p, q, dout, query_map, dout_map);
+  status = query_tile_map<D, Ops>(p, q, query_map);
+  if (status == cudaSuccess) status = query_tile_map<D, Ops>(p, dout, dout_map);
   if (status != cudaSuccess) return status;
   attention_dkdv_kernel<D, Ops><<<kv_grid, kThreads, kv_smem, stream>>>(
       p, static_cast<const bf16*>(q), static_cast<const bf16*>(k), static_cast<const bf16*>(v),
