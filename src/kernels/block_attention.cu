@@ -1,8 +1,8 @@
 // DSpine block attention kernels (block_attention.h; the algorithm is in docs/kernels.md,
 // "Block attention"). Flash-attention style: scores of a 64-row query tile against 64-key tiles
-// with warp-level bf16 MMA (m16n8k16, fp32 accumulators), an online softmax, and cp.async double
-// buffering of the key/value tiles. The reference is dense masked SDPA (src/model/attention.cpp);
-// tests/gpu/test_block_attention_gpu.cpp compares the two.
+// with bf16 MMA (warp-level m16n8k16, or Hopper's wgmma; fp32 accumulators), an online softmax,
+// and multi-buffered tile copies (cp.async, or TMA with wgmma). The reference is dense masked SDPA
+// (src/model/attention.cpp); tests/gpu/test_block_attention_gpu.cpp compares the two.
 #include "kernels/block_attention.h"
 
 #include <cuda_bf16.h>
@@ -459,7 +459,7 @@ constexpr uint32_t kTmaTileBytes = kKeys * 128 * sizeof(bf16);  // one key tile 
 
 // Block n's query rows of kv head g (a query, dO or output tile) by TMA, in the rows and layout
 // load_query_tile gives them (row = local head · bs + position): the map walks positions inside
-// heads (query_maps), so each half of the swizzled tile is one box of bs positions × group heads.
+// heads (query_tile_map), so each half of the swizzled tile is one box of bs positions × group heads.
 // Rows past the group are not written.
 __device__ __forceinline__ void copy_query_tile_tma(bf16* dst, const CUtensorMap& map,
                                                     uint32_t barrier, const Problem& p, int b,
@@ -669,9 +669,10 @@ __global__ void __launch_bounds__(kThreads, Ops::kForwardBlocksPerSm)
     return t < context_tiles ? static_cast<int64_t>(t) * kKeys : n * p.shape.block_size;
   };
   // With tensor copies, group i of tiles (i = -1: the query tile and keys 0, before the loop;
-  // i = t: keys t + 1 and values t, those that exist) is issued by thread 0 and arrives on barrier i & 1, in that
-  // barrier's phase ((i + 1) >> 1) & 1. A group is never issued before every thread has waited
-  // for the one two before it on the same barrier (the loop's barrier lies between).
+  // i = t: keys t + 1 and values t, those that exist) is issued by thread 0 and arrives on
+  // barrier i & 1, in that barrier's phase ((i + 1) >> 1) & 1. A group is never issued before
+  // every thread has waited for the one two before it on the same barrier (the loop's barrier lies
+  // between).
   __shared__ __align__(8) uint64_t arrivals[2];
   auto arrival = [&](int i) { return shared_address(&arrivals[i & 1]); };
   auto issue_group = [&](int i) {
@@ -1083,9 +1084,9 @@ __global__ void __launch_bounds__(kThreads)
   const int stat_row = threadIdx.x % kRows;
   const int stat_offset = query_rows[QueryRowTable<D>::slot(stat_row)];
   const float* stat_source = threadIdx.x < kRows ? lse : delta;
-  // With tensor copies, a block's query and dO tiles come by TMA from one thread (copy_query_tile_tma),
-  // load i into buffer i & 1, arriving on barrier i & 1 in phase (i >> 1) & 1; the lse/delta rows
-  // still come by cp.async from every thread.
+  // With tensor copies, a block's query and dO tiles come by TMA from one thread
+  // (copy_query_tile_tma), load i into buffer i & 1, arriving on barrier i & 1 in phase
+  // (i >> 1) & 1; the lse/delta rows still come by cp.async from every thread.
   __shared__ __align__(8) uint64_t arrivals[2];
   auto arrival = [&](int i) { return shared_address(&arrivals[i & 1]); };
   auto load_block = [&](int n, int i) {
@@ -1321,9 +1322,7 @@ cudaError_t launch_gradients(const Problem& p, const void* q, const void* k, con
   if (status != cudaSuccess) return status;
   const dim3 kv_grid(static_cast<unsigned>(p.shape.kv_heads), static_cast<unsigned>(p.shape.rows),
                      static_cast<unsigned>(p.context_tiles + p.shape.blocks));
-  status = query_tile_map<D, Ops>(p, q, query_map);
-  if (status == cudaSuccess) status = query_tile_map<D, Ops>(p, dout, dout_map);
-  if (status != cudaSuccess) return status;
+  // dq's maps of q and dout serve the dk/dv pass too.
   attention_dkdv_kernel<D, Ops><<<kv_grid, kThreads, kv_smem, stream>>>(
       p, static_cast<const bf16*>(q), static_cast<const bf16*>(k), static_cast<const bf16*>(v),
       static_cast<const bf16*>(dout), lse, delta, static_cast<bf16*>(dk), static_cast<bf16*>(dv),
