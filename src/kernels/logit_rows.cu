@@ -4,11 +4,19 @@
 // prefix over its items plus the block's exclusive scan of the thread totals. A draw's column is
 // the smallest one whose prefix passes its target, found by atomicMin over the threads that pass
 // it: the same column whatever the threads' timing, so the kernel is deterministic.
+//
+// Rounding (docs/kernels.md, "Draws from rows of logits"): the block scan adds the thread totals
+// in its own tree order, so a thread's start is not exactly the previous thread's start plus its
+// total. A target can fall in the gap between the two, and then the first thread whose start
+// passes it would take its first column even where that column has no weight, or lies past the
+// vocabulary. So a thread only offers columns of nonzero probability: the first such column whose
+// prefix passes the target.
 #include "kernels/logit_rows.h"
 
 #include <cuda_bf16.h>
 
 #include <cub/block/block_scan.cuh>
+#include <cmath>
 #include <cstdint>
 #include <type_traits>
 
@@ -82,16 +90,21 @@ struct RowStats {
 };
 
 // Pass 1: the row's statistics, in a fixed reduction tree (warps by shuffle, then warp 0).
+// *nonfinite: whether the row holds NaN or +inf (the draws then have nothing to stand on).
 template <typename T>
-__device__ RowStats row_stats(const T* row, int64_t vocab, bool vector, float kp, float ks) {
+__device__ RowStats row_stats(const T* row, int64_t vocab, bool vector, float kp, float ks,
+                              bool* nonfinite) {
   RowStats s = RowStats::empty();
+  bool bad = false;
   for (int64_t col = int64_t(threadIdx.x) * kItems; col < vocab; col += kTile) {
     float z[kItems];
     load_items(row, col, vocab, vector, z);
     RowStats tile = RowStats::empty();
 #pragma unroll
-    for (int i = 0; i < kItems; ++i)
+    for (int i = 0; i < kItems; ++i) {
+      bad |= !(z[i] < INFINITY);  // NaN or +inf
       if (z[i] > tile.max) tile.max = z[i], tile.argmax = col + i;
+    }
     if (tile.max == -INFINITY) continue;
 #pragma unroll
     for (int i = 0; i < kItems; ++i) tile.policy_sum += exp2f((z[i] - tile.max) * kp);
@@ -103,6 +116,7 @@ __device__ RowStats row_stats(const T* row, int64_t vocab, bool vector, float kp
     }
     s.merge(tile, kp, ks);
   }
+  *nonfinite = __syncthreads_or(bad);
   __shared__ RowStats warp_stats[kWarps];
   for (int offset = 16; offset > 0; offset /= 2) s.shuffle_merge(offset, kp, ks);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -117,26 +131,36 @@ __device__ RowStats row_stats(const T* row, int64_t vocab, bool vector, float kp
   return warp_stats[0];
 }
 
-// Pass 2: found[g] = the first column whose prefix weight exceeds targets[g] (kNotFound when none
-// does); returns the last column of nonzero weight when a draw is left unfound.
+// A column's weight exp(β·(z − max)) in the form the kernel's outputs use, and whether its
+// probability weight / total is nonzero in fp32 (never past the vocabulary, never for NaN).
+__device__ __forceinline__ float column_weight(float z, float max, float ks) {
+  return exp2f((z - max) * ks);
+}
+__device__ __forceinline__ bool drawable(float weight, float total) { return weight / total > 0.f; }
+
+// Pass 2: found[g] = the first column of nonzero probability whose prefix weight exceeds
+// targets[g] (kNotFound when none does); returns the last column of nonzero probability when a
+// draw is left unfound (a target at or past the scan's own total).
 template <typename T>
 __device__ int64_t draw_columns(const T* row, int64_t vocab, bool vector, float max, float ks,
-                                const float* targets, unsigned long long* found, int64_t draws) {
+                                float total, const float* targets, unsigned long long* found,
+                                int64_t draws) {
   using Scan = cub::BlockScan<float, kThreads>;
   __shared__ typename Scan::TempStorage scan;
-  __shared__ unsigned long long last_positive;  // 1 + column, 0 = none yet
-  if (threadIdx.x == 0) last_positive = 0;
+  __shared__ unsigned long long last_drawable;  // 1 + column, 0 = none yet
+  if (threadIdx.x == 0) last_drawable = 0;
   float carry = 0.f;  // total weight of the tiles before this one
   int64_t last = -1;
   for (int64_t tile = 0; tile < vocab; tile += kTile) {
     const int64_t col = tile + int64_t(threadIdx.x) * kItems;
     float z[kItems], prefix[kItems];
+    unsigned offered = 0;  // bit i: column col + i has nonzero probability
     load_items(row, col, vocab, vector, z);
     float sum = 0.f;
 #pragma unroll
     for (int i = 0; i < kItems; ++i) {
-      const float w = exp2f((z[i] - max) * ks);
-      if (w > 0.f) last = col + i;
+      const float w = column_weight(z[i], max, ks);
+      if (drawable(w, total)) offered |= 1u << i, last = col + i;
       sum += w;
       prefix[i] = sum;
     }
@@ -145,10 +169,16 @@ __device__ int64_t draw_columns(const T* row, int64_t vocab, bool vector, float 
     const float start = carry + before;
     for (int64_t g = 0; g < draws; ++g) {
       // Columns found before this tile are final; this tile's candidates all compete.
-      if (found[g] < static_cast<unsigned long long>(tile) || !(targets[g] < start + sum)) continue;
-      int i = 0;
-      while (i < kItems - 1 && !(start + prefix[i] > targets[g])) ++i;
-      atomicMin(&found[g], static_cast<unsigned long long>(col + i));
+      if (!offered || found[g] < static_cast<unsigned long long>(tile) ||
+          !(targets[g] < start + sum))
+        continue;
+#pragma unroll
+      for (int i = 0; i < kItems; ++i) {
+        if ((offered >> i & 1u) && start + prefix[i] > targets[g]) {
+          atomicMin(&found[g], static_cast<unsigned long long>(col + i));
+          break;
+        }
+      }
     }
     carry += tile_total;
     bool pending = false;
@@ -156,9 +186,9 @@ __device__ int64_t draw_columns(const T* row, int64_t vocab, bool vector, float 
     for (int64_t g = threadIdx.x; g < draws; g += kThreads) pending |= found[g] == kNotFound;
     if (!__syncthreads_or(pending)) return -1;
   }
-  if (last >= 0) atomicMax(&last_positive, static_cast<unsigned long long>(last + 1));
+  if (last >= 0) atomicMax(&last_drawable, static_cast<unsigned long long>(last + 1));
   __syncthreads();
-  return static_cast<int64_t>(last_positive) - 1;
+  return static_cast<int64_t>(last_drawable) - 1;
 }
 
 template <typename T>
@@ -168,7 +198,8 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t r = blockIdx.x;
   const T* row = static_cast<const T*>(logits.data) + r * logits.row_stride;
   const float kp = policy_scale * kLog2e, ks = sampling_scale * kLog2e;
-  const RowStats s = row_stats(row, logits.vocab, vector, kp, ks);
+  bool nonfinite = false;
+  const RowStats s = row_stats(row, logits.vocab, vector, kp, ks, &nonfinite);
   // lse = λ·max + ln Σ exp(λ·(z − max)).
   const float lse = policy_scale * s.max + log2f(s.policy_sum) * kLn2;
   if (threadIdx.x == 0) {
@@ -176,6 +207,14 @@ __global__ void __launch_bounds__(kThreads)
     if (out.lse) out.lse[r] = lse;
   }
   if (draws == 0) return;
+  if (nonfinite || s.max == -INFINITY) {  // NaN, +inf, or no finite logit: nothing to draw from
+    for (int64_t g = threadIdx.x; g < draws; g += kThreads) {
+      out.choices[r * draws + g] = kLogitRowsNoDraw;
+      out.logprobs[r * draws + g] = NAN;
+      out.probs[r * draws + g] = NAN;
+    }
+    return;
+  }
 
   extern __shared__ unsigned long long found[];  // [draws], then the targets [draws] fp32
   float* targets = reinterpret_cast<float*>(found + draws);
@@ -184,14 +223,14 @@ __global__ void __launch_bounds__(kThreads)
     targets[g] = uniforms[r * draws + g] * s.sampling_sum;
   }
   __syncthreads();
-  const int64_t fallback =
-      draw_columns(row, logits.vocab, vector, s.max, ks, targets, found, draws);
+  const int64_t fallback = draw_columns(row, logits.vocab, vector, s.max, ks, s.sampling_sum,
+                                        targets, found, draws);
   for (int64_t g = threadIdx.x; g < draws; g += kThreads) {
     const int64_t c = found[g] == kNotFound ? fallback : static_cast<int64_t>(found[g]);
     const float z = to_float(row[c]);
     out.choices[r * draws + g] = c;
     out.logprobs[r * draws + g] = policy_scale * z - lse;
-    out.probs[r * draws + g] = exp2f((z - s.max) * ks) / s.sampling_sum;
+    out.probs[r * draws + g] = column_weight(z, s.max, ks) / s.sampling_sum;
   }
 }
 
@@ -214,7 +253,8 @@ cudaError_t logit_rows(const GspoLogits& logits, float logits_scale, float sampl
                        const float* uniforms, int64_t draws_per_row, const LogitRowOutputs& out,
                        cudaStream_t stream) {
   if (draws_per_row < 0 || draws_per_row > kLogitRowsMaxDraws || logits.vocab <= 0 ||
-      !(logits_scale > 0.f) || !(sampling_scale > 0.f))
+      !(logits_scale > 0.f) || !std::isfinite(logits_scale * kLog2e) ||
+      !(sampling_scale > 0.f) || !std::isfinite(sampling_scale * kLog2e))
     return cudaErrorInvalidValue;
   if (draws_per_row > 0 && (!uniforms || !out.choices || !out.logprobs || !out.probs))
     return cudaErrorInvalidValue;

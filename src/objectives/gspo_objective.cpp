@@ -9,6 +9,7 @@
 
 #include "core/config_section.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "model/dspine_config.h"
 #include "model/draft_loading.h"
 #include "objectives/dspine_terms.h"
@@ -263,15 +264,21 @@ void GspoObjective::adopt_rollouts(std::vector<GspoRollout> rollouts, StepContex
   rollout_sums_.assign(kRolloutSums, 0.0);
   update_sums_ = at::Tensor();
   seam_seconds_ = 0;
-  // Every rollout's sums in one copy to the host: the updates then run without synchronising.
+  // Every rollout's sums and draw check in one copy to the host: the updates then run without
+  // synchronising.
   std::vector<at::Tensor> per_rollout;
   for (const auto& rollout : rollouts_) {
-    per_rollout.push_back(torch::stack(
-        {rollout.rewards.sum().to(torch::kFloat64), rollout.accepted.sum().to(torch::kFloat64)}));
+    auto sums = rollout.rewards.sum().to(torch::kFloat64).view({1});
+    auto check = rollout.draw_check.defined()
+                     ? rollout.draw_check
+                     : at::zeros({kDrawCheckSize}, sums.options());  // made elsewhere, unchecked
+    per_rollout.push_back(
+        torch::cat({sums, rollout.accepted.sum().to(torch::kFloat64).view({1}), check}));
   }
   double weights = 0;
+  std::optional<std::string> fault;  // this rank's first rollout that drew outside the vocabulary
   if (!per_rollout.empty()) {
-    const auto host = torch::stack(per_rollout).cpu();
+    const auto host = torch::stack(per_rollout).cpu().contiguous();
     const auto sums = host.accessor<double, 2>();
     for (size_t i = 0; i < rollouts_.size(); ++i) {
       const auto& rollout = rollouts_[i];
@@ -279,9 +286,25 @@ void GspoObjective::adopt_rollouts(std::vector<GspoRollout> rollouts, StepContex
       rollout_sums_[kRolloutReward] += sums[i][0];
       rollout_sums_[kRolloutAccepted] += sums[i][1];
       weights += rollout.supervision_weight;
+      const double* check = host[i].data_ptr<double>() + 2;
+      const int64_t vocab = model_.lm_head().size(0);
+      if (!fault) {
+        if (auto what = draw_fault(rollout, check, vocab)) {
+          fault = fmt::format("rank {}, micro-batch {}: {}", context.comm->rank(), i, *what);
+        }
+      }
+      if (auto what = undrawn_rows(rollout, check)) {
+        log::warn("step {}: rank {}, micro-batch {}: {}", context.step + 1, context.comm->rank(),
+                  i, *what);
+      }
     }
   }
-  auto totals = reduced({rollout_sums_[kRolloutSegments], weights}, *context.comm);
+  auto totals = reduced({rollout_sums_[kRolloutSegments], weights, fault ? 1.0 : 0.0},
+                        *context.comm);
+  // Every rank stops alike, before any update: the trainer saves the state before this window.
+  if (totals[2].item<double>() > 0)
+    throw WindowFailure(fault.value_or("another rank's rollout drew a token outside the "
+                                       "vocabulary"));
   divisor_ = totals[0].item<double>();
   dspine_denominator_ = totals[1].item<double>();
   if (!(divisor_ > 0)) fail("gspo: the window has no anchor block on any rank");
@@ -446,6 +469,9 @@ std::map<std::string, double> GspoObjective::evaluate(const data::DraftBatch& ba
   const auto streams = context.streams(0, batch.input_ids.size(0));
   auto p = pass(batch, streams, context, nullptr, true);
   auto rollout = gspo_rollout(batch, p, *draft_, model_.lm_head(), r, *verifier_, streams);
+  const auto check = rollout.draw_check.to(torch::kCPU).contiguous();
+  if (auto fault = draw_fault(rollout, check.data_ptr<double>(), model_.lm_head().size(0)))
+    fail("gspo evaluation, rank {}: {}", context.comm->rank(), *fault);
   auto greedy = gspo_greedy_tokens(p, rollout.kept, *draft_, model_.lm_head(), r).unsqueeze(1);
   auto verdict = verifier_->verify(batch, p, rollout.kept, greedy, /*with_probs=*/false);
   auto greedy_accepted = accepted_prefix(greedy, verdict.choices, rollout.supervised);

@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <string>
 
 #include "core/error.h"
 #include "objectives/dspine_terms.h"
@@ -136,7 +137,51 @@ Walk walk_blocks(const KeptRows& rows, model::DSpineDraftImpl& draft, const at::
   return w;
 }
 
+// Where flat index `flat` of tokens [K, G, T] was drawn, in the words of a batch.
+std::string draw_site(const GspoRollout& rollout, int64_t flat) {
+  const int64_t group = rollout.tokens.size(1), slots = rollout.tokens.size(2);
+  const int64_t block = flat / (group * slots);
+  const int64_t m = rollout.kept[block].item<int64_t>(), n = rollout.anchors.size(1);
+  return fmt::format("batch row {}, anchor position {}, slot {}, sample {} of {}", m / n,
+                     rollout.anchors[m / n][m % n].item<int64_t>(), flat % slots,
+                     flat / slots % group, group);
+}
+
 }  // namespace
+
+at::Tensor screen_draws(at::Tensor& tokens, at::Tensor& choices, int64_t vocab) {
+  auto flat = tokens.reshape(-1);
+  if (flat.numel() == 0) return at::zeros({kDrawCheckSize}, flat.options().dtype(at::kDouble));
+  const auto undrawn = flat.eq(ops::kNoDraw);
+  const auto outside = (flat.lt(0) | flat.ge(vocab)) & undrawn.logical_not();
+  auto first = [](const at::Tensor& mask) { return mask.to(at::kInt).argmax().view({1}); };
+  const auto first_outside = first(outside);
+  auto check = at::cat({outside.sum().view({1}), first_outside, flat.index_select(0, first_outside),
+                        undrawn.sum().view({1}), first(undrawn)})
+                   .to(at::kDouble);
+  const auto bad = (outside | undrawn).view_as(tokens);
+  tokens.masked_fill_(bad, 0);
+  if (choices.defined() && choices.sizes() == tokens.sizes()) choices.masked_fill_(bad, 0);
+  return check;
+}
+
+std::optional<std::string> draw_fault(const GspoRollout& rollout, const double* check,
+                                      int64_t vocab) {
+  if (check[kDrawsOutside] == 0) return std::nullopt;
+  return fmt::format("the rollout drew token id {} outside the vocabulary [0, {}) at {} ({} such "
+                     "draws); nothing drawn reached the verifier or the policy term",
+                     static_cast<int64_t>(check[kFirstOutsideValue]), vocab,
+                     draw_site(rollout, static_cast<int64_t>(check[kFirstOutside])),
+                     static_cast<int64_t>(check[kDrawsOutside]));
+}
+
+std::optional<std::string> undrawn_rows(const GspoRollout& rollout, const double* check) {
+  if (check[kDrawsUndrawn] == 0) return std::nullopt;
+  return fmt::format("the draft's logits hold NaN or +inf at {}: nothing to draw from ({} draws "
+                     "left undrawn), so the update's loss is not finite",
+                     draw_site(rollout, static_cast<int64_t>(check[kFirstUndrawn])),
+                     static_cast<int64_t>(check[kDrawsUndrawn]));
+}
 
 at::Tensor accepted_prefix(const at::Tensor& tokens, const at::Tensor& target_tokens,
                            const at::Tensor& supervised) {
@@ -180,6 +225,7 @@ GspoRollout gspo_rollout(const data::DraftBatch& batch, const DraftPass& pass,
                       .view({blocks, slots, group})
                       .to(rows.hidden.device());
   auto walk = walk_blocks(rows, draft, lm_head, settings, group, uniforms);
+  out.draw_check = screen_draws(walk.tokens, walk.choices, lm_head.size(0));
   out.tokens = walk.tokens;
   out.choices = walk.choices;
   out.candidates = walk.candidates;

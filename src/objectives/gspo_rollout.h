@@ -8,6 +8,8 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <optional>
+#include <string>
 
 #include "data/batch.h"
 #include "model/dspine_draft.h"
@@ -38,6 +40,16 @@ struct GspoRolloutSettings {
   bool fused_sampling = false;
 };
 
+// GspoRollout::draw_check: what the rollout's device-side check of its drawn ids found, in fp64.
+enum DrawCheck : int64_t {
+  kDrawsOutside,       // ids outside [0, V): a sampler fault
+  kFirstOutside,       // the first one's flat index in tokens [K, G, T]
+  kFirstOutsideValue,  // its value
+  kDrawsUndrawn,       // draws from rows with nothing to draw from (NaN or +inf logits)
+  kFirstUndrawn,       // the first one's flat index
+  kDrawCheckSize
+};
+
 // One micro-batch's rollout over its K kept blocks.
 struct GspoRollout {
   at::Tensor anchors, keep;  // [B, N] the sampled anchor blocks (the update replays them)
@@ -54,7 +66,23 @@ struct GspoRollout {
   at::Tensor rewards;        // [K, G] fp32 in [0, 1]
   at::Tensor advantages;     // [K, G] fp32
   double supervision_weight = 0;  // Σ decayed supervision weights (the optional DSpine term)
+  // [kDrawCheckSize] fp64 on the device (DrawCheck). The ids it counts are already replaced by
+  // token 0 in tokens and choices; the caller reads it with its other sums.
+  at::Tensor draw_check;
 };
+
+// No bad id travels: checks drawn ids `tokens` [K, G, T] on the device and replaces every id
+// outside [0, vocab) (a sampler fault) and every ops::kNoDraw (a row whose logits hold NaN or
+// +inf) by token 0, in `tokens` and, where it has their shape (the backbone's choices are the
+// ids), in `choices`, before a verifier or the policy term sees them. Returns the check
+// ([kDrawCheckSize] fp64, DrawCheck) for the caller's next host read: no wait here.
+at::Tensor screen_draws(at::Tensor& tokens, at::Tensor& choices, int64_t vocab);
+
+// What a host copy of rollout.draw_check says, in words naming the batch row, anchor, slot and
+// sample: a sampler fault (ids outside [0, vocab)), or rows whose logits hold NaN or +inf.
+std::optional<std::string> draw_fault(const GspoRollout& rollout, const double* check,
+                                      int64_t vocab);
+std::optional<std::string> undrawn_rows(const GspoRollout& rollout, const double* check);
 
 // Draws the rollout from a no-grad draft pass over `batch` (with full rows when sampling through
 // the refinement head or when the verifier reads teacher states) and scores it with `verifier`.

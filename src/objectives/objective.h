@@ -15,11 +15,20 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "core/error.h"
 #include "data/batch.h"
 #include "dist/communicator.h"
 #include "objectives/row_streams.h"
 
 namespace dspine::objectives {
+
+// Thrown alike on every rank by begin_window when the window cannot be trained and nothing of the
+// run's state has changed yet (a rollout that drew a token outside the vocabulary): the trainer
+// saves the state before the step and stops with this message, as it does when data fails.
+class WindowFailure : public Error {
+ public:
+  using Error::Error;
+};
 
 struct StepContext {
   int64_t step = 0;         // optimizer step this window belongs to (0-based)

@@ -5,17 +5,26 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/util/StringUtil.h>
 
+#include <cmath>
+
 #include "core/error.h"
 #include "kernels/logit_rows.h"
 #include "ops/gspo_ops.h"
 
 namespace dspine::ops {
+static_assert(kNoDraw == kernels::kLogitRowsNoDraw);
+
 namespace {
 
+// Both scales reach the kernel as fp32 multiples of log2(e): they must stay finite there.
 void check_scales(double logits_scale, double temperature) {
   if (!(logits_scale > 0) || !(temperature > 0))
     fail("logit rows: logits_scale ({}) and temperature ({}) must be > 0", logits_scale,
          temperature);
+  constexpr double kLargest = 1e38;
+  if (!(logits_scale < kLargest) || !(logits_scale / temperature < kLargest))
+    fail("logit rows: logits_scale ({}) / temperature ({}) is too large for fp32 logits",
+         logits_scale, temperature);
 }
 
 void check_uniforms(const at::Tensor& logits, const at::Tensor& uniforms) {
@@ -71,18 +80,36 @@ LogitRowDraws reference_draws(const at::Tensor& logits, const at::Tensor& unifor
   draws.choices = sample_categorical(sampling, uniforms);
   draws.logprobs = policy.gather(1, draws.choices);
   draws.probs = sampling.gather(1, draws.choices);
+  // As the kernel: a row holding NaN or +inf, or no finite logit, has nothing to draw from.
+  const auto undrawable = at::logical_not(z.lt(INFINITY).all(1) & z.gt(-INFINITY).any(1))
+                              .unsqueeze(1);
+  draws.choices.masked_fill_(undrawable, kNoDraw);
+  draws.logprobs.masked_fill_(undrawable, NAN);
+  draws.probs.masked_fill_(undrawable, NAN);
   return draws;
 }
 
 }  // namespace
 
 at::Tensor sample_categorical(const at::Tensor& probs, const at::Tensor& uniforms) {
-  auto cdf = probs.to(at::kFloat).cumsum(1);
+  auto p = probs.to(at::kFloat);
+  auto cdf = p.cumsum(1);
   auto total = cdf.select(1, cdf.size(1) - 1).unsqueeze(1);
   // Scaling the uniforms by the row total instead of normalising keeps the last bin reachable.
   auto targets = (uniforms.to(cdf.device(), at::kFloat) * total).contiguous();
+  // The first column whose cumulative sum exceeds the target has nonzero probability; a target
+  // that rounding leaves at the total takes the last column of nonzero probability.
   auto index = at::searchsorted(cdf, targets, /*out_int32=*/false, /*right=*/true);
-  return index.clamp_max(probs.size(1) - 1);
+  auto columns = at::arange(p.size(1), index.options());
+  auto last_nonzero = at::where(p.gt(0), columns, 0).amax(1, /*keepdim=*/true);
+  return at::where(index.lt(p.size(1)), index, last_nonzero);
+}
+
+void check_rows_drawn(const at::Tensor& choices, const std::string& what) {
+  const auto undrawn = choices.eq(kNoDraw).any(1).nonzero();
+  if (undrawn.numel() > 0)
+    fail("{}: row {} of the logits holds NaN or +inf, or no finite value: nothing to draw from",
+         what, undrawn[0][0].item<int64_t>());
 }
 
 LogitRowDraws sample_logit_rows(const at::Tensor& logits, const at::Tensor& uniforms,

@@ -2,11 +2,16 @@
 // the fused kernel (kernels/logit_rows.h) on CUDA and the ATen reference it is tested against.
 #pragma once
 
+#include <cstdint>
+#include <string>
 #include <utility>
 
 #include <ATen/core/Tensor.h>
 
 namespace dspine::ops {
+
+// The choice of a row with nothing to draw from (NaN or +inf in it, or no finite logit).
+constexpr int64_t kNoDraw = -1;
 
 // G draws per row of logits z [R, V] from softmax(λ·z/τ), by inverse CDF against uniforms.
 struct LogitRowDraws {
@@ -16,7 +21,8 @@ struct LogitRowDraws {
 };
 
 // Inverse-CDF draws from unnormalised row probabilities `probs` [R, C]: for each uniform of
-// `uniforms` [R, G] in [0, 1), the first column whose cumulative sum exceeds uniform · row total.
+// `uniforms` [R, G] in [0, 1), the first column whose cumulative sum exceeds uniform · row total
+// (the last column of nonzero probability where rounding leaves the target at the total).
 // Returns [R, G] int64.
 at::Tensor sample_categorical(const at::Tensor& probs, const at::Tensor& uniforms);
 
@@ -24,9 +30,15 @@ at::Tensor sample_categorical(const at::Tensor& probs, const at::Tensor& uniform
 // τ = temperature > 0. fused: the row kernel (CUDA logits, bf16 or fp32, unit column stride; no
 // [R, V] intermediate); otherwise the reference, fp32 softmaxes of whole rows and their
 // cumulative sums. The two choose the same column except where a uniform lands within rounding of
-// a column's boundary.
+// a column's boundary. Every choice of a row of finite logits (−inf allowed) is a column in
+// [0, V) of nonzero probability; a row holding NaN or +inf, or no finite value, draws
+// kNoDraw with NaN log-probability and probability.
 LogitRowDraws sample_logit_rows(const at::Tensor& logits, const at::Tensor& uniforms,
                                 double logits_scale, double temperature, bool fused);
+
+// Throws, naming the first row of `choices` [R, G] that drew kNoDraw, with `what` as
+// the message's subject. Reads the device: for callers that may wait for the draws.
+void check_rows_drawn(const at::Tensor& choices, const std::string& what);
 
 // The greedy column ([R] int64, the first of the row's maximum) and log Σ_j exp(z[r, j]) ([R]
 // fp32) of each row of `logits` [R, V]; fused as above.

@@ -426,8 +426,16 @@ std::chrono::steady_clock::time_point Trainer::Run::phase(const char* name) cons
 // micro-steps each, the last one applied after end_window's metrics and the ranks' loss sum.
 Trainer::Run::Window Trainer::Run::train_window(const std::vector<data::DraftBatch>& window,
                                                 std::chrono::steady_clock::time_point data_start) {
-  const auto prepass_start = phase("prepass");
-  s.built.objective->begin_window(window, context);
+  std::chrono::steady_clock::time_point prepass_start;
+  try {
+    prepass_start = phase("prepass");
+    s.built.objective->begin_window(window, context);
+  } catch (const objectives::WindowFailure& e) {  // thrown on every rank, nothing applied yet
+    progress->finish();
+    s.cursor -= accumulation * world * rows;  // resuming reads this window again
+    const std::string path = save_state_before_step();
+    fail("step {}: {}; the state before this step is saved in {}", s.step + 1, e.what(), path);
+  }
   const auto replay_start = phase("replay");
   Window w;
   double local_loss = 0;

@@ -293,6 +293,57 @@ TEST(GspoRollout, SameSeedSameBlocksOtherSeedOtherBlocks) {
   }
 }
 
+// No bad id travels: an id outside the vocabulary and a row's kNoDraw become token 0 in tokens
+// and choices, and the check counts them and keeps the first outside id's place and value.
+TEST(GspoRollout, ScreenReplacesIdsOutsideTheVocabularyAndRecordsTheFirst) {
+  auto tokens =
+      torch::tensor(std::vector<int64_t>{3, 31, 32, 5, ops::kNoDraw, 40, 0, 1}).view({2, 2, 2});
+  auto choices = tokens.clone();
+  const auto check = screen_draws(tokens, choices, 32);
+  const auto want = torch::tensor({3, 31, 0, 5, 0, 0, 0, 1}, torch::kInt64).view({2, 2, 2});
+  EXPECT_TRUE(torch::equal(tokens, want)) << tokens;
+  EXPECT_TRUE(torch::equal(choices, want)) << choices;
+  EXPECT_TRUE(torch::equal(check, torch::tensor({2.0, 2.0, 32.0, 1.0, 4.0}, torch::kFloat64)))
+      << check;
+  auto clean = torch::tensor({1, 2}, torch::kInt64).view({1, 1, 2});
+  auto none = at::Tensor();
+  const auto nothing = screen_draws(clean, none, 32);
+  EXPECT_EQ(nothing[kDrawsOutside].item<double>(), 0.0);
+  EXPECT_EQ(nothing[kDrawsUndrawn].item<double>(), 0.0);
+  EXPECT_TRUE(torch::equal(clean, torch::tensor({1, 2}, torch::kInt64).view({1, 1, 2})));
+}
+
+// A rollout whose sampler drew outside the vocabulary stops the window before any update, on
+// every rank, with the rank, micro-batch, batch row, anchor, slot and id in the message.
+TEST(GspoObjective, ARolloutThatDrewOutsideTheVocabularyFailsTheWindow) {
+  TinyPolicy policy(GspoSampling::kBackbone);
+  auto comm = dist::make_single_process_communicator();
+  StepContext context;
+  context.comm = comm.get();
+  context.seed = 99;
+  policy.objective->begin_window({policy.batch}, context);  // a clean rollout adopts
+  auto rollout = policy.objective->window_rollouts().at(0);
+  ASSERT_GT(rollout.kept.numel(), 0);
+  const int64_t group = rollout.tokens.size(1), slots = rollout.tokens.size(2);
+  const int64_t m = rollout.kept[0].item<int64_t>(), anchors = rollout.anchors.size(1);
+  const int64_t position = rollout.anchors[m / anchors][m % anchors].item<int64_t>();
+  // As a sampler fault would leave it: the first kept block's second sample, slot 1, id 4096.
+  rollout.draw_check = torch::tensor({1.0, double(slots + 1), 4096.0, 0.0, 0.0}, torch::kFloat64);
+  try {
+    policy.objective->adopt_rollouts({rollout}, context);
+    FAIL() << "a rollout that drew outside the vocabulary was adopted";
+  } catch (const WindowFailure& e) {
+    const std::string message = e.what();
+    const std::string where = fmt::format("batch row {}, anchor position {}, slot 1, sample 1 of {}",
+                                          m / anchors, position, group);
+    EXPECT_NE(message.find("rank 0, micro-batch 0: the rollout drew token id 4096 outside the "
+                           "vocabulary [0, 32)"),
+              std::string::npos)
+        << message;
+    EXPECT_NE(message.find(where), std::string::npos) << message << "\nwanted: " << where;
+  }
+}
+
 // A row samples its blocks from its own streams: the rollout of a batch's row equals the rollout
 // of that row alone under the same global row number.
 TEST(GspoRollout, RowsSampleTheSameBlocksInAnyGrouping) {

@@ -4,6 +4,10 @@
 
 #include <torch/torch.h>
 
+#include <cmath>
+#include <limits>
+#include <vector>
+
 #include "ops/logit_rows_ops.h"
 
 namespace dspine::ops {
@@ -21,6 +25,46 @@ TEST(LogitRows, ReferenceDrawsFromTheTemperedSoftmaxAndScoresUnderThePolicy) {
   EXPECT_TRUE(torch::allclose(draws.logprobs,
                               torch::log_softmax(logits * 2.0, -1).gather(1, draws.choices)));
   EXPECT_TRUE(torch::allclose(draws.probs, sampling.gather(1, draws.choices)));
+}
+
+// A target that rounding leaves at the row's total takes the last column of nonzero probability,
+// never a column past it: mass in column 0 only, and in column 1 of 3.
+TEST(LogitRows, ReferenceNeverDrawsAColumnOfZeroProbability) {
+  auto probs = torch::tensor({{1.0f, 0.0f, 0.0f}, {0.0f, 0.25f, 0.0f}});
+  const float below_one = std::nextafter(1.0f, 0.0f);
+  auto uniforms = torch::tensor({{0.0, double(below_one), 1.0}, {0.0, 0.5, 1.0}}, torch::kFloat64);
+  EXPECT_TRUE(torch::equal(sample_categorical(probs, uniforms),
+                           torch::tensor({{0, 0, 0}, {1, 1, 1}}, torch::kInt64)))
+      << sample_categorical(probs, uniforms);
+}
+
+// Rows holding NaN or +inf, or only −inf, have nothing to draw from: kNoDraw with NaN scores, and
+// check_rows_drawn names the first such row. A row of −inf but one entry draws that entry.
+TEST(LogitRows, RowsWithoutFiniteLogitsDrawNothingAndAreNamed) {
+  const float inf = std::numeric_limits<float>::infinity();
+  auto logits = torch::tensor({{0.0f, -inf, -inf, -inf},
+                               {0.0f, std::nanf(""), 1.0f, 2.0f},
+                               {-inf, -inf, -inf, -inf},
+                               {0.0f, inf, 1.0f, 2.0f},
+                               {-inf, -inf, -inf, 3.0f}});
+  auto uniforms = torch::full({5, 2}, 0.5, torch::kFloat64);
+  const auto draws = sample_logit_rows(logits, uniforms, 1.0, 1.0, /*fused=*/false);
+  auto expected = torch::tensor(std::vector<int64_t>{0, kNoDraw, kNoDraw, kNoDraw, 3});
+  EXPECT_TRUE(torch::equal(draws.choices, expected.unsqueeze(1).expand({5, 2}))) << draws.choices;
+  for (int64_t r : {1, 2, 3}) {
+    EXPECT_TRUE(torch::isnan(draws.logprobs[r]).all().item<bool>()) << r;
+    EXPECT_TRUE(torch::isnan(draws.probs[r]).all().item<bool>()) << r;
+  }
+  EXPECT_EQ(draws.probs[4][0].item<float>(), 1.0f);
+  try {
+    check_rows_drawn(draws.choices, "rollout");
+    FAIL() << "a row of NaN was not named";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("rollout: row 1 of the logits holds NaN or +inf"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_NO_THROW(check_rows_drawn(draws.choices.narrow(0, 4, 1), "rollout"));
 }
 
 TEST(LogitRows, ReferenceArgmaxIsTheFirstMaximum) {
@@ -45,6 +89,9 @@ TEST(LogitRows, BadInputsAreRefusedWithTheirShapes) {
     EXPECT_NE(std::string(e.what()).find("[3, 3]"), std::string::npos) << e.what();
   }
   EXPECT_THROW(sample_logit_rows(logits, torch::rand({2, 3}), 1.0, 0.0, false), std::exception);
+  // λ/τ past fp32's range would turn the kernel's weights into NaN: refused on both paths.
+  EXPECT_THROW(sample_logit_rows(logits, torch::rand({2, 3}), 1.0, 1e-39, false), std::exception);
+  EXPECT_THROW(sample_logit_rows(logits, torch::rand({2, 3}), 1e39, 1.0, false), std::exception);
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include "dist/communicator.h"
 #include "objectives/dspine_objective.h"
 #include "objectives/dspine_settings.h"
+#include "objectives/objective.h"
 #include "train/checkpoint.h"
 #include "train/lr_schedule.h"
 #include "common/nonfinite.h"
@@ -491,6 +492,39 @@ TEST(Trainer, NonFiniteStepIsSkippedAndTrainingContinues) {
     const std::string expected = step > 2 ? "\"nonfinite_skipped\":1" : "\"nonfinite_skipped\":0";
     EXPECT_NE(line.find(expected), std::string::npos) << line;
   }
+}
+
+// An objective that finds its window untrainable in begin_window (a GSPO rollout that drew outside
+// the vocabulary) throws WindowFailure on every rank: the run saves the state before that step and
+// stops with the objective's message and the checkpoint; resuming starts from exactly that state.
+TEST(Trainer, WindowFailureStopsAfterSavingTheStateBeforeIt) {
+  auto dir = fresh_dir("window_failure");
+  auto config = small_config(dir, 5);
+  dspine::train::Trainer trainer(config, dspine::dist::make_single_process_communicator());
+  std::vector<std::map<std::string, torch::Tensor>> before;  // weights at each step's start
+  trainer.set_phase_hook([&](const std::string& phase) {
+    if (phase != "prepass") return;
+    before.push_back(dspine::testing::weights_of(trainer.module()));
+    if (before.size() == 3) throw dspine::objectives::WindowFailure("the rollout drew token id 4096");
+  });
+  try {
+    trainer.run();
+    FAIL() << "a window failure did not stop the run";
+  } catch (const dspine::Error& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("step 3: the rollout drew token id 4096; the state before this step "
+                           "is saved in"),
+              std::string::npos)
+        << message;
+    EXPECT_NE(message.find("step-000002"), std::string::npos) << message;
+  }
+  ASSERT_EQ(before.size(), 3u);
+  config.checkpoint.resume = "auto";
+  dspine::train::Trainer resumed(config, dspine::dist::make_single_process_communicator());
+  const auto again = resumed.run(/*stop_after=*/0);
+  EXPECT_EQ(again.first_step, 2);
+  EXPECT_TRUE(
+      dspine::testing::same_weights(before[2], dspine::testing::weights_of(resumed.module())));
 }
 
 // training.on_nonfinite: stop. The run saves the state before the bad step and ends with an
