@@ -5,6 +5,7 @@
 # backbone, refinement walk, speculative sampling) as mean ± standard error over the seeds.
 #
 # Usage: scripts/gspo_testbed_ablation.sh [-s "1 2 3"] [-n STEPS] WORK VARIANT...
+#        scripts/gspo_testbed_ablation.sh -l        (prints the variants' names)
 #   WORK      runs/... directory; results.jsonl there collects one line per finished run, so
 #             calls with other variants or seeds add to the same table (reprinted each time)
 #   VARIANT   a name of the list below
@@ -13,8 +14,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seeds="1 2 3" steps=300
-while getopts "s:n:" opt; do
-  case $opt in s) seeds=$OPTARG ;; n) steps=$OPTARG ;; *) exit 2 ;; esac
+while getopts "s:n:l" opt; do
+  case $opt in
+    s) seeds=$OPTARG ;; n) steps=$OPTARG ;;
+    l) sed -n '/^variant() {/,/^}/ s/^    \([a-z][a-z0-9.-]*\)) .*/\1/p' "$0"; exit 0 ;;
+    *) exit 2 ;;
+  esac
 done
 shift $((OPTIND - 1))
 WORK=${1:?usage: gspo_testbed_ablation.sh [-s seeds] [-n steps] WORK VARIANT...}
