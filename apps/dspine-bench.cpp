@@ -5,6 +5,7 @@
 #include <CLI/CLI.hpp>
 
 #include "bench/bench.h"
+#include "cli_usage.h"
 #include "dist/mpi_context.h"
 
 int main(int argc, char** argv) {
@@ -21,7 +22,7 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    return dspine::cli::exit_on_usage_error(app, e);
   } catch (const std::exception& e) {
     return mpi.fail_run(e);
   }

@@ -18,6 +18,7 @@
 #include <fmt/ranges.h>
 #include <torch/torch.h>
 
+#include "cli_usage.h"
 #include "core/config.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -28,6 +29,7 @@
 #include "dist/launch.h"
 #include "dist/mpi_context.h"
 #include "model/draft_registry.h"
+#include "train/checkpoint.h"
 #include "train/hf_export.h"
 
 namespace {
@@ -159,8 +161,8 @@ void check(const CheckArgs& args) {
 
 void export_draft(const std::string& source, const std::string& out) {
   const auto summary = dspine::train::export_draft(source, out);
-  fmt::print("exported {} ({} tensors, {}) to {}: config.json, model.safetensors\n", source,
-             summary.tensors, summary.dtype, out);
+  fmt::print("exported {} ({} tensors, {}) to {}: config.json, model.safetensors, {}\n", source,
+             summary.tensors, summary.dtype, out, dspine::train::kExportManifest);
 }
 
 // CLI11's PositiveNumber answers -3 with a range up to a 309-digit number.
@@ -242,7 +244,7 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    return dspine::cli::exit_on_usage_error(app, e);
   }
   dspine::dist::MpiContext mpi(&argc, &argv);
   try {

@@ -1,10 +1,10 @@
-// dspine-eval: evaluates a DSpine draft on one batch file and prints every loss term and metric
-// (docs/model.md, "The supervised objective"); --dump-grads writes d(loss)/d(parameter) of every
-// trainable parameter. Used for parity checks against the reference implementation: explicit
-// anchors / keep / replace_mask in the batch file override sampling. --acceptance instead measures
-// the draft's acceptance (mean τ of both walks, acceptance by block position, teacher-forced
-// accuracy) on held-out samples of the config's data source (DSpine and GSPO checkpoints alike;
-// docs/evaluation.md).
+// dspine-eval: measures a trained DSpine draft. --acceptance, its main use, measures the draft's
+// acceptance (mean τ of both walks, acceptance by block position, teacher-forced accuracy) on
+// held-out samples of the config's data source (DSpine and GSPO checkpoints alike;
+// docs/evaluation.md). --batch instead evaluates one batch file and prints every loss term and
+// metric (docs/model.md, "The supervised objective"); --dump-grads writes d(loss)/d(parameter) of
+// every trainable parameter. Used for parity checks against the reference implementation:
+// explicit anchors / keep / replace_mask in the batch file override sampling.
 #include <torch/torch.h>
 
 #include <CLI/CLI.hpp>
@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "cli_usage.h"
 #include "core/config.h"
 #include "core/error.h"
 #include "core/log_stream.h"
@@ -156,13 +157,10 @@ void add_options(CLI::App& app, Options& o) {
   app.add_option("-w,--weights", o.weights_path,
                  "checkpoint or export directory, or a draft .safetensors")
       ->required();
-  app.add_option("-b,--batch", o.batch_path,
-                 "safetensors with input_ids, loss_mask, hidden_states, "
-                 "target_last_hidden_states [, anchors, keep, replace_mask]");
   app.add_flag("--acceptance", o.acceptance,
-               "instead of one batch's loss terms: mean accepted length (backbone argmax and "
-               "refinement walk), acceptance by block position and teacher-forced accuracy from "
-               "every anchor of held-out samples of the data source");
+               "mean accepted length (backbone argmax and refinement walk), acceptance by block "
+               "position and teacher-forced accuracy from every anchor of held-out samples of "
+               "the data source");
   app.add_flag("--json", o.json, "--acceptance: print the report as one JSON line");
   app.add_flag("--per-block-verifier", o.per_block_verifier,
                "--acceptance with an online target: verify every block with its own full target "
@@ -174,6 +172,10 @@ void add_options(CLI::App& app, Options& o) {
                  "--acceptance: global index of the first sample (default: data.eval_offset, "
                  "or 0 of a separate held-out source, or past the run's training data)")
       ->check(CLI::Range(int64_t(0), int64_t(1) << 50));
+  app.add_option("-b,--batch", o.batch_path,
+                 "instead of --acceptance: one batch's loss terms and metrics, from a safetensors "
+                 "with input_ids, loss_mask, hidden_states, target_last_hidden_states [, anchors, "
+                 "keep, replace_mask]");
   app.add_option("--target", o.target_path,
                  "safetensors with model.embed_tokens.weight and lm_head.weight "
                  "(default: the config's data source)");
@@ -273,10 +275,16 @@ nlohmann::json batch_report(const core::Config& config, const Options& o,
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"dspine-eval: every DSpine loss term and metric for one batch"};
+  CLI::App app{"dspine-eval: the acceptance of a trained DSpine draft on held-out samples "
+               "(--acceptance: mean tau, acceptance by block position, accuracy); with --batch, "
+               "every loss term and metric of one batch"};
   Options o;
   add_options(app, o);
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return dspine::cli::exit_on_usage_error(app, e);
+  }
   dspine::log::send_logs_to_stderr();  // stdout carries the report (JSON with --json)
 
   try {
@@ -289,8 +297,9 @@ int main(int argc, char** argv) {
            config.objective.name);
     }
     if (!o.acceptance && o.batch_path.empty()) {
-      fail("dspine-eval: --batch is required (or --acceptance)");
+      fail("dspine-eval: --acceptance or --batch is required");
     }
+    dspine::train::verify_weights(o.weights_path);  // before anything is read from them
     using core::Device;
     const bool cuda = config.training.device == Device::kCuda ||
                       (config.training.device == Device::kAuto && torch::cuda::is_available());

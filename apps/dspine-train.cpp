@@ -5,15 +5,31 @@
 #include <vector>
 
 #include <CLI/CLI.hpp>
+#include <fmt/format.h>
 #include "core/log.h"
 
+#include "cli_usage.h"
 #include "core/config.h"
 #include "core/config_reference.h"
 #include "dist/launch.h"
 #include "dist/mpi_context.h"
 #include "model/draft_registry.h"
+#include "train/metrics_log.h"
 #include "train/objective_registry.h"
 #include "train/trainer.h"
+
+namespace {
+
+// "; its last eval/tau ..." from the metrics file of a finished run, "" when it records none.
+std::string last_tau(const std::string& metrics_file) {
+  if (metrics_file.empty()) return "";
+  const auto tau = dspine::train::last_recorded(metrics_file, "eval/tau");
+  if (!tau) return "";
+  return fmt::format("; its last eval/tau {:.4f} at step {} ({})", tau->value, tau->step,
+                     metrics_file);
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"dspine-train: trains a DSpine speculative-decoding draft model"};
@@ -29,7 +45,11 @@ int main(int argc, char** argv) {
   app.add_flag("--print-config", print_config, "print the resolved configuration and exit");
   app.add_flag("--config-reference", config_reference,
                "print every configuration key as Markdown (docs/config.md) and exit");
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return dspine::cli::exit_on_usage_error(app, e);
+  }
 
   dspine::dist::MpiContext mpi(&argc, &argv);
   try {
@@ -58,8 +78,10 @@ int main(int argc, char** argv) {
     dspine::train::stop_on_signals();  // Ctrl-C or preemption: save at the next step, then exit
     const auto result = trainer.run();
     if (mpi.rank() == 0 && result.losses.empty()) {
-      dspine::log::info("nothing to train: the run is already at step {} of {} (checkpoint.dir {})",
-                        result.final_step, config.training.total_steps, config.checkpoint.dir);
+      dspine::log::info("nothing to train: the run is already at step {} of {} (checkpoint.dir "
+                        "{}){}",
+                        result.final_step, config.training.total_steps, config.checkpoint.dir,
+                        last_tau(config.logging.metrics_file));
     } else if (mpi.rank() == 0) {
       const std::string& metrics = config.logging.metrics_file;
       dspine::log::info("trained steps {}..{} in {:.1f} s: loss {:.4f} -> {:.4f}; checkpoint {}; "

@@ -3,6 +3,10 @@
 #include <torch/torch.h>
 
 #include <filesystem>
+#include <fstream>
+#include <regex>
+
+#include <fmt/format.h>
 
 #include "core/error.h"
 #include "data/qwen3_model.h"
@@ -28,11 +32,39 @@ std::unique_ptr<BatchSource> make_shards(const core::Config& config, const c10::
   return std::make_unique<ShardReader>(config.data.shards_dir, layout_from_config(config));
 }
 
+// The testbed directory (data/testbed-<size>, a size of scripts/make_testbed_target.py) that
+// `path` lies in, as the command that writes it; "" for a path outside one.
+std::string testbed_command(const std::string& path) {
+  static const std::regex testbed("((?:.*/)?testbed-(tiny|gpu))(?:/.*)?");
+  std::smatch match;
+  if (!std::regex_match(path, match, testbed)) return "";
+  return fmt::format("make it with python3 scripts/make_testbed_target.py --size {} --out {} "
+                     "(docs/testbed.md)", match[2].str(), match[1].str());
+}
+
+constexpr const char* kTargetMadeBy = "it must be a Hugging Face Qwen3 directory (docs/target.md)";
+constexpr const char* kSamplesMadeBy =
+    "scripts/prepare_data.py writes token samples from chats (docs/data.md)";
+
+// A data path the configuration names must exist before anything is loaded; otherwise an error
+// names the key and the path, and how the file is made: the testbed's command for a testbed
+// path, else `made_by`.
+void require_data_path(const char* key, const std::string& path, const char* made_by) {
+  if (path.empty() || std::filesystem::exists(path)) return;
+  const std::string command = testbed_command(path);
+  fail("{} {}: no such file or directory; {}", key, path, command.empty() ? made_by : command);
+}
+
 std::unique_ptr<BatchSource> make_target(const core::Config& config, const c10::Device& device) {
+  const auto& data = config.data;
+  require_data_path("data.target.path", data.target.path, kTargetMadeBy);
+  require_data_path("data.samples", data.samples, kSamplesMadeBy);
+  require_data_path("data.eval_samples_file", data.eval_samples_file, kSamplesMadeBy);
   return std::make_unique<TargetSource>(config, device);
 }
 
 std::unique_ptr<BatchSource> make_specforge(const core::Config& config, const c10::Device&) {
+  require_data_path("data.target.path", config.data.target.path, kTargetMadeBy);
   return std::make_unique<SpecforgeSource>(config);
 }
 
@@ -76,16 +108,31 @@ RecordedDepth target_config_depth(const core::Config& config) {
   return {read_qwen3_config(origin).num_hidden_layers, origin};
 }
 
+// The synthetic target has no special tokens; shards and random values do not record them.
+TargetTokenIds no_token_ids(const core::Config&) { return {}; }
+
+// The target's own config.json (read and checked when the source was made).
+TargetTokenIds target_config_token_ids(const core::Config& config) {
+  const std::string path =
+      (std::filesystem::path(config.data.target.path) / "config.json").string();
+  std::ifstream in(path);
+  const auto json = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!json.is_object()) fail("{}: cannot read the target's config.json", path);
+  return {json.value("bos_token_id", nlohmann::json()),
+          json.value("eos_token_id", nlohmann::json())};
+}
+
 // One entry per enumerator of core::DataSource.
 const DataSourceEntry kEntries[] = {
-    {core::DataSource::kSynthetic, make_synthetic, "", nullptr, synthetic_depth, false},
-    {core::DataSource::kRandom, make_random, "", nullptr, unrecorded, true},
-    {core::DataSource::kShards, make_shards, "data.eval_shards_dir", held_out_shards, unrecorded,
+    {core::DataSource::kSynthetic, make_synthetic, "", nullptr, synthetic_depth, no_token_ids,
      false},
+    {core::DataSource::kRandom, make_random, "", nullptr, unrecorded, no_token_ids, true},
+    {core::DataSource::kShards, make_shards, "data.eval_shards_dir", held_out_shards, unrecorded,
+     no_token_ids, false},
     {core::DataSource::kTarget, make_target, "data.eval_samples_file", held_out_samples,
-     target_config_depth, false},
+     target_config_depth, target_config_token_ids, false},
     {core::DataSource::kSpecforge, make_specforge, "data.eval_specforge_dir", held_out_specforge,
-     target_config_depth, false},
+     target_config_depth, target_config_token_ids, false},
 };
 
 }  // namespace

@@ -1,5 +1,6 @@
 // The data sources, one entry each (data.source): how the source is made, its separate held-out
-// set, and where it records the depth of the target its samples come from. Adding a source is its
+// set, and where it records the depth and the special token ids of the target its samples come
+// from. Adding a source is its
 // own files plus one entry in source_registry.cpp, with its enumerator and spelling in
 // core/config.h (docs/ARCHITECTURE.md, "Extension points").
 #pragma once
@@ -9,6 +10,8 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+
+#include <nlohmann/json.hpp>
 
 #include "core/config.h"
 
@@ -23,6 +26,12 @@ struct RecordedDepth {
   std::string origin;
 };
 
+// The target's special token ids as its config.json writes them (an id or a list of ids), for
+// the draft's config.json; null where the source records none.
+struct TargetTokenIds {
+  nlohmann::json bos_token_id, eos_token_id;
+};
+
 struct DataSourceEntry {
   core::DataSource source;
   // The training source of a configuration whose data.source this is (its keys checked by
@@ -33,6 +42,7 @@ struct DataSourceEntry {
   const char* held_out_key;
   std::unique_ptr<BatchSource> (*make_held_out)(const core::Config& config, BatchSource& training);
   RecordedDepth (*target_depth)(const core::Config& config);
+  TargetTokenIds (*target_token_ids)(const core::Config& config);
   // Random values stand in for any target (benchmarks): an unrecorded depth is no warning.
   bool stands_in_for_any_target;
 };

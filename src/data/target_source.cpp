@@ -68,7 +68,7 @@ TargetSource::TargetSource(const core::Config& config, const c10::Device& device
       vocab_(config.model.vocab_size),
       mask_id_(config.model.mask_token_id < 0 ? vocab_ - 1 : config.model.mask_token_id),
       prefetch_(config.data.target.prefetch) {
-  if (!config.data.samples.empty()) samples_.emplace(config.data.samples, vocab_);
+  if (!config.data.samples.empty()) samples_.emplace(config.data.samples, vocab_, "data.samples");
 }
 
 TargetSource::TargetSource(const TargetSource& training, const std::string& samples_path)
@@ -81,7 +81,7 @@ TargetSource::TargetSource(const TargetSource& training, const std::string& samp
       vocab_(training.vocab_),
       mask_id_(training.mask_id_),
       prefetch_(false) {  // held-out rows are read once, by the evaluation
-  samples_.emplace(samples_path, vocab_);
+  samples_.emplace(samples_path, vocab_, "data.eval_samples_file");
 }
 
 std::string TargetSource::describe() const {

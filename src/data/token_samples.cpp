@@ -1,6 +1,7 @@
 #include "data/token_samples.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <exception>
 #include <mutex>
@@ -194,9 +195,13 @@ bool is_blank(const char* begin, const char* end) {
 
 }  // namespace
 
-TokenSamples::TokenSamples(std::string path, int64_t vocab_size)
+TokenSamples::TokenSamples(std::string path, int64_t vocab_size, const std::string& key)
     : path_(std::move(path)), vocab_size_(vocab_size), file_(path_, std::ios::binary) {
-  if (!file_.is_open()) fail("{}: cannot open the token samples file", path_);
+  if (!file_.is_open()) {
+    const std::string reason = std::strerror(errno);  // left by the failed open
+    fail("{}: cannot open the token samples file{}: {}", path_,
+         key.empty() ? "" : " (" + key + ")", reason);
+  }
   // block[0, filled) holds the unfinished line, from file offset `block_offset`, then new bytes.
   std::vector<char> block(kBlockBytes);
   size_t filled = 0;

@@ -22,9 +22,10 @@ struct TokenSample {
 
 class TokenSamples {
  public:
-  // Indexes and checks `path` with the rules of read() (errors name it: unreadable, no samples,
-  // or file:line and what is wrong). `vocab_size` bounds the token ids.
-  TokenSamples(std::string path, int64_t vocab_size);
+  // Indexes and checks `path` with the rules of read() (errors name it: unreadable, with the
+  // key it came from (`key`, e.g. data.samples; "" for a path given directly) and the OS reason,
+  // no samples, or file:line and what is wrong). `vocab_size` bounds the token ids.
+  TokenSamples(std::string path, int64_t vocab_size, const std::string& key = "");
 
   int64_t size() const { return static_cast<int64_t>(offsets_.size()); }
   const std::string& path() const { return path_; }

@@ -128,15 +128,15 @@ nlohmann::json dspine_hf_config(const DSpineModelConfig& c, const HfConfigContex
       {"attention_dropout", 0.0},
       {"auto_map", {{"AutoModel", "dspine.DSpineDraftModel"}}},
       {"block_size", c.block_size},
-      // The synthetic target has no special tokens; a loader reads null as "not set".
-      {"bos_token_id", nullptr},
+      // The target's; null (a loader reads it as "not set") where the run knows none.
+      {"bos_token_id", context.bos_token_id},
       {"dflash_config",
        {{"block_size", c.block_size},
         {"mask_token_id", resolved_mask_token_id(c)},
         {"target_layer_ids", c.target_layer_ids}}},
       {"dspine_config", dspine},
       {"dtype", context.dtype == core::Dtype::kBf16 ? "bfloat16" : "float32"},
-      {"eos_token_id", nullptr},
+      {"eos_token_id", context.eos_token_id},
       {"head_dim", c.head_dim},
       {"hidden_act", "silu"},
       {"hidden_size", c.hidden_size},

@@ -50,6 +50,9 @@ struct HfConfigContext {
   nlohmann::json training_settings = nlohmann::json::object();
   int64_t num_target_layers = 0;        // depth of the target the hidden states come from
   int64_t max_position_embeddings = 0;  // the longest sequence trained on; 0: unknown, left out
+  // The target's special token ids as its config.json writes them (an id or a list of ids);
+  // null where the run has no such record (the synthetic target has none).
+  nlohmann::json bos_token_id, eos_token_id;
 };
 
 // The context of a training run: training.dtype, data.seq_len, and the target depth

@@ -125,31 +125,59 @@ nlohmann::json digest_json(const core::FileDigest& digest) {
   return {{"bytes", digest.bytes}, {"sha256", digest.sha256}};
 }
 
-// Checks one file against its manifest entry ("files": {name: {bytes, sha256}}); a manifest
-// without "files" (checkpoints written before checksums) only requires the file to exist.
-void verify_file(const fs::path& dir, const std::string& name, const nlohmann::json& manifest) {
+// A directory's record of its files' sizes and SHA-256 ("files": {name: {bytes, sha256}}), and
+// how errors name it: a checkpoint's trainer_state.json or an export's kExportManifest.
+struct Manifest {
+  nlohmann::json json;
+  std::string name;  // the manifest's file name
+  std::string kind;  // "checkpoint" | "export"
+};
+
+Manifest checkpoint_manifest(nlohmann::json state) {
+  return {std::move(state), "trainer_state.json", "checkpoint"};
+}
+
+// Checks one file against its manifest entry; a manifest without "files" (checkpoints written
+// before checksums) only requires the file to exist.
+void verify_file(const fs::path& dir, const std::string& name, const Manifest& manifest) {
   const fs::path path = dir / name;
   const std::string where = path.string();
-  if (!fs::is_regular_file(path)) fail("checkpoint file {} is missing", where);
-  const auto files = manifest.find("files");
-  if (files == manifest.end()) return;
+  const char* kind = manifest.kind.c_str();
+  if (!fs::is_regular_file(path)) fail("{} file {} is missing", kind, where);
+  const auto files = manifest.json.find("files");
+  if (files == manifest.json.end()) return;
   const auto entry = files->is_object() ? files->find(name) : files->end();
   if (entry == files->end() || !entry->is_object() || !entry->contains("bytes") ||
       !entry->contains("sha256") || !(*entry)["bytes"].is_number_integer() ||
       !(*entry)["sha256"].is_string()) {
-    fail("checkpoint file {}: the manifest (trainer_state.json) has no valid entry for it", where);
+    fail("{} file {}: the manifest ({}) has no valid entry for it", kind, where, manifest.name);
   }
   const core::FileDigest recorded{(*entry)["bytes"].get<int64_t>(),
                                   (*entry)["sha256"].get<std::string>()};
   const auto check = core::compare_file_digest(where, recorded);
   if (check.result == core::DigestCheck::kSizeDiffers) {
-    fail("checkpoint file {} has {} bytes, the manifest records {} (truncated or replaced)", where,
+    fail("{} file {} has {} bytes, the manifest records {} (truncated or replaced)", kind, where,
          check.found.bytes, recorded.bytes);
   }
   if (check.result == core::DigestCheck::kHashDiffers) {
-    fail("checkpoint file {} is corrupt: its SHA-256 is {}, the manifest records {}", where,
+    fail("{} file {} is corrupt: its SHA-256 is {}, the manifest records {}", kind, where,
          check.found.sha256, recorded.sha256);
   }
+}
+
+// The manifest of `dir`: its trainer_state.json (a checkpoint), else its kExportManifest (an
+// export); nullopt when it has neither.
+std::optional<Manifest> manifest_of(const fs::path& dir) {
+  const fs::path state = dir / "trainer_state.json";
+  if (fs::is_regular_file(state)) {
+    return checkpoint_manifest(parse_trainer_state(read_text(state), state.string()).json);
+  }
+  const fs::path exported = dir / kExportManifest;
+  if (!fs::is_regular_file(exported)) return std::nullopt;
+  const std::string path = exported.string();
+  Manifest manifest{parse_json(read_text(exported), path), kExportManifest, "export"};
+  if (!manifest.json.is_object()) fail("export file {} must hold a JSON object", path);
+  return manifest;
 }
 
 // Renames a checkpoint directory out of the step-* namespace (never deletes it):
@@ -367,14 +395,30 @@ std::optional<TrainerState> checkpoint_state(const std::string& path) {
 void verify_checkpoint(const std::string& directory) {
   const fs::path dir(directory);
   if (!fs::is_directory(dir)) fail("checkpoint directory {} does not exist", directory);
-  const std::string manifest = (dir / "trainer_state.json").string();
-  const TrainerState state = parse_trainer_state(read_text(manifest), manifest);
+  const std::string state_path = (dir / "trainer_state.json").string();
+  const TrainerState state = parse_trainer_state(read_text(state_path), state_path);
+  const Manifest manifest = checkpoint_manifest(state.json);
   for (const char* name : {"model.safetensors", "config.json", "rng.safetensors"}) {
-    verify_file(dir, name, state.json);
+    verify_file(dir, name, manifest);
   }
   for (int r = 0; r < state.saved_world_size; ++r) {
-    verify_file(dir, optimizer_shard_name(r, state.saved_world_size), state.json);
+    verify_file(dir, optimizer_shard_name(r, state.saved_world_size), manifest);
   }
+}
+
+void verify_weights(const std::string& path) {
+  const fs::path weights(path);
+  const bool directory = fs::is_directory(weights);
+  fs::path dir = directory ? weights : weights.parent_path();
+  if (dir.empty()) dir = ".";
+  const auto manifest = manifest_of(dir);
+  if (!manifest) return;
+  if (!directory) {
+    verify_file(dir, weights.filename().string(), *manifest);
+    return;
+  }
+  // What the draft registry's load reads from a directory (model/draft_loading.h).
+  for (const char* name : {"model.safetensors", "config.json"}) verify_file(dir, name, *manifest);
 }
 
 LoadedCheckpoint load_checkpoint(const std::string& directory, int rank, int world_size,
@@ -383,15 +427,16 @@ LoadedCheckpoint load_checkpoint(const std::string& directory, int rank, int wor
   if (!fs::is_directory(dir)) fail("checkpoint directory {} does not exist", directory);
   LoadedCheckpoint loaded;
   loaded.path = directory;
-  const std::string manifest = (dir / "trainer_state.json").string();
-  TrainerState state = parse_trainer_state(read_text(manifest), manifest);
+  const std::string state_path = (dir / "trainer_state.json").string();
+  TrainerState state = parse_trainer_state(read_text(state_path), state_path);
   loaded.trainer_state = std::move(state.json);
   loaded.saved_world_size = state.saved_world_size;
   loaded.step = state.step;
   loaded.data_cursor = state.data_cursor;
   // Every file is checked against the manifest's size and checksum before it is parsed.
+  const Manifest manifest = checkpoint_manifest(loaded.trainer_state);
   auto read_safetensors = [&](const std::string& name) {
-    verify_file(dir, name, loaded.trainer_state);
+    verify_file(dir, name, manifest);
     return core::load_safetensors((dir / name).string());
   };
   loaded.model = read_safetensors("model.safetensors");
@@ -404,7 +449,7 @@ LoadedCheckpoint load_checkpoint(const std::string& directory, int rank, int wor
     }
   }
   loaded.rng = read_safetensors("rng.safetensors");
-  verify_file(dir, "config.json", loaded.trainer_state);
+  verify_file(dir, "config.json", manifest);
   const std::string config = (dir / "config.json").string();
   loaded.model_config = parse_json(read_text(config), config);
   return loaded;

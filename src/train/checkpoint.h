@@ -94,6 +94,19 @@ class CheckpointManager {
 // missing file or one whose size or SHA-256 differs from the manifest's record.
 void verify_checkpoint(const std::string& directory);
 
+// The manifest `dspine-data export` writes beside config.json: the size and SHA-256 of the
+// export's files, under "files" as a checkpoint's trainer_state.json records them (Hugging Face
+// tooling reads config.json and model.safetensors and ignores it).
+inline constexpr const char* kExportManifest = "dspine_manifest.json";
+
+// Checks what a draft load reads from `path` (training.init_from, GSPO's init_from, dspine-eval
+// --weights, dspine-data export) against the recorded size and SHA-256, before anything is read
+// from it: a checkpoint directory's or an export's model.safetensors and config.json, or a
+// weights file inside either, against its directory's manifest (trainer_state.json,
+// kExportManifest). A directory or file without a manifest records nothing to check. Errors
+// word it as verify_checkpoint does: the file, with the measured and the recorded value.
+void verify_weights(const std::string& path);
+
 // Reads a checkpoint directory for `rank` of `world_size`: the optimizer shard of that rank
 // alone when the world size is unchanged and `own_shard_only`, otherwise every shard (a
 // resharding resume). A missing or malformed file, or one whose size or checksum differs from

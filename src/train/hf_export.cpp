@@ -8,10 +8,12 @@
 #include <optional>
 #include <set>
 #include <system_error>
+#include <vector>
 #include <unistd.h>
 
 #include <torch/torch.h>
 
+#include "core/checksum.h"
 #include "core/error.h"
 #include "core/files.h"
 #include "core/safetensors.h"
@@ -110,16 +112,29 @@ json complete_config(const json& hf, const model::DSpineModelConfig& model, core
                                   : *std::max_element(ids.begin(), ids.end()) + 1;
   const json positions = hf.value("max_position_embeddings", json());
   if (positions.is_number_integer()) context.max_position_embeddings = positions.get<int64_t>();
+  context.bos_token_id = hf.value("bos_token_id", json());  // the target's, recorded in training
+  context.eos_token_id = hf.value("eos_token_id", json());
   json config = hf;
   config.update(model::dspine_hf_config(model, context), /*merge_objects=*/true);
   return config;
 }
 
-void write_config(const fs::path& path, const json& config) {
+void write_json(const fs::path& path, const json& value) {
   std::ofstream out(path);
-  out << config.dump(2) << "\n";
+  out << value.dump(2) << "\n";
   out.close();
   if (!out) fail("cannot write {}: {}", path.string(), std::strerror(errno));
+}
+
+// kExportManifest: the size and SHA-256 of the files written in `dir`, which every later load
+// (verify_weights) checks as it checks a checkpoint's.
+void write_manifest(const fs::path& dir, const std::vector<std::string>& names) {
+  json files = json::object();
+  for (const std::string& name : names) {
+    const auto digest = core::digest_file((dir / name).string());
+    files[name] = {{"bytes", digest.bytes}, {"sha256", digest.sha256}};
+  }
+  write_json(dir / kExportManifest, {{"files", files}});
 }
 
 }  // namespace
@@ -134,7 +149,7 @@ ExportSummary export_draft(const std::string& source_dir, const std::string& out
          source_dir);
   }
   const fs::path source(source_dir);
-  if (fs::exists(source / "trainer_state.json")) verify_checkpoint(source_dir);
+  verify_weights(source_dir);  // the recorded sizes and SHA-256 of what is read below
   const std::string config_path = (source / "config.json").string();
   if (!fs::exists(config_path)) fail("{}: no such file; {} is not a draft checkpoint", config_path, source_dir);
   const json hf = model::read_json_file(config_path);
@@ -154,7 +169,8 @@ ExportSummary export_draft(const std::string& source_dir, const std::string& out
   try {
     fs::create_directories(temp);
     core::save_safetensors((temp / "model.safetensors").string(), tensors, {{"format", "pt"}});
-    write_config(temp / "config.json", config);
+    write_json(temp / "config.json", config);
+    write_manifest(temp, {"model.safetensors", "config.json"});
     // rename() would replace an empty directory created meanwhile.
     if (fs::exists(fs::symlink_status(out_dir, ec))) fail("{}: appeared during the export", out_dir);
     fs::rename(temp, out);

@@ -13,8 +13,9 @@ struct ExportSummary {
   std::string dtype;  // of the parameters, as config.json names it: float32 | bfloat16
 };
 
-// Writes `out_dir` from the draft in `source_dir`: a training checkpoint (its manifest's
-// checksums are verified first) or an exported directory. The tensors keep their bytes and
+// Writes `out_dir` from the draft in `source_dir`: a training checkpoint or an exported directory
+// (what is read is first verified against its manifest's sizes and SHA-256, verify_weights), and
+// kExportManifest beside config.json for the loads of the export. The tensors keep their bytes and
 // dtype; config.json is the source's, completed (block_size in dflash_config, all eleven
 // dspine_config fields, num_target_layers, ...). Refuses an existing `out_dir`; writes into a
 // temporary sibling directory and renames it, so `out_dir` is either whole or absent. Errors name

@@ -62,6 +62,23 @@ void MetricsLog::write(const std::map<std::string, double>& record) {
   out_.flush();
 }
 
+std::optional<RecordedValue> last_recorded(const std::string& path, const std::string& key) {
+  std::ifstream in(path);
+  std::optional<RecordedValue> last;
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto record = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!record.is_object()) continue;
+    const auto value = record.find(key);
+    const auto step = record.find("step");
+    if (value != record.end() && value->is_number() && step != record.end() &&
+        step->is_number_integer()) {
+      last = RecordedValue{step->get<int64_t>(), value->get<double>()};
+    }
+  }
+  return last;
+}
+
 ProgressLine::ProgressLine(core::ProgressMode mode, int64_t first_step, int64_t total_steps)
     : terminal_(core::on_terminal(STDERR_FILENO)),
       enabled_(mode == core::ProgressMode::kOn || (mode == core::ProgressMode::kAuto && terminal_)),
@@ -69,7 +86,8 @@ ProgressLine::ProgressLine(core::ProgressMode mode, int64_t first_step, int64_t 
       total_steps_(total_steps),
       start_(std::chrono::steady_clock::now()) {}
 
-void ProgressLine::update(int64_t step, double loss, double tokens_per_second) {
+void ProgressLine::update(int64_t step, double loss, const std::string& measures,
+                          double tokens_per_second) {
   if (!enabled_) return;
   const double elapsed =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
@@ -77,9 +95,10 @@ void ProgressLine::update(int64_t step, double loss, double tokens_per_second) {
   const double rate = done > 0 ? done / elapsed : 0.0;
   const double eta = rate > 0 ? static_cast<double>(total_steps_ - step) / rate : 0.0;
   // A terminal redraws one line; a pipe or file (progress: true) gets plain lines, no escapes.
-  std::fprintf(stderr, "%sstep %lld/%lld  loss %.4f  %.2f step/s  %.0f tok/s  ETA %02d:%02d%s",
+  std::fprintf(stderr, "%sstep %lld/%lld  loss %.4f%s  %.2f step/s  %.0f tok/s  ETA %02d:%02d%s",
                terminal_ ? "\r\033[K" : "", static_cast<long long>(step),
-               static_cast<long long>(total_steps_), loss, rate, tokens_per_second,
+               static_cast<long long>(total_steps_), loss, measures.c_str(), rate,
+               tokens_per_second,
                static_cast<int>(eta) / 60, static_cast<int>(eta) % 60, terminal_ ? "" : "\n");
   std::fflush(stderr);
 }

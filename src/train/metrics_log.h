@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <string>
 
 #include "core/config.h"
@@ -24,11 +25,22 @@ class MetricsLog {
   std::ofstream out_;
 };
 
+// One value of a metrics file and the step of its record.
+struct RecordedValue {
+  int64_t step = 0;
+  double value = 0;
+};
+
+// The last record of the metrics file `path` that holds `key` (e.g. "eval/tau"); nullopt when
+// the file is absent or no record holds it. Unparseable lines are skipped.
+std::optional<RecordedValue> last_recorded(const std::string& path, const std::string& key);
+
 class ProgressLine {
  public:
   // logging.progress: auto shows it only when stderr is a terminal.
   ProgressLine(core::ProgressMode mode, int64_t first_step, int64_t total_steps);
-  void update(int64_t step, double loss, double tokens_per_second);
+  // `measures`: the objective's measures of progress beside the loss, " name value" pairs.
+  void update(int64_t step, double loss, const std::string& measures, double tokens_per_second);
   void finish();
   bool enabled() const { return enabled_; }
 

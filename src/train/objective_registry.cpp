@@ -7,6 +7,7 @@
 
 #include "core/config_section.h"
 #include "core/error.h"
+#include "data/source_registry.h"
 #include "model/simple_draft.h"
 #include "objectives/ce_objective.h"
 #include "objectives/dspine_objective.h"
@@ -16,11 +17,15 @@
 namespace dspine::train {
 namespace {
 
-// config.json: the draft's, from its registry entry, with the objective's training settings.
+// config.json: the draft's, from its registry entry, with the objective's training settings and
+// the target's special token ids.
 nlohmann::json hf_config_of(const core::Config& config, const model::ResolvedDraft& draft,
                             const nlohmann::json& training_settings) {
-  return draft.entry->hf_config(config.model, *draft.settings,
-                                model::hf_config_context(config, training_settings));
+  auto context = model::hf_config_context(config, training_settings);
+  const auto ids = data::data_source_entry(config.data.source).target_token_ids(config);
+  context.bos_token_id = ids.bos_token_id;
+  context.eos_token_id = ids.eos_token_id;
+  return draft.entry->hf_config(config.model, *draft.settings, context);
 }
 
 // ce has no settings: any key under objective.ce is unknown.

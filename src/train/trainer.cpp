@@ -58,6 +58,18 @@ std::string starting_point(const std::string& path) {
   return state ? fmt::format("{} (step {})", path, state->step) : path;
 }
 
+// The measures of progress an objective reports beside its loss, as " name value" pairs for the
+// console ("" when it reports none): GSPO's loss does not show progress (docs/gspo.md), its
+// reward and accepted length do.
+std::string progress_measures(const std::map<std::string, double>& terms) {
+  std::string text;
+  for (const char* name : {"gspo/reward", "gspo/accepted_length"}) {
+    const auto term = terms.find(name);
+    if (term != terms.end()) text += fmt::format(" {} {:.4f}", name, term->second);
+  }
+  return text;
+}
+
 // What made an update non-finite, as far as this rank can tell cheaply: its own loss (and the
 // first micro-batch where it went bad), else the first unit whose reduced gradient is not finite.
 std::string nonfinite_culprit(double local_loss, int64_t bad_micro, const MasterAdamW& optimizer) {
@@ -225,7 +237,10 @@ void Trainer::Run::resume_or_start() {
   if (resume_from.empty()) {
     s.sharded->gather_all();
     started_from = s.built.objective->on_fresh_start(cfg.training.init_from);
-    if (!started_from.empty()) s.built.draft.entry->load(*s.built.module, started_from);
+    if (!started_from.empty()) {
+      verify_weights(started_from);  // as a resume verifies its checkpoint
+      s.built.draft.entry->load(*s.built.module, started_from);
+    }
     s.sharded->load_masters_from_model();  // initialisation done on the model counts
     s.sharded->release_all();
     return;
@@ -536,14 +551,14 @@ void Trainer::Run::log_window(const Window& w, std::map<std::string, double> eva
     record.insert(eval_record.begin(), eval_record.end());
     metrics->write(record);
     if (leader && !progress->enabled()) {
-      log::info("step {}/{} loss {:.4f} lr {:.3g} grad_norm {:.3f} {:.0f} tok/s", s.step, total,
-                w.loss, w.lr, w.grad_norm, tokens_per_second);
+      log::info("step {}/{} loss {:.4f}{} lr {:.3g} grad_norm {:.3f} {:.0f} tok/s", s.step, total,
+                w.loss, progress_measures(w.terms), w.lr, w.grad_norm, tokens_per_second);
     }
   }
   const double interval_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - window_started).count();
   // Until the first logging interval ends, the rate so far (not 0).
-  progress->update(s.step, w.loss,
+  progress->update(s.step, w.loss, progress_measures(w.terms),
                    tokens_per_second > 0 ? tokens_per_second
                                          : tokens_since_log / std::max(interval_s, 1e-9));
 }

@@ -2,7 +2,10 @@
 # Every input from outside (flags, config files, overrides, checkpoints, batch and shard files)
 # that is wrong ends the tool with a non-zero status and one line naming what is wrong (plus
 # CLI11's "Run with --help" for a bad flag): never "internal error", an uncaught exception or a
-# crash. Also: output into a pipe carries no terminal escape codes.
+# crash. A usage error exits 2 in every tool. A corrupt checkpoint is refused by every load of its
+# weights (dspine-eval --weights, training.init_from, export), naming the file and both SHA-256.
+# Also: output into a pipe carries no terminal escape codes; dspine-eval's help leads with
+# --acceptance.
 # Usage: cli_errors.sh <bin dir> <source dir> <work dir>
 set -uo pipefail
 BIN=$1 SRC=$2 WORK=$3
@@ -11,6 +14,7 @@ failures=0
 
 # expect_error <expected text> <command...>: non-zero (not a signal), the first line holds the
 # expected text, at most one more line and only CLI11's hint, nothing that looks like a crash.
+# With status=2 set (a usage error): status 2 and CLI11's hint.
 expect_error() {
   local expected=$1; shift
   local out rc
@@ -20,6 +24,8 @@ expect_error() {
   local problem=""
   if ((rc == 0)); then problem="exit status 0"
   elif ((rc >= 128)); then problem="ended by signal $((rc - 128))"
+  elif [[ -n ${status:-} ]] && ((rc != status)); then problem="exit status $rc, not $status"
+  elif [[ -n ${status:-} && $out != *"Run with --help"* ]]; then problem="no --help hint"
   elif [[ $first != *"$expected"* ]]; then problem="first line lacks '$expected'"
   elif [[ -n $rest ]]; then problem="more than one line"
   elif grep -qE 'internal error|terminate called|Exception raised from|what\(\)' <<<"$out"; then
@@ -47,14 +53,21 @@ expect_error "override 'training.lr' is malformed" "$train" --set training.lr
 expect_error "trainng: unknown section; did you mean training?" "$train" --set trainng.lr=1
 expect_error "training.batch_size = abc" "$train" --set training.batch_size=abc
 expect_error "training.on_nonfinite = ignore" "$train" --set training.on_nonfinite=ignore
-expect_error "--bogus" "$train" --bogus
-expect_error "--bogus" "$eval_" --config "$tiny" --weights "$WORK" --bogus
-expect_error "--bogus" "$data" generate --out "$WORK/x" --bogus
-expect_error "--bogus" "$bench" step --bogus
+status=2 expect_error "--bogus" "$train" --bogus
+status=2 expect_error "--bogus" "$eval_" --config "$tiny" --weights "$WORK" --bogus
+status=2 expect_error "weights" "$eval_" --config "$tiny"
+status=2 expect_error "--bogus" "$data" generate --out "$WORK/x" --bogus
+status=2 expect_error "--out" "$data" generate
+status=2 expect_error "A subcommand is required" "$data"
+status=2 expect_error "--bogus" "$bench" step --bogus
+status=2 expect_error "A subcommand is required" "$bench"
+help=$("$eval_" --help 2>&1) && [[ $(head -n 1 <<<"$help") == *"--acceptance"* ]] &&
+  echo "ok   dspine-eval --help leads with --acceptance" ||
+  { echo "FAIL: dspine-eval --help does not lead with --acceptance"; failures=$((failures + 1)); }
 expect_error "$WORK/missing.yaml" "$bench" step --config "$WORK/missing.yaml"
-expect_error "--candidates" "$bench" gemm --candidates 0
+status=2 expect_error "--candidates" "$bench" gemm --candidates 0
 expect_error "$WORK/missing.yaml" "$data" generate --config "$WORK/missing.yaml" --out "$WORK/x"
-expect_error "--samples" "$data" generate --out "$WORK/x" --samples -3
+status=2 expect_error "--samples" "$data" generate --out "$WORK/x" --samples -3
 expect_error "$WORK/no_checkpoint" "$train" "${quiet[@]}" --set checkpoint.dir="$WORK/c1" \
   --resume "$WORK/no_checkpoint"
 
@@ -74,6 +87,27 @@ cp -r "$step" "$WORK/truncated"
 truncate -s 1000 "$WORK/truncated/model.safetensors"
 expect_error "$WORK/truncated/model.safetensors" \
   "$eval_" --config "$tiny" --weights "$WORK/truncated" --acceptance
+# A corrupt model.safetensors: every load of the checkpoint's weights refuses it as resume does,
+# naming the file, its measured and its recorded SHA-256, before writing anything.
+cp -r "$step" "$WORK/corrupt_ckpt"
+printf '\xff' | dd of="$WORK/corrupt_ckpt/model.safetensors" bs=1 seek=100 conv=notrunc 2>/dev/null
+measured=$(sha256sum "$WORK/corrupt_ckpt/model.safetensors" | cut -d' ' -f1)
+recorded=$(python3 -c 'import json, sys
+print(json.load(open(sys.argv[1]))["files"]["model.safetensors"]["sha256"])' \
+  "$WORK/corrupt_ckpt/trainer_state.json")
+corrupt="$WORK/corrupt_ckpt/model.safetensors is corrupt: its SHA-256 is $measured,"
+corrupt+=" the manifest records $recorded"
+expect_error "$corrupt" "$eval_" --config "$tiny" --weights "$WORK/corrupt_ckpt" --acceptance
+expect_error "$corrupt" "$eval_" --config "$tiny" --weights "$WORK/corrupt_ckpt/model.safetensors" \
+  --acceptance
+expect_error "$corrupt" "$train" --config "$tiny" "${quiet[@]}" --set training.total_steps=1 \
+  --set training.init_from="$WORK/corrupt_ckpt" --set checkpoint.dir="$WORK/c_init"
+[[ -n $(ls -A "$WORK/c_init" 2>/dev/null) ]] &&
+  { echo "FAIL: training from a corrupt init_from wrote $WORK/c_init"; failures=$((failures + 1)); }
+expect_error "$corrupt" "$data" export "$WORK/corrupt_ckpt" "$WORK/corrupt_export"
+[[ -e $WORK/corrupt_export ]] && { echo "FAIL: exporting a corrupt checkpoint wrote" \
+  "$WORK/corrupt_export"; failures=$((failures + 1)); }
+
 python3 - "$WORK/only_ids.safetensors" <<'PY'
 import json, struct, sys
 header = json.dumps({"input_ids": {"dtype": "I64", "shape": [1, 2], "data_offsets": [0, 16]}})

@@ -137,8 +137,12 @@ TEST_F(TokenSamplesTest, LinesAcrossReadBlocksAndLongerThanABlockAreIndexed) {
   EXPECT_EQ(samples.read(2000).input_ids, (std::vector<int64_t>{3, 4, 5, 6}));
 }
 
+// An unopenable file is named with the key it came from and the OS reason.
 TEST_F(TokenSamplesTest, MissingOrEmptyFileIsNamed) {
   expect_error_mentioning([&] { TokenSamples(path_.string(), 10); }, {path_.string(), "cannot open"});
+  expect_error_mentioning([&] { TokenSamples(path_.string(), 10, "data.eval_samples_file"); },
+                          {path_.string(), "cannot open the token samples file "
+                                           "(data.eval_samples_file): No such file or directory"});
   expect_error_mentioning([&] { TokenSamples(write("\n  \n"), 10); }, {path_.string(), "no samples"});
 }
 

@@ -2,7 +2,7 @@
 # The trainer's eval/... metrics at its last step equal dspine-eval --acceptance --json on the
 # checkpoint it saved there, same samples: in one process, or (with an mpirun) on two zero3 ranks
 # that each measure half of the samples. And dspine-eval's stdout is JSON alone, also with a
-# deprecated key in the configuration.
+# deprecated key in the configuration; the run, started again when finished, gives its last τ.
 # Usage: eval_matches_cli.sh <bin dir> <source dir> <work dir> [mpirun]
 set -uo pipefail
 BIN=$1 SRC=$2 WORK=$3 MPIRUN=${4:-}
@@ -17,6 +17,14 @@ fi
   --set logging.progress=false --set checkpoint.dir="$WORK/checkpoints" \
   --set checkpoint.resume=none --set logging.metrics_file="$WORK/metrics.jsonl" \
   >"$WORK/train.log" 2>&1 || fail "training failed"
+# Run again, the run is finished: it says so, with its last τ from the metrics file.
+"${launch[@]}" --config "$SRC/configs/tiny.yaml" --set training.total_steps=4 \
+  --set training.eval_every=4 --set data.eval_samples=8 --set distributed.sharding=$sharding \
+  --set logging.progress=false --set checkpoint.dir="$WORK/checkpoints" \
+  --set checkpoint.resume=auto --set logging.metrics_file="$WORK/metrics.jsonl" \
+  >"$WORK/again.log" 2>&1 || fail "the finished run failed when run again"
+grep -E "nothing to train: .*; its last eval/tau [0-9.]+ at step 4 \($WORK/metrics.jsonl\)" \
+  "$WORK/again.log" >/dev/null || fail "running a finished run again does not give its last tau"
 offset=$(python3 -c 'import json,sys; print(int(json.loads(open(sys.argv[1]).readlines()[-1])["eval/offset"]))' \
   "$WORK/metrics.jsonl") || fail "no eval/offset in the last metrics record"
 "$BIN/dspine-eval" --config "$SRC/configs/tiny.yaml" --weights "$WORK/checkpoints/step-000004" \

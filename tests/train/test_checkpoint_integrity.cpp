@@ -1,5 +1,7 @@
 // Checkpoint integrity: checksums, falling back past bad checkpoints, setting newer ones aside,
-// the resume configuration check and saves that fail (full disk, unusable directory).
+// the resume configuration check, saves that fail (full disk, unusable directory), and every
+// other load of a checkpoint's weights (training.init_from, export, an export's own manifest)
+// refusing a corrupt file as resume does.
 #include <sys/resource.h>
 
 #include <csignal>
@@ -10,11 +12,13 @@
 
 #include "common/expect_error.h"
 #include "common/small_run.h"
+#include "core/checksum.h"
 #include "core/config.h"
 #include "core/files.h"
 #include "dist/communicator.h"
 #include "train/checkpoint.h"
 #include "train/config_diff.h"
+#include "train/hf_export.h"
 #include "train/trainer.h"
 
 namespace fs = std::filesystem;
@@ -78,6 +82,35 @@ std::string resume_past_damage(Config config) {
   EXPECT_EQ(result.first_step, 2);
   EXPECT_EQ(result.final_step, 6);
   return printed;
+}
+
+// Flips a byte of `directory`'s model.safetensors; returns what a refusal must name: the file,
+// its SHA-256 as now measured and the one its manifest (`manifest`) records.
+std::vector<std::string> corrupt_weights(const fs::path& directory, const std::string& manifest) {
+  const fs::path weights = directory / "model.safetensors";
+  flip_byte(weights, 100);
+  std::ifstream in(directory / manifest);
+  const auto recorded = nlohmann::json::parse(in)["files"]["model.safetensors"]["sha256"];
+  return {weights.string() + " is corrupt", "its SHA-256 is " +
+          dspine::core::digest_file(weights.string()).sha256,
+          "the manifest records " + recorded.get<std::string>()};
+}
+
+// The step-* directories under `dir`.
+std::vector<fs::path> saved_steps(const fs::path& dir) {
+  std::vector<fs::path> steps;
+  if (!fs::is_directory(dir)) return steps;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    if (entry.path().filename().string().rfind("step-", 0) == 0) steps.push_back(entry.path());
+  }
+  return steps;
+}
+
+// One saved step of the tiny DSpine configuration on the CPU (what an export reads).
+std::string tiny_dspine_checkpoint(const fs::path& dir) {
+  auto config = dspine::testing::tiny_dspine_run_config(dir, 1);
+  config.training.device = dspine::core::Device::kCpu;
+  return train(config).last_checkpoint;
 }
 
 }  // namespace
@@ -222,4 +255,66 @@ TEST(CheckpointIntegrity, UnwritableDirectoryIsNamedWithTheReason) {
   expect_error_mentioning([&] { train(config); },
                           {"cannot save checkpoint step-000002", config.checkpoint.dir,
                            "Not a directory"});
+}
+
+// training.init_from (and GSPO's alias, which the trainer loads the same way) verifies the
+// checkpoint as a resume does, before the weights are read: a corrupt model.safetensors, named
+// as a directory or as the file itself, stops the run before it writes anything.
+TEST(CheckpointIntegrity, InitFromRefusesACorruptCheckpoint) {
+  const auto dir = fresh_dir("init_from_corrupt");
+  auto config = two_checkpoints(dir);
+  const auto source = checkpoint(config, 4);
+  const auto refusal = corrupt_weights(source, "trainer_state.json");
+  config.checkpoint.dir = (dir / "fine_tune").string();
+  config.checkpoint.resume = "none";
+  config.checkpoint.save_every = 1;
+  for (const fs::path& init_from : {source, source / "model.safetensors"}) {
+    config.training.init_from = init_from.string();
+    expect_error_mentioning([&] { train(config); }, refusal);
+    EXPECT_TRUE(saved_steps(config.checkpoint.dir).empty()) << init_from;
+  }
+}
+
+// GSPO's objective.gspo.init_from names the weights through the objective; the trainer verifies
+// them all the same.
+TEST(CheckpointIntegrity, GspoInitFromRefusesACorruptCheckpoint) {
+  const auto dir = fresh_dir("gspo_init_from_corrupt");
+  const fs::path source = tiny_dspine_checkpoint(dir / "sft");
+  const auto refusal = corrupt_weights(source, "trainer_state.json");
+  auto config = dspine::testing::tiny_dspine_run_config(dir / "rl", 1);
+  config.training.device = dspine::core::Device::kCpu;
+  config.objective.name = "gspo";
+  config.objective.sections["gspo"] = "{group_size: 3, init_from: " + source.string() + "}";
+  expect_error_mentioning([&] { train(config); }, refusal);
+  EXPECT_TRUE(saved_steps(config.checkpoint.dir).empty());
+}
+
+// dspine-data export verifies the files it reads and writes its own manifest (kExportManifest),
+// which every later load of the export checks the same way.
+TEST(CheckpointIntegrity, ExportRefusesACorruptCheckpointAndRecordsItsOwnDigests) {
+  const auto dir = fresh_dir("export_corrupt");
+  const fs::path source = tiny_dspine_checkpoint(dir / "run");
+  const auto good = dir / "good";
+  dspine::train::export_draft(source.string(), good.string());
+  std::ifstream in(good / dspine::train::kExportManifest);
+  const auto manifest = nlohmann::json::parse(in);
+  for (const char* name : {"model.safetensors", "config.json"}) {
+    const auto digest = dspine::core::digest_file((good / name).string());
+    EXPECT_EQ(manifest["files"][name]["sha256"], digest.sha256) << name;
+    EXPECT_EQ(manifest["files"][name]["bytes"], digest.bytes) << name;
+  }
+  EXPECT_NO_THROW(dspine::train::verify_weights(good.string()));
+
+  const auto refusal = corrupt_weights(source, "trainer_state.json");
+  expect_error_mentioning(
+      [&] { dspine::train::export_draft(source.string(), (dir / "bad").string()); }, refusal);
+  EXPECT_FALSE(fs::exists(dir / "bad"));
+
+  // A corrupt export: refused by the loads (verify_weights) and by a re-export alike.
+  const auto export_refusal = corrupt_weights(good, dspine::train::kExportManifest);
+  expect_error_mentioning([&] { dspine::train::verify_weights(good.string()); }, export_refusal);
+  expect_error_mentioning(
+      [&] { dspine::train::export_draft(good.string(), (dir / "again").string()); },
+      export_refusal);
+  EXPECT_FALSE(fs::exists(dir / "again"));
 }
