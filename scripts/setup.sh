@@ -2,6 +2,9 @@
 # Installs what the build needs, idempotently, then configures and builds into build/.
 # Dev/CI machines (Debian 12, no GPU): apt -dev packages + torch wheel in a cached venv.
 # GPU machine (torch 2.11.0 in python3, C++ packages present): reuses them, installs nothing.
+# Usage: scripts/setup.sh [TARGET...]   (without targets: everything, tests included)
+# Each phase prints one line with its time; the installers' and the build's own output goes to
+# logs (the cache's pip.log, build/build.log), shown when a step fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -12,6 +15,17 @@ CACHE_ROOT="${DSPINE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/dspine}"
 VENV="$CACHE_ROOT/venv-torch-$TORCH_VERSION"
 BUILD_DIR="${DSPINE_BUILD_DIR:-build}"
 log() { echo "[setup] $*" >&2; }
+SETUP_START=$SECONDS
+PIP_LOG="$CACHE_ROOT/pip.log"
+# pip quietly, its messages in $PIP_LOG: --no-deps installs make its resolver print "ERROR:"
+# lines about the requirements left out on purpose (see docs/setup.md); shown when pip fails.
+pip_install() {
+  local py=$1; shift
+  mkdir -p "$CACHE_ROOT"
+  echo "== pip install $*" >>"$PIP_LOG"
+  "$py" -m pip install -q --disable-pip-version-check "$@" >>"$PIP_LOG" 2>&1 ||
+    { tail -30 "$PIP_LOG" >&2; log "pip install $* failed (log: $PIP_LOG)"; exit 1; }
+}
 
 have_header() { echo "#include <$1>" | g++ -std=c++17 -E -x c++ - >/dev/null 2>&1; }
 
@@ -34,8 +48,11 @@ install_system_packages() {
   local sudo=""; [[ $(id -u) -ne 0 ]] && sudo=sudo
   if ((${#missing[@]})); then
     log "installing Debian packages: ${missing[*]}"
-    $sudo apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    local apt_log; apt_log=$(mktemp)
+    { $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+        $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"; } >"$apt_log" 2>&1 ||
+      { cat "$apt_log" >&2; log "apt-get failed"; exit 1; }
+    rm -f "$apt_log"
   fi
   # ccache only speeds up rebuilds: installed where a package registry answers, else skipped.
   if ! command -v ccache >/dev/null; then
@@ -56,9 +73,10 @@ torch_python() {
     python3 -m venv "$VENV"
     # The CUDA toolkit's own cuBLAS/cuDNN/NCCL/cudart serve libtorch_cuda; only the libraries the
     # toolkit lacks come as wheels (about 0.3 GB instead of several GB, see docs/setup.md).
-    "$VENV/bin/pip" install -q --no-deps "torch==$TORCH_VERSION" \
+    pip_install "$VENV/bin/python" --no-deps "torch==$TORCH_VERSION" \
       "nvidia-cufile==1.15.1.6.*" "nvidia-cusparselt-cu13==0.8.0" "nvidia-nvshmem-cu13==3.4.5"
-    "$VENV/bin/pip" install -q filelock "typing-extensions>=4.10" sympy networkx jinja2 fsspec "setuptools<82"
+    pip_install "$VENV/bin/python" filelock "typing-extensions>=4.10" sympy networkx jinja2 fsspec \
+      "setuptools<82"
   fi
   echo "$VENV/bin/python"
 }
@@ -72,7 +90,7 @@ ensure_nccl() {
   "$py" -c "import nvidia.nccl" 2>/dev/null && return
   [[ $py == "$VENV/bin/python" ]] || { log "warning: no NCCL found and python3 is not our venv"; return; }
   log "no NCCL in the CUDA toolkit: installing nvidia-nccl-cu13 into $VENV"
-  "$VENV/bin/pip" install -q --no-deps "nvidia-nccl-cu13==2.28.9"
+  pip_install "$VENV/bin/python" --no-deps "nvidia-nccl-cu13==2.28.9"
 }
 
 # Python packages the scripts and tests use (tests/data/make_tiny_qwen3.py, plots), only into
@@ -85,7 +103,7 @@ ensure_python_packages() {
   "$py" -c "import sys, transformers, matplotlib; sys.exit(transformers.__version__ != '$TRANSFORMERS_VERSION')" \
     2>/dev/null && return
   log "installing transformers==$TRANSFORMERS_VERSION and matplotlib into $VENV"
-  "$VENV/bin/pip" install -q "transformers==$TRANSFORMERS_VERSION" "matplotlib==3.11.2"
+  pip_install "$VENV/bin/python" "transformers==$TRANSFORMERS_VERSION" "matplotlib==3.11.2"
 }
 
 # lizard, for ctest `function_size` (function length and complexity limits), only into our own
@@ -95,7 +113,7 @@ ensure_lizard() {
   [[ $py == "$VENV/bin/python" ]] || return 0
   [[ $("$VENV/bin/lizard" --version 2>/dev/null) == "$LIZARD_VERSION" ]] && return
   log "installing lizard==$LIZARD_VERSION into $VENV"
-  "$VENV/bin/pip" install -q "lizard==$LIZARD_VERSION"
+  pip_install "$VENV/bin/python" "lizard==$LIZARD_VERSION"
 }
 
 install_system_packages
@@ -104,7 +122,7 @@ ensure_nccl "$PY"
 ensure_python_packages "$PY"
 ensure_lizard "$PY"
 TORCH_PREFIX=$("$PY" -W ignore -c 'import torch; print(torch.utils.cmake_prefix_path)')
-log "torch from $PY ($TORCH_PREFIX)"
+log "packages and torch ready in $((SECONDS - SETUP_START)) s (torch from $PY)"
 
 launcher=()
 command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
@@ -132,4 +150,26 @@ configure() {
 }
 
 configure
-cmake --build "$BUILD_DIR" -j "${DSPINE_JOBS:-$(nproc)}"
+# The build's output goes to $BUILD_DIR/build.log; one line before and after, the errors on failure.
+# A cold build takes many minutes on 2 cores: its progress ([step/steps]) every 2 minutes.
+build_start=$SECONDS
+targets=("$@")
+log "building ${targets[*]:-everything} in $BUILD_DIR (log: $BUILD_DIR/build.log)"
+cmake --build "$BUILD_DIR" -j "${DSPINE_JOBS:-$(nproc)}" ${targets[@]:+--target "${targets[@]}"} \
+  >"$BUILD_DIR/build.log" 2>&1 &
+build_pid=$!
+last_report=$SECONDS
+while kill -0 "$build_pid" 2>/dev/null; do
+  sleep 2
+  if ((SECONDS - last_report >= 120)); then
+    last_report=$SECONDS
+    log "building: $(grep -o '^\[[0-9]*/[0-9]*\]' "$BUILD_DIR/build.log" | tail -1) after $((SECONDS - build_start)) s"
+  fi
+done
+if ! wait "$build_pid"; then
+  grep -E -B2 -A12 "error|FAILED" "$BUILD_DIR/build.log" | head -80 >&2
+  log "build failed (full log: $BUILD_DIR/build.log)"
+  exit 1
+fi
+steps=$(grep -c '^\[[0-9]*/[0-9]*\]' "$BUILD_DIR/build.log" || true)
+log "build done in $((SECONDS - build_start)) s ($steps steps; set-up in all $((SECONDS - SETUP_START)) s)"

@@ -7,4 +7,5 @@ scripts/setup.sh
 # spin-waiting between oversubscribed test processes.
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
+echo "[test] running the suite (ctest -j $(nproc))" >&2
 ctest --test-dir "${DSPINE_BUILD_DIR:-build}" --output-on-failure -j "$(nproc)" "$@"

@@ -111,7 +111,9 @@ Positions make_positions(int64_t past, int64_t count, const at::Tensor& inv_freq
                          const Qwen3Rope& rope, const at::TensorOptions& options) {
   const auto position = at::arange(past, past + count, options.dtype(at::kFloat));
   auto [cos, sin] = rope_tables(position, inv_freq, rope, options.dtype().toScalarType());
-  Positions out{std::move(cos), std::move(sin), std::nullopt};
+  Positions out;
+  out.cos = std::move(cos);
+  out.sin = std::move(sin);
   if (count > 1 && past == 0) {
     out.causal = true;
   } else if (count > 1) {  // query i sees keys 0 .. past + i
