@@ -11,8 +11,8 @@
 # AVX-512 (SPR) and the AMD EPYC development machine give other bits for the same input, whatever
 # MKL_CBWR or MKL_ENABLE_INSTRUCTIONS say, while every other op checked (exp, log, sin, cos, tanh,
 # erf, sigmoid, pow, softmax, matmul, bmm, sums, randn, ...) agrees under these pins. So this test
-# fails on such a Xeon until those paths stop calling ATen's CPU sqrt (issue: "tiny_golden fails
-# on an AVX-512 machine").
+# fails on such a Xeon until those paths stop calling ATen's CPU sqrt. scripts/cpu_op_digests.py
+# lists the ops' digests to compare two machines.
 # A change meant to change these numbers records them again: DSPINE_UPDATE_GOLDEN=1 (say why in
 # the commit).
 # Usage: tiny_golden.sh <bin dir> <source dir> <work dir>
