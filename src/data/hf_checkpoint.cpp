@@ -352,6 +352,10 @@ Qwen3Dims read_qwen3_config(const std::string& config_json_path) {
   return dims;
 }
 
+nlohmann::json read_hf_config_json(const std::string& config_json_path) {
+  return read_json(config_json_path);
+}
+
 Qwen3Weights read_hf_weights(const std::string& dir) {
   const fs::path root(dir);
   const std::string index_path = (root / kIndexFile).string();

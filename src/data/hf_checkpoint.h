@@ -5,6 +5,8 @@
 
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "data/qwen3_model.h"
 
 namespace dspine::data {
@@ -17,5 +19,8 @@ Qwen3Weights read_hf_weights(const std::string& dir);
 // The file of the directory that holds `tensor`: the one the sharded index lists it in ("" when
 // the index lists it nowhere), else model.safetensors. Reads no weights.
 std::string hf_file_holding(const std::string& dir, const std::string& tensor);
+
+// A config.json as a JSON object, read as read_qwen3_config reads it (errors name the file).
+nlohmann::json read_hf_config_json(const std::string& config_json_path);
 
 }  // namespace dspine::data

@@ -3,12 +3,12 @@
 #include <torch/torch.h>
 
 #include <filesystem>
-#include <fstream>
 #include <regex>
 
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "data/hf_checkpoint.h"
 #include "data/qwen3_model.h"
 #include "data/random_source.h"
 #include "data/shards.h"
@@ -113,11 +113,8 @@ TargetTokenIds no_token_ids(const core::Config&) { return {}; }
 
 // The target's own config.json (read and checked when the source was made).
 TargetTokenIds target_config_token_ids(const core::Config& config) {
-  const std::string path =
-      (std::filesystem::path(config.data.target.path) / "config.json").string();
-  std::ifstream in(path);
-  const auto json = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (!json.is_object()) fail("{}: cannot read the target's config.json", path);
+  const auto path = std::filesystem::path(config.data.target.path) / "config.json";
+  const auto json = read_hf_config_json(path.string());
   return {json.value("bos_token_id", nlohmann::json()),
           json.value("eos_token_id", nlohmann::json())};
 }

@@ -1,8 +1,7 @@
 // The data sources, one entry each (data.source): how the source is made, its separate held-out
 // set, and where it records the depth and the special token ids of the target its samples come
-// from. Adding a source is its
-// own files plus one entry in source_registry.cpp, with its enumerator and spelling in
-// core/config.h (docs/ARCHITECTURE.md, "Extension points").
+// from. Adding a source is its own files plus one entry in source_registry.cpp, with its
+// enumerator and spelling in core/config.h (docs/ARCHITECTURE.md, "Extension points").
 #pragma once
 
 #include <c10/core/Device.h>
