@@ -175,6 +175,7 @@ class Trainer::Run {
   std::map<std::string, double> evaluate();
   std::string save(int64_t step);
   std::string save_state_before_step();
+  [[noreturn]] void stop_before_step(const std::string& why);
   void reject_update(double loss, double grad_norm, double local_loss, int64_t bad_micro);
   // Where this rank's micro-batch `micro` of the window starting at sample `window_cursor` begins.
   int64_t micro_cursor(int64_t window_cursor, int64_t micro) const {
@@ -370,6 +371,15 @@ std::string Trainer::Run::save_state_before_step() {
   return save(s.step);
 }
 
+// Every rank alike: rewinds the data cursor to this window's start (resuming reads it again),
+// saves the state before the step and stops with `why` and the checkpoint's path.
+void Trainer::Run::stop_before_step(const std::string& why) {
+  progress->finish();
+  s.cursor -= accumulation * world * rows;
+  const std::string path = save_state_before_step();
+  fail("step {}: {}; the state before this step is saved in {}", s.step + 1, why, path);
+}
+
 // An update whose loss or gradient is not finite (every rank agrees, nothing was applied): warn,
 // then skip it or save the state before it and stop (training.on_nonfinite).
 void Trainer::Run::reject_update(double loss, double grad_norm, double local_loss,
@@ -386,12 +396,9 @@ void Trainer::Run::reject_update(double loss, double grad_norm, double local_los
   }
   if (!stop) return;
   s.optimizer->zero_grad();
-  progress->finish();
-  s.cursor -= accumulation * world * rows;  // resuming reads this window again
-  const std::string path = save_state_before_step();
-  fail("step {}: the loss or gradient is not finite (loss {}, gradient norm {}); stopped by "
-       "training.on_nonfinite: stop, the state before this step is saved in {}",
-       s.step + 1, loss, grad_norm, path);
+  stop_before_step(fmt::format("the loss or gradient is not finite (loss {}, gradient norm {}); "
+                               "stopped by training.on_nonfinite: stop",
+                               loss, grad_norm));
 }
 
 // This rank's micro-batches of the window. Data checked at start-up can still fail here (a file
@@ -446,10 +453,7 @@ Trainer::Run::Window Trainer::Run::train_window(const std::vector<data::DraftBat
     prepass_start = phase("prepass");
     s.built.objective->begin_window(window, context);
   } catch (const objectives::WindowFailure& e) {  // thrown on every rank, nothing applied yet
-    progress->finish();
-    s.cursor -= accumulation * world * rows;  // resuming reads this window again
-    const std::string path = save_state_before_step();
-    fail("step {}: {}; the state before this step is saved in {}", s.step + 1, e.what(), path);
+    stop_before_step(e.what());
   }
   const auto replay_start = phase("replay");
   Window w;
