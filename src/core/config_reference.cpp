@@ -31,8 +31,8 @@ const std::map<std::string, std::string>& core_descriptions() {
        "the target's depth in config.json; 0 = from the target's config.json or data.synthetic"},
       {"model.fused_kernels",
        "fused CUDA kernels: RMSNorm/SwiGLU, q/k norm + RoPE, block attention (bf16), injection "
-       "residual, alignment cosine, vocabulary objective, AdamW step (auto: on CUDA devices); "
-       "false also keeps an online target on HF's ATen composition"},
+       "residual, alignment cosine, vocabulary objective (auto: on CUDA devices); the fused AdamW "
+       "step (auto: everywhere); false also keeps an online target on HF's ATen composition"},
       {"data.source", "where batches come from (docs/data.md)"},
       {"data.shards_dir", "shard directory written by dspine-data generate"},
       {"data.samples", "token-sample JSONL the online target reads (docs/data.md)"},

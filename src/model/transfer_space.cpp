@@ -1,5 +1,7 @@
 #include "model/transfer_space.h"
 
+#include <cmath>
+
 #include <torch/torch.h>
 
 #include "core/error.h"
@@ -8,6 +10,16 @@ namespace dspine::model {
 
 namespace {
 torch::Tensor unit_rows(const torch::Tensor& x) { return x / x.norm(2, -1, true).clamp_min(1e-12); }
+
+// Square roots rounded correctly on any processor. ATen's CPU sqrt runs MKL's vector math, whose
+// rounding differs between processors (docs/kernels.md, "Optimizer step (AdamW)"); the CUDA sqrt
+// and std::sqrt both round correctly, so either device gets these bits.
+torch::Tensor correctly_rounded_sqrt(const torch::Tensor& values) {
+  auto host = values.to(torch::kCPU, torch::kFloat32).contiguous().clone();
+  float* data = host.data_ptr<float>();
+  for (int64_t i = 0; i < host.numel(); ++i) data[i] = std::sqrt(data[i]);
+  return host.to(values.device());
+}
 }  // namespace
 
 TransferSpace compute_transfer_space(const at::Tensor& head, int64_t rank, int64_t chunk_size) {
@@ -33,7 +45,7 @@ TransferSpace compute_transfer_space(const at::Tensor& head, int64_t rank, int64
     fail("Target head has insufficient positive principal directions for transfer_rank {}", rank);
   }
   auto codes = torch::empty({vocab, rank}, f32);
-  auto scale = top_values.sqrt();
+  auto scale = correctly_rounded_sqrt(top_values);
   for (int64_t begin = 0; begin < vocab; begin += chunk_size) {
     auto rows = unit_rows(head.slice(0, begin, begin + chunk_size).to(torch::kFloat32));
     codes.slice(0, begin, begin + chunk_size).copy_(unit_rows((rows - mean).matmul(basis) / scale));

@@ -135,9 +135,11 @@ Trainer::Trainer(core::Config config, std::shared_ptr<dist::Communicator> comm,
   s.sharded = std::make_unique<dist::ShardedParameters>(*s.built.module, s.comm,
                                                         distributed.sharding, distributed.prefetch);
   attach_sharding(*s.built.module, *s.sharded, s.config.model.architecture);
-  // model.fused_kernels also picks ATen's fused AdamW kernel (auto: on CUDA).
+  // The fused AdamW step unless model.fused_kernels is false, on the CPU too: ATen's fused CPU
+  // kernel rounds its sqrt correctly, where torch::optim::AdamW's goes through MKL's vector math,
+  // whose bits differ by processor (docs/kernels.md, "Optimizer step (AdamW)").
   s.optimizer = std::make_unique<MasterAdamW>(
-      *s.sharded, training, model::use_fused_kernels(s.config.model.fused_kernels, s.device));
+      *s.sharded, training, s.config.model.fused_kernels != core::FusedKernels::kOff);
 }
 
 Trainer::~Trainer() = default;

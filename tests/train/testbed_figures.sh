@@ -8,7 +8,7 @@
 # Usage: testbed_figures.sh <bin dir> <source dir> <work dir> <python>
 set -euo pipefail
 BIN=$1 SRC=$2 WORK=$3 PY=$4
-export ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE ONEDNN_MAX_CPU_ISA=SSE41
+export OMP_NUM_THREADS=1 ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE ONEDNN_MAX_CPU_ISA=SSE41
 rm -rf "$WORK" && mkdir -p "$WORK"
 "$PY" "$SRC/scripts/make_testbed_target.py" --corpus-only \
   --target-from "$SRC/assets/testbed-tiny/target" --out "$WORK/testbed" >/dev/null

@@ -5,14 +5,13 @@
 # configuration switched to the simple draft and ce for 3 steps and 2 more from that checkpoint (init_from), and the
 # export of the DSpine checkpoint. One CPU thread, ATen's generic kernels and MKL's compatible
 # code path, so that the digests do not depend on the processor's vector units.
-# Known gap (2026-12-06): the pins do not reach MKL's vector math (VML), which ATen uses for
-# torch.sqrt on CPU float tensors (torch::optim::AdamW's denominator, the transfer space's scale).
-# Its sqrt is not correctly rounded, and it rounds differently by processor: an Intel Xeon with
-# AVX-512 (SPR) and the AMD EPYC development machine give other bits for the same input, whatever
-# MKL_CBWR or MKL_ENABLE_INSTRUCTIONS say, while every other op checked (exp, log, sin, cos, tanh,
-# erf, sigmoid, pow, softmax, matmul, bmm, sums, randn, ...) agrees under these pins. So this test
-# fails on such a Xeon until those paths stop calling ATen's CPU sqrt. scripts/cpu_op_digests.py
-# lists the ops' digests to compare two machines.
+# What the pins do not reach: MKL's vector math (VML), through which ATen computes torch.sqrt on
+# CPU float tensors. Its sqrt is not correctly rounded and rounds differently by processor (an
+# Intel Xeon with AVX-512 and an AMD EPYC with AVX2 gave other bits whatever MKL_CBWR or
+# MKL_ENABLE_INSTRUCTIONS said, while every other op checked agrees under these pins:
+# scripts/cpu_op_digests.py). So no CPU path the runs take calls it: the optimizer is ATen's fused
+# AdamW (its own correctly rounded sqrt) and the transfer space's scale takes std::sqrt
+# (docs/kernels.md, "Optimizer step (AdamW)"). The digests were checked on both processors.
 # A change meant to change these numbers records them again: DSPINE_UPDATE_GOLDEN=1 (say why in
 # the commit).
 # Usage: tiny_golden.sh <bin dir> <source dir> <work dir>
