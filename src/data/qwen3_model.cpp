@@ -90,10 +90,17 @@ at::Tensor rope_inv_freq(const Qwen3Dims& dims) {
 
 // RoPE tables and the attention mask of the positions past .. past + count - 1.
 struct Positions {
-  at::Tensor cos, sin;              // [count, head_dim] in the model's dtype
-  std::optional<at::Tensor> mask;   // [count, past + count] bool: only for count > 1 after a cache
+  // [count, head_dim] in the model's dtype; rows at their own positions: [B, 1, count, head_dim]
+  at::Tensor cos, sin;
+  // [count, past + count] bool: only for count > 1 after a cache; rows at their own positions:
+  // [B, 1, count, keys]
+  std::optional<at::Tensor> mask;
   bool causal = false;
   at::Tensor batch_cos, batch_sin;  // fused runs: [B, count, head_dim], the q/k kernel's tables
+  // Rows at their own positions (Qwen3Model::step_rows): where each token's keys and values go,
+  // row indices and positions [B, count] int64, and how many cached positions attention reads.
+  at::Tensor write_rows, write_positions;
+  int64_t keys = 0;
 };
 
 // cos and sin [..., head_dim] of RoPE at `position` [...] (fp32), as transformers computes them:
@@ -120,6 +127,29 @@ Positions make_positions(int64_t past, int64_t count, const at::Tensor& inv_freq
     const auto keys = at::arange(past + count, options.dtype(at::kLong)).unsqueeze(0);
     out.mask = keys.le(at::arange(past, past + count, options.dtype(at::kLong)).unsqueeze(1));
   }
+  return out;
+}
+
+// Row b's tokens at positions lengths[b] .. lengths[b] + count - 1, each seeing its row's first
+// lengths[b] cached positions and its own tokens up to itself.
+Positions make_row_positions(const std::vector<int64_t>& lengths, int64_t count,
+                             const at::Tensor& inv_freq, const Qwen3Rope& rope,
+                             const at::TensorOptions& options) {
+  const int64_t batch = static_cast<int64_t>(lengths.size());
+  const auto longs = options.dtype(at::kLong);
+  const auto starts = at::tensor(lengths, at::TensorOptions().dtype(at::kLong)).to(longs.device());
+  const auto position = starts.unsqueeze(1) + at::arange(count, longs);  // [B, count]
+  auto [cos, sin] = rope_tables(position.to(at::kFloat), inv_freq, rope,
+                                options.dtype().toScalarType());
+  Positions out;
+  out.batch_cos = cos.contiguous();
+  out.batch_sin = sin.contiguous();
+  out.cos = out.batch_cos.unsqueeze(1);
+  out.sin = out.batch_sin.unsqueeze(1);
+  out.keys = *std::max_element(lengths.begin(), lengths.end()) + count;
+  out.mask = at::arange(out.keys, longs).view({1, 1, 1, out.keys}).le(position.unsqueeze(1).unsqueeze(-1));
+  out.write_rows = at::arange(batch, longs).unsqueeze(1).expand({batch, count});
+  out.write_positions = position;
   return out;
 }
 
@@ -309,10 +339,12 @@ Qwen3Model::KvCache Qwen3Model::new_cache(int64_t batch, int64_t capacity) const
     fail("Qwen3 model: a KV cache needs batch >= 1 and capacity >= 1 (got {} and {})", batch,
          capacity);
   }
+  // Zeros, not empty: step_rows attends over the longest row's positions, masking the rest, and a
+  // masked value still enters the product with weight 0, where 0 · NaN would be NaN.
   KvCache cache;
   for (size_t l = 0; l < layers_.size(); ++l) {
     for (auto* list : {&cache.keys, &cache.values}) {
-      list->push_back(at::empty({batch, dims_.num_key_value_heads, capacity, dims_.head_dim},
+      list->push_back(at::zeros({batch, dims_.num_key_value_heads, capacity, dims_.head_dim},
                                 embed_tokens_.options()));
     }
   }
@@ -388,7 +420,15 @@ at::Tensor layer_forward(const Qwen3Model::Layer& layer, const Qwen3Dims& dims, 
   auto q = norm_rope(q_rows.view({batch, count, heads, dim}), layer.q_norm, eps, positions);
   auto k = norm_rope(k_rows.view({batch, count, kv_heads, dim}), layer.k_norm, eps, positions);
   auto v = v_rows.view({batch, count, kv_heads, dim}).transpose(1, 2);
-  if (cache != nullptr) {
+  if (cache != nullptr && positions.write_rows.defined()) {
+    // [B, C, kv, d] views of the cache: one scatter writes every row's tokens at its positions.
+    const c10::List<std::optional<at::Tensor>> at_rows(
+        {positions.write_rows, positions.write_positions});
+    cache->keys[index].transpose(1, 2).index_put_(at_rows, k.transpose(1, 2));
+    cache->values[index].transpose(1, 2).index_put_(at_rows, v.transpose(1, 2));
+    k = cache->keys[index].narrow(2, 0, positions.keys);
+    v = cache->values[index].narrow(2, 0, positions.keys);
+  } else if (cache != nullptr) {
     const int64_t past = cache->length;
     cache->keys[index].narrow(2, past, count).copy_(k);
     cache->values[index].narrow(2, past, count).copy_(v);
@@ -455,7 +495,8 @@ at::Tensor branch_attention(const at::Tensor& q, const at::Tensor& k, const at::
 }  // namespace
 
 Qwen3Model::Outputs Qwen3Model::run(const at::Tensor& input_ids, KvCache* cache,
-                                    const std::vector<int64_t>& layer_ids) const {
+                                    const std::vector<int64_t>& layer_ids,
+                                    const std::vector<int64_t>* row_lengths) const {
   check_input_ids(input_ids, dims_.vocab_size);
   for (int64_t id : layer_ids) {
     if (id < 0 || id >= dims_.num_hidden_layers) {
@@ -464,7 +505,16 @@ Qwen3Model::Outputs Qwen3Model::run(const at::Tensor& input_ids, KvCache* cache,
     }
   }
   const int64_t batch = input_ids.size(0), count = input_ids.size(1);
-  const int64_t past = cache != nullptr ? cache->length : 0;
+  int64_t past = cache != nullptr ? cache->length : 0;
+  if (row_lengths != nullptr) {
+    if (static_cast<int64_t>(row_lengths->size()) != batch) {
+      fail("Qwen3 model: {} row lengths for a batch of {}", row_lengths->size(), batch);
+    }
+    if (batch > 0 && *std::min_element(row_lengths->begin(), row_lengths->end()) < 0) {
+      fail("Qwen3 model: a row length is negative");
+    }
+    past = batch > 0 ? *std::max_element(row_lengths->begin(), row_lengths->end()) : 0;
+  }
   if (cache != nullptr) {
     if (cache->keys.size() != layers_.size() || cache->keys[0].size(0) != batch ||
         past + count > cache->keys[0].size(2)) {
@@ -474,8 +524,11 @@ Qwen3Model::Outputs Qwen3Model::run(const at::Tensor& input_ids, KvCache* cache,
     }
   }
   at::NoGradGuard no_grad;
-  Positions positions = make_positions(past, count, inv_freq_, dims_.rope, embed_tokens_.options());
-  if (fused_) {  // the q/k kernel takes a table per row (shared here)
+  Positions positions =
+      row_lengths != nullptr
+          ? make_row_positions(*row_lengths, count, inv_freq_, dims_.rope, embed_tokens_.options())
+          : make_positions(past, count, inv_freq_, dims_.rope, embed_tokens_.options());
+  if (fused_ && row_lengths == nullptr) {  // the q/k kernel takes a table per row (shared here)
     positions.batch_cos = positions.cos.unsqueeze(0).expand({batch, count, -1}).contiguous();
     positions.batch_sin = positions.sin.unsqueeze(0).expand({batch, count, -1}).contiguous();
   }
@@ -487,7 +540,7 @@ Qwen3Model::Outputs Qwen3Model::run(const at::Tensor& input_ids, KvCache* cache,
       if (layer_ids[i] == static_cast<int64_t>(l)) captured[i] = x;
     }
   }
-  if (cache != nullptr) cache->length += count;
+  if (cache != nullptr && row_lengths == nullptr) cache->length += count;
   Outputs out;
   if (!captured.empty()) out.hidden_states = at::cat(captured, -1);
   out.last_hidden_state = rms_norm(x, final_norm_, dims_.rms_norm_eps, fused_);
@@ -502,6 +555,12 @@ Qwen3Model::Outputs Qwen3Model::forward(const at::Tensor& input_ids,
 Qwen3Model::Outputs Qwen3Model::step(const at::Tensor& input_ids, KvCache& cache,
                                      const std::vector<int64_t>& layer_ids) const {
   return run(input_ids, &cache, layer_ids);
+}
+
+Qwen3Model::Outputs Qwen3Model::step_rows(const at::Tensor& input_ids, KvCache& cache,
+                                          const std::vector<int64_t>& row_lengths,
+                                          const std::vector<int64_t>& layer_ids) const {
+  return run(input_ids, &cache, layer_ids, &row_lengths);
 }
 
 at::Tensor Qwen3Model::branch(const at::Tensor& ids, const at::Tensor& context_length,

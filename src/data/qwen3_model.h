@@ -105,6 +105,16 @@ class Qwen3Model {
   Outputs step(const at::Tensor& input_ids, KvCache& cache,
                const std::vector<int64_t>& layer_ids = {}) const;
 
+  // Each row at its own place (batched decoding, where rows accept different numbers of drafted
+  // tokens): ids [B, T] of row b run at positions row_lengths[b] .. row_lengths[b] + T - 1, see
+  // the row's first row_lengths[b] cached positions and their own tokens up to themselves, and
+  // their keys and values are written at those positions. cache.length is neither read nor
+  // changed: the caller keeps each row's length (and may keep only part of what was written).
+  // Row b's outputs equal forward() over its first row_lengths[b] cached tokens and these.
+  Outputs step_rows(const at::Tensor& input_ids, KvCache& cache,
+                    const std::vector<int64_t>& row_lengths,
+                    const std::vector<int64_t>& layer_ids = {}) const;
+
   // Many continuations of a cached context, none appended to it: block n of row b holds the
   // tokens ids[b, n, :] at positions context_length[b, n] .. context_length[b, n] + L - 1, and
   // each attends to the row's first context_length[b, n] cached positions and to its own block up
@@ -142,8 +152,8 @@ class Qwen3Model {
   Qwen3Model() = default;
   std::vector<Slot> slots();  // every weight of dims_ (lm_head only when untied)
   void pack_projections();    // fills qkv_proj / gate_up_proj, the separate weights their views
-  Outputs run(const at::Tensor& input_ids, KvCache* cache,
-              const std::vector<int64_t>& layer_ids) const;
+  Outputs run(const at::Tensor& input_ids, KvCache* cache, const std::vector<int64_t>& layer_ids,
+              const std::vector<int64_t>* row_lengths = nullptr) const;
 
   Qwen3Dims dims_;
   at::Tensor inv_freq_;  // [head_dim / 2] fp32 on the model's device, from dims_' RoPE

@@ -28,6 +28,11 @@ In each directory, expected.safetensors (fp32, from HF's own forward):
     last_hidden_state  [2, S, 32]      after model.norm
     logits             [2, S, 96]
     layer_ids          [K] int64       the --layers list
+OUT_DIR/testbed-greedy.json: transformers' greedy generation (`generate(do_sample=False)`, 24
+new tokens, stopping at the target's EOS) of the shipped tiny testbed target
+(assets/testbed-tiny/target, fp32) from a few byte prompts, one at a time: {"prompts": [[...]],
+"generated": [[...]]}. tests/decode/test_speculative_decoder.cpp decodes the same prompts.
+
 Layer outputs are captured with forward hooks on model.model.layers[id]: they equal
 output_hidden_states[id + 1] except for the last layer, whose entry transformers replaces by the
 normed state. The C++ parity test (tests/data/test_qwen3_model.cpp) loads each directory and compares.
@@ -102,6 +107,27 @@ def save(model: Qwen3ForCausalLM, expected: dict, path: str, shard_size: str) ->
     assert config["rope_parameters"]["rope_type"] == model.config.rope_parameters["rope_type"]
 
 
+TESTBED_TARGET = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "assets",
+                              "testbed-tiny", "target")
+GREEDY_PROMPTS = ["def main():\n    ", "import os\nimport sys\n", "class ", "    return self.",
+                  "# "]
+
+
+def write_testbed_greedy(path: str) -> None:
+    model = Qwen3ForCausalLM.from_pretrained(TESTBED_TARGET, dtype=torch.float32).eval()
+    prompts, generated = [], []
+    for text in GREEDY_PROMPTS:
+        ids = list(text.encode("utf-8"))
+        with torch.no_grad():
+            out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids)),
+                                 do_sample=False, max_new_tokens=24,
+                                 pad_token_id=model.config.pad_token_id)
+        prompts.append(ids)
+        generated.append(out[0, len(ids):].tolist())
+    with open(path, "w") as f:
+        json.dump({"prompts": prompts, "generated": generated}, f)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("out_dir")
@@ -127,6 +153,7 @@ def main() -> None:
         ids = torch.randint(0, DIMS["vocab_size"], (2, ROPE_LENGTH), generator=generator)
         save(model, expected_outputs(model, ids, layer_ids), os.path.join(args.out_dir, name),
              "10GB")
+    write_testbed_greedy(os.path.join(args.out_dir, "testbed-greedy.json"))
     print(f"wrote {4 + len(ROPE_MODELS)} tiny Qwen3 models to {args.out_dir}")
 
 

@@ -117,6 +117,45 @@ TEST(Qwen3Model, CachedStepsEqualTheFullForward) {
   EXPECT_THROW(model.step(ids.narrow(1, 0, 1), cache), Error);  // the cache is full
 }
 
+// Rows at their own positions (Qwen3Model::step_rows, batched speculative decoding): rows that
+// cache different lengths, then take blocks at once, equal forward() over each row's own sequence;
+// what a row wrote past the length it keeps is overwritten by its next block.
+TEST(Qwen3Model, RowsAtTheirOwnPositionsEqualTheFullForward) {
+  for (const char* name : {"untied-single", "yarn-ramp"}) {
+    const std::string dir = tiny_dir(name);
+    const auto expected = core::load_safetensors(dir + "/expected.safetensors");
+    const Qwen3Model model = Qwen3Model::load_hf(dir, torch::kFloat, kCpu);
+    const auto ids = expected.at("input_ids");
+    const auto layers = layer_ids_of(expected);
+    const int64_t length = ids.size(1);
+    const auto full = model.forward(ids, layers);
+    auto cache = model.new_cache(2, length + 2);
+    // Row 0 caches 3 tokens, row 1 caches 5 (a prefill of 5, row 0's last two not kept).
+    model.step_rows(ids.narrow(1, 0, 5), cache, {0, 0}, layers);
+    std::vector<int64_t> lengths = {3, 5};
+    // A block of 4 of each row's own next tokens: row 0 positions 3..6, row 1 positions 5..8.
+    const auto block = torch::stack({ids[0].narrow(0, 3, 4), ids[1].narrow(0, 5, 4)});
+    const auto out = model.step_rows(block, cache, lengths, layers);
+    for (int64_t r = 0; r < 2; ++r) {
+      const auto want = full.last_hidden_state[r].narrow(0, lengths[r], 4);
+      expect_close(out.last_hidden_state[r], want, 1e-5, fmt::format("{} row {}", name, r));
+      expect_close(out.hidden_states[r], full.hidden_states[r].narrow(0, lengths[r], 4), 1e-5,
+                   fmt::format("{} row {} layers", name, r));
+    }
+    // Row 0 keeps 2 of its 4 (length 5), row 1 keeps 1 (length 6); one more token each.
+    lengths = {5, 6};
+    const auto next = torch::stack({ids[0].narrow(0, 5, 1), ids[1].narrow(0, 6, 1)});
+    const auto one = model.step_rows(next, cache, lengths, layers);
+    for (int64_t r = 0; r < 2; ++r) {
+      expect_close(one.last_hidden_state[r], full.last_hidden_state[r].narrow(0, lengths[r], 1),
+                   1e-5, fmt::format("{} row {} after a partial keep", name, r));
+    }
+    EXPECT_EQ(cache.length, 0);  // step_rows leaves the shared length alone
+    EXPECT_THROW(model.step_rows(next, cache, {length + 2, 0}), Error);  // past the capacity
+    EXPECT_THROW(model.step_rows(next, cache, {1}), Error);              // one length for two rows
+  }
+}
+
 // Branches of a cached context (Qwen3Model::branch) against forward() over each context prefix
 // followed by its block, for plain RoPE and YaRN: blocks at the first and the last cached
 // position, several per row, rows with different branches.

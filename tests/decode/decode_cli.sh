@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# dspine-decode end to end on the shipped tiny testbed target (CPU): a draft trained 40 steps
+# decodes held-out prompts greedily (the output must equal the target alone's for every prompt)
+# and at temperature 1 (--out holds one line per prompt, its tokens the per-verification counts
+# add up to); the draft is read from its checkpoint, from an export and as a bare .safetensors;
+# bad input gets a named error and exit 1, a usage error exit 2.
+# Usage: decode_cli.sh <bin dir> <source dir> <work dir> <python>
+set -euo pipefail
+BIN=$1 SRC=$2 WORK=$3 PY=$4
+rm -rf "$WORK" && mkdir -p "$WORK"
+"$PY" "$SRC/scripts/make_testbed_target.py" --corpus-only \
+  --target-from "$SRC/assets/testbed-tiny/target" --out "$WORK/testbed" >/dev/null
+TARGET=$WORK/testbed/target
+"$BIN/dspine-train" --config "$SRC/configs/testbed-dspine.yaml" --set training.total_steps=40 \
+  --set training.eval_every=0 --set logging.progress=false --set logging.level=warn \
+  --set data.target.path="$TARGET" --set data.samples="$WORK/testbed/train.jsonl" \
+  --set data.eval_samples_file="$WORK/testbed/held_out.jsonl" --set checkpoint.save_every=40 \
+  --set checkpoint.dir="$WORK/checkpoints" --set logging.metrics_file= --set checkpoint.resume=none
+DRAFT=$WORK/checkpoints/step-000040
+"$BIN/dspine-data" export "$DRAFT" "$WORK/export" >/dev/null
+mkdir -p "$WORK/bare" && cp "$WORK/export/config.json" "$WORK/export/model.safetensors" "$WORK/bare/"
+decode=("$BIN/dspine-decode" --target "$TARGET" --prompts "$WORK/testbed/held_out.jsonl" --samples 6
+        --prompt-tokens 48 --max-new-tokens 40 --batch 4 --json)
+for draft in "$DRAFT" "$WORK/export" "$WORK/bare/model.safetensors"; do
+  "${decode[@]}" --draft "$draft" >"$WORK/greedy.json"
+  python3 - "$WORK/greedy.json" <<'PY'
+import json, sys
+r = json.loads(open(sys.argv[1]).read())
+assert r["equal_to_target_only"] == r["prompts"] == 6, r
+assert 1.0 <= r["tau"] <= 4.0 and r["speedup"] > 0, r
+print(f"ok: greedy tau {r['tau']:.3f}, equal to the target alone for {r['prompts']} prompts")
+PY
+done
+"${decode[@]}" --draft "$DRAFT" --temperature 1 --seed 3 --out "$WORK/sampled.jsonl" >"$WORK/sampled.json"
+python3 - "$WORK/sampled.json" "$WORK/sampled.jsonl" <<'PY'
+import json, sys
+r = json.loads(open(sys.argv[1]).read())
+rows = [json.loads(line) for line in open(sys.argv[2])]
+assert [row["prompt_index"] for row in rows] == list(range(6)), rows
+for row in rows:  # the prefill's first token, then what each verification gave
+    assert len(row["tokens"]) == 1 + sum(row["accepted"]) and len(row["tokens"]) <= 40, row
+    assert all(1 <= k <= 4 for k in row["accepted"]), row
+assert r["verifications"] == sum(len(row["accepted"]) for row in rows), r
+print(f"ok: sampled tau {r['tau']:.3f}, {len(rows)} rows written")
+PY
+expect_error() {  # expected status, text the error must contain, then the command
+  local status=$1 text=$2; shift 2
+  set +e; "$@" >"$WORK/out.txt" 2>&1; local got=$?; set -e
+  [[ $got == "$status" ]] && grep -q -- "$text" "$WORK/out.txt" ||
+    { echo "FAIL: $* gave $got, expected $status with '$text':"; cat "$WORK/out.txt"; exit 1; }
+}
+mkdir -p "$WORK/no-config" && cp "$WORK/export/model.safetensors" "$WORK/no-config/"
+expect_error 1 "no config.json" "${decode[@]}" --draft "$WORK/no-config/model.safetensors"
+expect_error 2 "temperature" "${decode[@]}" --temperature -1
+expect_error 2 "draft" "${decode[@]}" --draft "$WORK/missing"
+echo '{"input_ids": [1, 2, 999], "loss_mask": [0, 1, 1]}' >"$WORK/bad.jsonl"
+expect_error 1 "bad.jsonl" "$BIN/dspine-decode" --target "$TARGET" --prompts "$WORK/bad.jsonl"
+echo "ok: bad input named"
