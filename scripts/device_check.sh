@@ -4,7 +4,7 @@
 # DEVICE_BUNDLE=FILE (carried): run the binaries scripts/pack_device_bundle.sh packed on the CPU
 # machine instead of building them here (about 300 s of device time saved).
 # Usage: scripts/device_check.sh
-#          [all|tests|gspo|target|attention|vocab|gemm|train|step|profile|testbed|soak|ab]
+#          [all|tests|gspo|target|attention|vocab|gemm|train|step|profile|testbed|soak|decode|ab]
 # (tests: every GPU test binary of `all`, test_trainer included, and no benchmark; gspo: the GSPO
 # policy and logit-row tests and the RL step; target: only the Qwen3 target test and the
 # online-target step, scripts/bench_online_target.sh; attention: the block attention test, the
@@ -19,7 +19,8 @@
 # runs alternating, scripts/bench_ab.sh, AB_ROUNDS rounds of `dspine-bench AB_ARGS` (default: the
 # recipe's replay at A = 1); make .ab-base with `git archive --prefix=.ab-base/ REV | tar -x`
 # and carry it; soak: no test, every GSPO ablation variant run to its end on the gpu testbed,
-# SOAK_JOBS side by side, scripts/gspo_soak.sh)
+# SOAK_JOBS side by side, scripts/gspo_soak.sh; decode: no test, real speculative decoding on the
+# gpu testbed at batch 1, 16 and 64, greedy and sampled, scripts/bench_decode.sh)
 set -uo pipefail
 PHASE="${1:-all}"
 cd "$(dirname "$0")/.."
@@ -51,6 +52,7 @@ targets=("${gpu_tests[@]}" dspine-bench attention-check)
 [[ $PHASE == train || $PHASE == profile || $PHASE == ab || $PHASE == gemm ]] && targets=(dspine-bench)
 [[ $PHASE == testbed ]] && targets=(test_qwen3_model_gpu dspine-train dspine-eval)
 [[ $PHASE == soak ]] && targets=(dspine-train)
+[[ $PHASE == decode ]] && targets=(dspine-train dspine-decode)
 [[ $PHASE == gspo ]] && targets=(test_gspo_policy_gpu test_logit_rows_gpu test_vocab_objective_gpu dspine-bench)
 [[ $PHASE == tests ]] && targets=("${gpu_tests[@]}")  # no benchmark binaries
 # ab: the base tree builds beside this one, each on half the cores (together about 250 s on the
@@ -140,7 +142,7 @@ gspo_rl_step() {
 tests=("${gpu_tests[@]}")
 [[ $PHASE == gspo ]] && tests=(test_gspo_policy_gpu test_logit_rows_gpu test_vocab_objective_gpu)
 [[ $PHASE == target || $PHASE == testbed ]] && tests=(test_qwen3_model_gpu)
-[[ $PHASE == soak ]] && tests=()
+[[ $PHASE == soak || $PHASE == decode ]] && tests=()
 [[ $PHASE == attention ]] && tests=(test_wgmma_probe_gpu test_block_attention_gpu
   test_qk_norm_rope_gpu test_dspine_fused_step)
 [[ $PHASE == vocab ]] && tests=(test_vocab_objective_gpu test_dspine_fused_step test_fused_vocabulary)
@@ -183,6 +185,13 @@ if [[ $PHASE == soak ]]; then
     tee "$OUT/soak.log"
   status=${PIPESTATUS[0]}
   for table in short full; do cp "runs/soak/$table/results.jsonl" "$OUT/soak_$table.jsonl" 2>/dev/null; done
+  echo "done in $(( $(date +%s) - start )) s, status $status"
+  exit $status
+fi
+# Real speculative decoding on the gpu testbed (docs/decoding.md): its table in $OUT/decode.md.
+if [[ $PHASE == decode ]]; then
+  scripts/bench_decode.sh "$BUILD_DIR" runs/decode-bench 2>&1 | tee "$OUT/decode.md"
+  status=${PIPESTATUS[0]}
   echo "done in $(( $(date +%s) - start )) s, status $status"
   exit $status
 fi

@@ -15,7 +15,7 @@ OUT_FILE=${2:-.device-bundle.txz}
 # Every binary device_check.sh runs from $BUILD_DIR, by the directory it expects them in.
 source scripts/gpu_tests.sh
 tests=("${gpu_tests[@]}")
-tools=(dspine-bench dspine-train dspine-eval dspine-data attention-check)
+tools=(dspine-bench dspine-train dspine-eval dspine-data dspine-decode attention-check)
 bundled_libs=(libyaml-cpp libspdlog libfmt libmpi_cxx)
 
 [[ -f $BUILD_DIR/CMakeCache.txt ]] || { echo "pack_device_bundle: no build in $BUILD_DIR (run scripts/setup.sh)" >&2; exit 1; }
