@@ -3,7 +3,8 @@
 // summarizes a shard directory (`inspect`), including how peaked the target's next-token
 // distributions are — the property that makes the data learnable by a draft — checks token
 // samples, shard directories and SpecForge samples in full as training does at start-up, timed
-// (`check`), and exports a trained draft in the Hugging Face layout SpecForge reads (`export`).
+// (`check`), exports a trained draft in the Hugging Face layout SpecForge reads (`export`), and
+// continues token samples' prompts with the target alone (`regenerate`).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -25,7 +26,9 @@
 #include "data/batch_source.h"
 #include "data/shards.h"
 #include "data/specforge_source.h"
+#include "data/qwen3_model.h"
 #include "data/token_samples.h"
+#include "decode/regeneration.h"
 #include "dist/launch.h"
 #include "dist/mpi_context.h"
 #include "model/draft_registry.h"
@@ -165,6 +168,45 @@ void export_draft(const std::string& source, const std::string& out) {
              summary.tensors, summary.dtype, out, dspine::train::kExportManifest);
 }
 
+struct RegenerateArgs {
+  std::string target_dir, samples_file, out, device = "auto", dtype = "auto";
+  int64_t samples = 0, offset = 0, prompt_tokens = 0, batch = 32;
+  dspine::decode::DecodeSettings decode;
+  bool ignore_eos = false;
+};
+
+// The target continues each sample's prompt (docs/decoding.md, "Regeneration"); prints the
+// throughput beside the weight bytes a decoding forward reads.
+void regenerate(RegenerateArgs args) {
+  const bool cuda = args.device == "cuda" || (args.device == "auto" && torch::cuda::is_available());
+  if (args.device == "cuda" && !torch::cuda::is_available()) {
+    dspine::fail("--device cuda: no CUDA device");
+  }
+  const torch::Device device(cuda ? torch::kCUDA : torch::kCPU);
+  const auto dtype = args.dtype == "bf16" || (args.dtype == "auto" && cuda) ? torch::kBFloat16
+                                                                            : torch::kFloat32;
+  const auto target = data::Qwen3Model::load_hf(args.target_dir, dtype, device);
+  data::TokenSamples samples(args.samples_file, target.dims().vocab_size, "--samples-file");
+  if (args.offset >= samples.size()) {
+    dspine::fail("--offset {}: {} holds {} samples", args.offset, args.samples_file,
+                 samples.size());
+  }
+  const int64_t count = args.samples > 0 ? std::min(args.samples, samples.size() - args.offset)
+                                         : samples.size() - args.offset;
+  if (!args.ignore_eos) args.decode.stop_tokens = dspine::decode::eos_token_ids(args.target_dir);
+  const auto r = dspine::decode::regenerate(target, samples, args.offset, count,
+                                            args.prompt_tokens, args.batch, args.decode, args.out);
+  const double bytes =
+      static_cast<double>(dspine::decode::decode_weight_bytes(target.dims(), dtype));
+  fmt::print("regenerated {} samples into {}: {} prompt and {} generated tokens in {:.2f} s, "
+             "{:.1f} tok/s (batch {}, temperature {}); {} forwards, {:.1f} MB of weights each, "
+             "{:.1f} GB/s of weights read\n",
+             r.samples, args.out, r.prompt_tokens, r.generated_tokens, r.seconds,
+             r.seconds > 0 ? r.generated_tokens / r.seconds : 0.0, args.batch,
+             args.decode.temperature, r.forwards, bytes / 1e6,
+             r.seconds > 0 ? r.forwards * bytes / r.seconds / 1e9 : 0.0);
+}
+
 // CLI11's PositiveNumber answers -3 with a range up to a 309-digit number.
 const CLI::Validator kAtLeastOne(
     [](std::string& value) {
@@ -241,6 +283,45 @@ int main(int argc, char** argv) {
       ->required();
   export_cmd->add_option("out", export_out, "output directory (must not exist)")->required();
 
+  RegenerateArgs regen;
+  auto* regenerate_cmd = app.add_subcommand(
+      "regenerate", "continue each token sample's prompt with the target alone and write token "
+                    "samples: the prompt unsupervised, the target's continuation supervised");
+  regenerate_cmd->add_option("--target", regen.target_dir, "Hugging Face Qwen3 directory")
+      ->required()
+      ->check(CLI::ExistingDirectory);
+  regenerate_cmd->add_option("--samples-file", regen.samples_file,
+                             "token-sample JSONL whose prompts are continued (the tokens before "
+                             "each sample's first supervised one)")
+      ->required()
+      ->check(CLI::ExistingFile);
+  regenerate_cmd->add_option("--out", regen.out, "output JSONL (must not exist)")->required();
+  regenerate_cmd->add_option("--samples", regen.samples, "samples (default: all from --offset)")
+      ->check(kAtLeastOne);
+  regenerate_cmd->add_option("--offset", regen.offset, "index of the first sample")
+      ->check(CLI::NonNegativeNumber);
+  regenerate_cmd->add_option("--prompt-tokens", regen.prompt_tokens,
+                             "prompt = each sample's first N tokens instead")
+      ->check(kAtLeastOne);
+  regenerate_cmd->add_option("--max-new-tokens", regen.decode.max_new_tokens,
+                             "tokens generated per sample at most")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
+      ->capture_default_str();
+  regenerate_cmd->add_option("--temperature", regen.decode.temperature, "0: greedy")
+      ->check(CLI::Range(0.0, 1e4))
+      ->capture_default_str();
+  regenerate_cmd->add_option("--seed", regen.decode.seed, "seed of the draws at temperature > 0");
+  regenerate_cmd->add_option("--batch", regen.batch, "samples decoded together")
+      ->check(CLI::Range(int64_t{1}, int64_t{4096}))
+      ->capture_default_str();
+  regenerate_cmd->add_option("--device", regen.device, "auto, cpu or cuda")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  regenerate_cmd->add_option("--dtype", regen.dtype,
+                             "auto (bf16 on CUDA, fp32 on the CPU), fp32 or bf16")
+      ->check(CLI::IsMember({"auto", "fp32", "bf16"}));
+  regenerate_cmd->add_flag("--ignore-eos", regen.ignore_eos,
+                           "generate --max-new-tokens whatever the tokens");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -252,6 +333,7 @@ int main(int argc, char** argv) {
     if (*inspect_cmd) inspect(inspect_dir, inspect_samples);
     if (*check_cmd) check(check_args);
     if (*export_cmd) export_draft(export_source, export_out);
+    if (*regenerate_cmd) regenerate(regen);
   } catch (const std::exception& e) {
     return mpi.fail_run(e);
   }

@@ -19,10 +19,10 @@
 #include "cli_usage.h"
 #include "core/error.h"
 #include "core/log_stream.h"
-#include "data/hf_checkpoint.h"
 #include "data/qwen3_model.h"
 #include "data/token_samples.h"
 #include "decode/block_drafter.h"
+#include "decode/regeneration.h"
 #include "decode/speculative_decoder.h"
 #include "model/draft_loading.h"
 #include "model/dspine_draft.h"
@@ -42,33 +42,6 @@ struct Options {
   uint64_t seed = 0;
   bool json = false, no_baseline = false, ignore_eos = false;
 };
-
-// The prompt of a token sample: its first `prompt_tokens` ids, else the ids before its first
-// supervised one (the whole sample when none is), at least one.
-std::vector<int64_t> prompt_of(const dspine::data::TokenSample& sample, int64_t prompt_tokens) {
-  int64_t length = static_cast<int64_t>(sample.input_ids.size());
-  if (prompt_tokens > 0) {
-    length = std::min(length, prompt_tokens);
-  } else {
-    const auto first = std::find(sample.loss_mask.begin(), sample.loss_mask.end(), 1);
-    length = std::max<int64_t>(1, first - sample.loss_mask.begin());
-  }
-  return {sample.input_ids.begin(), sample.input_ids.begin() + length};
-}
-
-// The target's end-of-sequence ids from its config.json (an id, a list of ids, or none).
-std::vector<int64_t> eos_ids(const std::string& target_dir) {
-  const auto json = dspine::data::read_hf_config_json((fs::path(target_dir) / "config.json").string());
-  std::vector<int64_t> ids;
-  const auto eos = json.value("eos_token_id", nlohmann::json());
-  if (eos.is_number_integer()) ids.push_back(eos.get<int64_t>());
-  if (eos.is_array()) {
-    for (const auto& id : eos) {
-      if (id.is_number_integer()) ids.push_back(id.get<int64_t>());
-    }
-  }
-  return ids;
-}
 
 // The draft at `path` (checkpoint or export directory, or a .safetensors file with config.json
 // beside it), verified against its manifest, built from its config.json and placed.
@@ -102,8 +75,8 @@ struct Run {
 };
 
 // Every prompt, in batches of o.batch, by `decoder`.
-Run decode_all(decode::SpeculativeDecoder& decoder, const std::vector<std::vector<int64_t>>& prompts,
-               int64_t batch) {
+Run decode_all(decode::SpeculativeDecoder& decoder,
+               const std::vector<std::vector<int64_t>>& prompts, int64_t batch) {
   Run run;
   for (size_t begin = 0; begin < prompts.size(); begin += batch) {
     const size_t end = std::min(prompts.size(), begin + static_cast<size_t>(batch));
@@ -136,9 +109,8 @@ nlohmann::json summary(const Options& o, const Run& run, const Run* baseline, in
   r["tau"] = run.verifications > 0 ? static_cast<double>(run.generated) / run.verifications : 0.0;
   for (size_t k = 0; k < run.accepted_by_position.size(); ++k) {
     r["accept_" + std::to_string(k + 1)] =
-        run.verifications > 0
-            ? static_cast<double>(run.accepted_by_position[k]) / run.verifications
-            : 0.0;
+        run.verifications > 0 ? static_cast<double>(run.accepted_by_position[k]) / run.verifications
+                              : 0.0;
   }
   const double seconds = sum_of(run.seconds);
   r["seconds"] = seconds;
@@ -162,11 +134,12 @@ nlohmann::json summary(const Options& o, const Run& run, const Run* baseline, in
 }
 
 void print_summary(const nlohmann::json& r) {
-  std::printf("decoded %lld prompts (batch %lld, temperature %g): %lld tokens in %.2f s, %.1f tok/s\n",
-              static_cast<long long>(r["prompts"].get<int64_t>()),
-              static_cast<long long>(r["batch"].get<int64_t>()), r["temperature"].get<double>(),
-              static_cast<long long>(r["generated_tokens"].get<int64_t>()),
-              r["seconds"].get<double>(), r["tokens_per_second"].get<double>());
+  std::printf(
+      "decoded %lld prompts (batch %lld, temperature %g): %lld tokens in %.2f s, %.1f tok/s\n",
+      static_cast<long long>(r["prompts"].get<int64_t>()),
+      static_cast<long long>(r["batch"].get<int64_t>()), r["temperature"].get<double>(),
+      static_cast<long long>(r["generated_tokens"].get<int64_t>()), r["seconds"].get<double>(),
+      r["tokens_per_second"].get<double>());
   std::printf("  tau %.3f (tokens per target forward, %lld forwards)\n", r["tau"].get<double>(),
               static_cast<long long>(r["verifications"].get<int64_t>()));
   std::string by_position;
@@ -223,16 +196,18 @@ void run_decode(const Options& o) {
   if (o.offset >= samples.size()) {
     fail("--offset {}: {} holds {} samples", o.offset, o.prompts, samples.size());
   }
-  const int64_t count = o.samples > 0 ? std::min(o.samples, samples.size() - o.offset)
-                                      : samples.size() - o.offset;
+  const int64_t count =
+      o.samples > 0 ? std::min(o.samples, samples.size() - o.offset) : samples.size() - o.offset;
   std::vector<std::vector<int64_t>> prompts;
-  for (int64_t i = 0; i < count; ++i) prompts.push_back(prompt_of(samples.read(o.offset + i), o.prompt_tokens));
+  for (int64_t i = 0; i < count; ++i) {
+    prompts.push_back(decode::sample_prompt(samples.read(o.offset + i), o.prompt_tokens));
+  }
 
   decode::DecodeSettings settings;
   settings.max_new_tokens = o.max_new_tokens;
   settings.temperature = o.temperature;
   settings.seed = o.seed;
-  if (!o.ignore_eos) settings.stop_tokens = eos_ids(o.target);
+  if (!o.ignore_eos) settings.stop_tokens = decode::eos_token_ids(o.target);
   decode::SpeculativeDecoder speculative(target, drafter.get(), settings);
   // One untimed batch first, so that neither run pays the device's warm-up.
   if (device.is_cuda()) speculative.decode({prompts.front()});
@@ -256,9 +231,10 @@ void run_decode(const Options& o) {
 
 int main(int argc, char** argv) {
   Options o;
-  CLI::App app{"dspine-decode: speculative decoding of a Qwen3 target with a DSpine draft "
-               "(greedy or sampled; without --draft, the target alone): tau, acceptance by "
-               "position, tokens per second and the speedup over the target alone"};
+  CLI::App app{
+      "dspine-decode: speculative decoding of a Qwen3 target with a DSpine draft "
+      "(greedy or sampled; without --draft, the target alone): tau, acceptance by "
+      "position, tokens per second and the speedup over the target alone"};
   app.add_option("--target", o.target, "Hugging Face Qwen3 directory (config.json, safetensors)")
       ->required()
       ->check(CLI::ExistingDirectory);
@@ -270,7 +246,8 @@ int main(int argc, char** argv) {
                  "token-sample JSONL: each sample's tokens before its first supervised one")
       ->required()
       ->check(CLI::ExistingFile);
-  app.add_option("--prompt-tokens", o.prompt_tokens, "prompt = each sample's first N tokens instead")
+  app.add_option("--prompt-tokens", o.prompt_tokens,
+                 "prompt = each sample's first N tokens instead")
       ->check(CLI::PositiveNumber);
   app.add_option("--samples", o.samples, "prompts to decode (default: every sample from --offset)")
       ->check(CLI::PositiveNumber);

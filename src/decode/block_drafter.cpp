@@ -13,11 +13,12 @@ BlockDrafter::BlockDrafter(model::DSpineDraft draft, at::Tensor embed_tokens, at
       lm_head_(std::move(lm_head)),
       mask_token_id_(model::resolved_mask_token_id(draft_->config())) {
   const auto& c = draft_->config();
-  if (lm_head_.dim() != 2 || lm_head_.size(0) != c.vocab_size || lm_head_.size(1) != c.hidden_size ||
-      embed_tokens_.sizes() != lm_head_.sizes()) {
-    fail("decoding: the target's embedding [{}] and head [{}] do not fit the draft (vocabulary {}, "
-         "hidden size {})",
-         c10::str(embed_tokens_.sizes()), c10::str(lm_head_.sizes()), c.vocab_size, c.hidden_size);
+  if (lm_head_.dim() != 2 || lm_head_.size(0) != c.vocab_size ||
+      lm_head_.size(1) != c.hidden_size || embed_tokens_.sizes() != lm_head_.sizes()) {
+    fail(
+        "decoding: the target's embedding [{}] and head [{}] do not fit the draft (vocabulary {}, "
+        "hidden size {})",
+        c10::str(embed_tokens_.sizes()), c10::str(lm_head_.sizes()), c.vocab_size, c.hidden_size);
   }
 }
 
@@ -35,9 +36,9 @@ at::Tensor BlockDrafter::logits(const at::Tensor& target_hidden,
     if (a < 1 || a > context) fail("decoding: anchor {} outside [1, {}]", a, context);
   }
   const auto device = lm_head_.device();
-  const auto anchor_positions =
-      torch::tensor(anchors, torch::kInt64).view({rows, 1}).to(device);
-  const auto keep = torch::ones({rows, 1}, torch::TensorOptions().dtype(torch::kBool).device(device));
+  const auto anchor_positions = torch::tensor(anchors, torch::kInt64).view({rows, 1}).to(device);
+  const auto keep =
+      torch::ones({rows, 1}, torch::TensorOptions().dtype(torch::kBool).device(device));
   // Slot 0: the anchor's token; the proposals' slots: the mask token.
   auto block_ids = torch::full({rows, 1, bs}, mask_token_id_,
                                torch::TensorOptions().dtype(torch::kInt64).device(device));

@@ -5,10 +5,10 @@
 // see the context but not the other proposals (the backbone's parallel block).
 #pragma once
 
+#include <ATen/core/Tensor.h>
+
 #include <cstdint>
 #include <vector>
-
-#include <ATen/core/Tensor.h>
 
 #include "model/dspine_draft.h"
 
@@ -18,8 +18,8 @@ namespace dspine::decode {
 class Drafter {
  public:
   virtual ~Drafter() = default;
-  virtual int64_t proposals() const = 0;                       // T, tokens drafted per block
-  virtual std::vector<int64_t> target_layer_ids() const = 0;   // the hidden states it reads
+  virtual int64_t proposals() const = 0;                      // T, tokens drafted per block
+  virtual std::vector<int64_t> target_layer_ids() const = 0;  // the hidden states it reads
   // fp32 logits [B, T, V] of the proposals of row b's block at position anchors[b] (its token
   // anchor_tokens[b], [B] int64), from target_hidden [B, S, K·H] of which the row's first
   // anchors[b] positions are its context (the rest is not read). anchors[b] in [1, S].

@@ -1,14 +1,14 @@
 #include "decode/speculative_decoder.h"
 
-#include <algorithm>
-#include <chrono>
-#include <tuple>
-#include <utility>
-
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <torch/cuda.h>
+
+#include <algorithm>
+#include <chrono>
+#include <tuple>
+#include <utility>
 
 #include "core/error.h"
 #include "decode/verification.h"
@@ -83,7 +83,8 @@ class SpeculativeDecoder::Session {
     for (int64_t b = 0; b < batch; ++b) {
       if (prompts[b].empty()) fail("decoding: prompt {} is empty", b);
       for (int64_t id : prompts[b]) {
-        if (id < 0 || id >= vocab_) fail("decoding: prompt {} holds id {} outside [0, {})", b, id, vocab_);
+        if (id < 0 || id >= vocab_)
+          fail("decoding: prompt {} holds id {} outside [0, {})", b, id, vocab_);
       }
       lengths_.push_back(static_cast<int64_t>(prompts[b].size()));
       longest = std::max(longest, lengths_.back());
@@ -97,8 +98,8 @@ class SpeculativeDecoder::Session {
     const auto out =
         target_.step_rows(ids.to(device_), cache_, std::vector<int64_t>(batch, 0), layer_ids_);
     if (drafter_ != nullptr) {
-      context_ = at::zeros({batch, capacity, out.hidden_states.size(-1)},
-                           out.hidden_states.options());
+      context_ =
+          at::zeros({batch, capacity, out.hidden_states.size(-1)}, out.hidden_states.options());
       context_.narrow(1, 0, longest).copy_(out.hidden_states);
     }
     const auto last = at::tensor(lengths_, at::kLong).sub(1).to(device_);
@@ -110,7 +111,9 @@ class SpeculativeDecoder::Session {
     for (int64_t b = 0; b < batch; ++b) take(b, {first[b].item<int64_t>()});
   }
 
-  bool any_active() const { return std::find(active_.begin(), active_.end(), true) != active_.end(); }
+  bool any_active() const {
+    return std::find(active_.begin(), active_.end(), true) != active_.end();
+  }
 
   // One round: the draft's block, the target's verdict on it, each row's share.
   void round() {

@@ -33,7 +33,7 @@ struct DecodeResult {
   int64_t generated = 0;      // tokens those verifications produced (the prefill's first excluded)
   // accepted_by_position[k]: verifications whose first k + 1 drafted tokens were all accepted
   std::vector<int64_t> accepted_by_position;
-  double seconds = 0;         // wall time of decode(), prefill included, device synchronised
+  double seconds = 0;  // wall time of decode(), prefill included, device synchronised
 
   double tau() const;  // generated / verifications: tokens per target forward
 };

@@ -6,9 +6,7 @@ namespace dspine::decode {
 
 namespace {
 // The number of leading true entries of each row of `accept` [B, T]: [B] int64.
-at::Tensor leading_true(const at::Tensor& accept) {
-  return accept.to(at::kLong).cumprod(1).sum(1);
-}
+at::Tensor leading_true(const at::Tensor& accept) { return accept.to(at::kLong).cumprod(1).sum(1); }
 }  // namespace
 
 Verdict verify_greedy(const at::Tensor& target_logits, const at::Tensor& drafted) {
@@ -43,8 +41,10 @@ Verdict verify_sampled(const at::Tensor& target_probs, const at::Tensor& draft_p
           .gather(1, out.accepted.view({rows, 1, 1}).expand({rows, 1, target_probs.size(2)}))
           .squeeze(1);
   // A residual that rounding left empty (p_j = q_j to the last bit) falls back to p_j itself.
-  const auto plain = target_probs.gather(
-      1, out.accepted.view({rows, 1, 1}).expand({rows, 1, target_probs.size(2)})).squeeze(1);
+  const auto plain =
+      target_probs
+          .gather(1, out.accepted.view({rows, 1, 1}).expand({rows, 1, target_probs.size(2)}))
+          .squeeze(1);
   const auto empty = next_rows.sum(-1, /*keepdim=*/true).le(0.0);
   const auto next = sample_rows(at::where(empty, plain, next_rows), generator);
   out.tokens = at::cat({drafted, drafted.narrow(1, 0, 1)}, 1).clone();

@@ -3,7 +3,8 @@
 # decodes held-out prompts greedily (the output must equal the target alone's for every prompt)
 # and at temperature 1 (--out holds one line per prompt, its tokens the per-verification counts
 # add up to); the draft is read from its checkpoint, from an export and as a bare .safetensors;
-# bad input gets a named error and exit 1, a usage error exit 2.
+# `dspine-data regenerate` writes the target alone's continuations as token samples; bad input gets
+# a named error and exit 1, a usage error exit 2.
 # Usage: decode_cli.sh <bin dir> <source dir> <work dir> <python>
 set -euo pipefail
 BIN=$1 SRC=$2 WORK=$3 PY=$4
@@ -43,6 +44,22 @@ for row in rows:  # the prefill's first token, then what each verification gave
 assert r["verifications"] == sum(len(row["accepted"]) for row in rows), r
 print(f"ok: sampled tau {r['tau']:.3f}, {len(rows)} rows written")
 PY
+# regenerate: the target alone's continuations of the same prompts, as token samples.
+"$BIN/dspine-data" regenerate --target "$TARGET" --samples-file "$WORK/testbed/held_out.jsonl" \
+  --samples 6 --prompt-tokens 48 --max-new-tokens 40 --batch 4 --out "$WORK/regenerated.jsonl"
+"${decode[@]}" --out "$WORK/alone.jsonl" >/dev/null
+"$BIN/dspine-data" check "$WORK/regenerated.jsonl" --vocab-size 260
+python3 - "$WORK/regenerated.jsonl" "$WORK/alone.jsonl" "$WORK/testbed/held_out.jsonl" <<'PY'
+import json, sys
+regenerated = [json.loads(line) for line in open(sys.argv[1])]
+alone = [json.loads(line) for line in open(sys.argv[2])]
+source = [json.loads(line) for line in open(sys.argv[3])][:6]
+assert len(regenerated) == len(alone) == 6
+for r, a, s in zip(regenerated, alone, source):
+    assert r["input_ids"] == s["input_ids"][:48] + a["tokens"], (r, a)
+    assert r["loss_mask"] == [0] * 48 + [1] * len(a["tokens"]), r
+print("ok: regenerated samples = prompt (unsupervised) + the target alone's continuation")
+PY
 expect_error() {  # expected status, text the error must contain, then the command
   local status=$1 text=$2; shift 2
   set +e; "$@" >"$WORK/out.txt" 2>&1; local got=$?; set -e
@@ -55,4 +72,6 @@ expect_error 2 "temperature" "${decode[@]}" --temperature -1
 expect_error 2 "draft" "${decode[@]}" --draft "$WORK/missing"
 echo '{"input_ids": [1, 2, 999], "loss_mask": [0, 1, 1]}' >"$WORK/bad.jsonl"
 expect_error 1 "bad.jsonl" "$BIN/dspine-decode" --target "$TARGET" --prompts "$WORK/bad.jsonl"
+expect_error 1 "exists" "$BIN/dspine-data" regenerate --target "$TARGET" \
+  --samples-file "$WORK/testbed/held_out.jsonl" --out "$WORK/regenerated.jsonl"
 echo "ok: bad input named"

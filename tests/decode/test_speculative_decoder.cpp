@@ -3,28 +3,26 @@
 // speculative decoding gives the target alone's tokens whatever the draft proposes (a DSpine draft,
 // and scripted drafts that are right, wrong, or right for a while); at temperature 1 the tokens a
 // verification produces have the target's distribution (chi-square tests over 20,000 draws).
+#include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include <ATen/CPUGeneratorImpl.h>
-
 #include <cmath>
 #include <filesystem>
-#include <functional>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "common/dspine_tiny.h"
 #include "core/error.h"
 #include "data/qwen3_model.h"
 #include "decode/block_drafter.h"
 #include "decode/speculative_decoder.h"
 #include "decode/verification.h"
 #include "model/dspine_draft.h"
-
-#include "common/dspine_tiny.h"
 
 namespace dspine::decode {
 namespace {
@@ -60,8 +58,8 @@ model::DSpineDraft testbed_draft(int64_t block_size) {
 
 std::vector<std::vector<int64_t>> byte_prompts() {
   std::vector<std::vector<int64_t>> prompts;
-  for (const std::string text : {"def main():\n    ", "import os\nimport sys\n", "class ",
-                                 "    return self.", "# "}) {
+  for (const std::string text :
+       {"def main():\n    ", "import os\nimport sys\n", "class ", "    return self.", "# "}) {
     prompts.emplace_back(text.begin(), text.end());
   }
   return prompts;
@@ -272,7 +270,8 @@ TEST(SpeculativeDecoder, SampledTokensHaveTheTargetsDistribution) {
   const int64_t draws = 20000, vocab = 260;
   torch::NoGradGuard no_grad;
   const auto ids = torch::tensor(prompt, torch::kInt64).unsqueeze(0);
-  const auto first = torch::softmax(target.logits(target.forward(ids, {}).last_hidden_state)[0][-1], -1);
+  const auto first =
+      torch::softmax(target.logits(target.forward(ids, {}).last_hidden_state)[0][-1], -1);
   const auto extended = torch::cat({ids.expand({vocab, -1}), torch::arange(vocab).unsqueeze(1)}, 1);
   const auto second_given = torch::softmax(
       target.logits(target.forward(extended, {}).last_hidden_state).select(1, -1), -1);
@@ -287,7 +286,8 @@ TEST(SpeculativeDecoder, SampledTokensHaveTheTargetsDistribution) {
   for (auto& s : likely) s.insert(s.end(), {top, top_second, 0, 0, 0});
   ScriptedDrafter scripted(likely, 3, [](int64_t, int64_t) { return false; });
   for (Drafter* drafter : std::vector<Drafter*>{&dspine_drafter, &scripted}) {
-    const auto result = decode(drafter, std::vector<std::vector<int64_t>>(draws, prompt), 2, 1.0, 9);
+    const auto result =
+        decode(drafter, std::vector<std::vector<int64_t>>(draws, prompt), 2, 1.0, 9);
     std::vector<int64_t> tokens[2];
     for (const auto& row : result.rows) {
       ASSERT_EQ(row.tokens.size(), 2u);
@@ -297,8 +297,8 @@ TEST(SpeculativeDecoder, SampledTokensHaveTheTargetsDistribution) {
     for (int k = 0; k < 2; ++k) {
       const auto [statistic, quantile] =
           chi_square(token_counts(torch::tensor(tokens[k]), vocab), expected[k], draws);
-      EXPECT_LT(statistic, quantile) << (drafter == &scripted ? "scripted" : "DSpine")
-                                     << " draft, token " << k;
+      EXPECT_LT(statistic, quantile)
+          << (drafter == &scripted ? "scripted" : "DSpine") << " draft, token " << k;
     }
   }
 }
