@@ -220,6 +220,48 @@ const CLI::Validator kAtLeastOne(
 
 }  // namespace
 
+// The `regenerate` subcommand's options, into `args`.
+CLI::App* add_regenerate_command(CLI::App& app, RegenerateArgs& args) {
+  auto* command = app.add_subcommand(
+      "regenerate", "continue each token sample's prompt with the target alone and write token "
+                    "samples: the prompt unsupervised, the target's continuation supervised");
+  command->add_option("--target", args.target_dir, "Hugging Face Qwen3 directory")
+      ->required()
+      ->check(CLI::ExistingDirectory);
+  command->add_option("--samples-file", args.samples_file,
+                      "token-sample JSONL whose prompts are continued (the tokens before "
+                      "each sample's first supervised one)")
+      ->required()
+      ->check(CLI::ExistingFile);
+  command->add_option("--out", args.out, "output JSONL (must not exist)")->required();
+  command->add_option("--samples", args.samples, "samples (default: all from --offset)")
+      ->check(kAtLeastOne);
+  command->add_option("--offset", args.offset, "index of the first sample")
+      ->check(CLI::NonNegativeNumber);
+  command->add_option("--prompt-tokens", args.prompt_tokens,
+                      "prompt = each sample's first N tokens instead")
+      ->check(kAtLeastOne);
+  command->add_option("--max-new-tokens", args.decode.max_new_tokens,
+                      "tokens generated per sample at most")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
+      ->capture_default_str();
+  command->add_option("--temperature", args.decode.temperature, "0: greedy")
+      ->check(CLI::Range(0.0, 1e4))
+      ->capture_default_str();
+  command->add_option("--seed", args.decode.seed, "seed of the draws at temperature > 0");
+  command->add_option("--batch", args.batch, "samples decoded together")
+      ->check(CLI::Range(int64_t{1}, int64_t{4096}))
+      ->capture_default_str();
+  command->add_option("--device", args.device, "auto, cpu or cuda")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  command->add_option("--dtype", args.dtype,
+                      "auto (bf16 on CUDA, fp32 on the CPU), fp32 or bf16")
+      ->check(CLI::IsMember({"auto", "fp32", "bf16"}));
+  command->add_flag("--ignore-eos", args.ignore_eos,
+                           "generate --max-new-tokens whatever the tokens");
+  return command;
+}
+
 int main(int argc, char** argv) {
   CLI::App app{"dspine-data: target-model training data as safetensors shards, data checks; "
                "draft export"};
@@ -284,43 +326,7 @@ int main(int argc, char** argv) {
   export_cmd->add_option("out", export_out, "output directory (must not exist)")->required();
 
   RegenerateArgs regen;
-  auto* regenerate_cmd = app.add_subcommand(
-      "regenerate", "continue each token sample's prompt with the target alone and write token "
-                    "samples: the prompt unsupervised, the target's continuation supervised");
-  regenerate_cmd->add_option("--target", regen.target_dir, "Hugging Face Qwen3 directory")
-      ->required()
-      ->check(CLI::ExistingDirectory);
-  regenerate_cmd->add_option("--samples-file", regen.samples_file,
-                             "token-sample JSONL whose prompts are continued (the tokens before "
-                             "each sample's first supervised one)")
-      ->required()
-      ->check(CLI::ExistingFile);
-  regenerate_cmd->add_option("--out", regen.out, "output JSONL (must not exist)")->required();
-  regenerate_cmd->add_option("--samples", regen.samples, "samples (default: all from --offset)")
-      ->check(kAtLeastOne);
-  regenerate_cmd->add_option("--offset", regen.offset, "index of the first sample")
-      ->check(CLI::NonNegativeNumber);
-  regenerate_cmd->add_option("--prompt-tokens", regen.prompt_tokens,
-                             "prompt = each sample's first N tokens instead")
-      ->check(kAtLeastOne);
-  regenerate_cmd->add_option("--max-new-tokens", regen.decode.max_new_tokens,
-                             "tokens generated per sample at most")
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
-      ->capture_default_str();
-  regenerate_cmd->add_option("--temperature", regen.decode.temperature, "0: greedy")
-      ->check(CLI::Range(0.0, 1e4))
-      ->capture_default_str();
-  regenerate_cmd->add_option("--seed", regen.decode.seed, "seed of the draws at temperature > 0");
-  regenerate_cmd->add_option("--batch", regen.batch, "samples decoded together")
-      ->check(CLI::Range(int64_t{1}, int64_t{4096}))
-      ->capture_default_str();
-  regenerate_cmd->add_option("--device", regen.device, "auto, cpu or cuda")
-      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
-  regenerate_cmd->add_option("--dtype", regen.dtype,
-                             "auto (bf16 on CUDA, fp32 on the CPU), fp32 or bf16")
-      ->check(CLI::IsMember({"auto", "fp32", "bf16"}));
-  regenerate_cmd->add_flag("--ignore-eos", regen.ignore_eos,
-                           "generate --max-new-tokens whatever the tokens");
+  auto* regenerate_cmd = add_regenerate_command(app, regen);
 
   try {
     app.parse(argc, argv);
