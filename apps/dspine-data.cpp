@@ -20,6 +20,7 @@
 #include <torch/torch.h>
 
 #include "cli_usage.h"
+#include "decode_options.h"
 #include "core/config.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -178,21 +179,10 @@ struct RegenerateArgs {
 // The target continues each sample's prompt (docs/decoding.md, "Regeneration"); prints the
 // throughput beside the weight bytes a decoding forward reads.
 void regenerate(RegenerateArgs args) {
-  const bool cuda = args.device == "cuda" || (args.device == "auto" && torch::cuda::is_available());
-  if (args.device == "cuda" && !torch::cuda::is_available()) {
-    dspine::fail("--device cuda: no CUDA device");
-  }
-  const torch::Device device(cuda ? torch::kCUDA : torch::kCPU);
-  const auto dtype = args.dtype == "bf16" || (args.dtype == "auto" && cuda) ? torch::kBFloat16
-                                                                            : torch::kFloat32;
+  const auto [device, dtype] = dspine::cli::decode_device(args.device, args.dtype);
   const auto target = data::Qwen3Model::load_hf(args.target_dir, dtype, device);
   data::TokenSamples samples(args.samples_file, target.dims().vocab_size, "--samples-file");
-  if (args.offset >= samples.size()) {
-    dspine::fail("--offset {}: {} holds {} samples", args.offset, args.samples_file,
-                 samples.size());
-  }
-  const int64_t count = args.samples > 0 ? std::min(args.samples, samples.size() - args.offset)
-                                         : samples.size() - args.offset;
+  const int64_t count = dspine::cli::samples_from(samples, args.offset, args.samples);
   if (!args.ignore_eos) args.decode.stop_tokens = dspine::decode::eos_token_ids(args.target_dir);
   const auto r = dspine::decode::regenerate(target, samples, args.offset, count,
                                             args.prompt_tokens, args.batch, args.decode, args.out);

@@ -12,11 +12,13 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <numeric>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "cli_usage.h"
+#include "decode_options.h"
 #include "core/error.h"
 #include "core/log_stream.h"
 #include "data/qwen3_model.h"
@@ -59,12 +61,6 @@ dspine::model::DSpineDraft load_draft(const std::string& path, const torch::Devi
   dspine::model::load_draft(*draft, path);
   draft->eval();
   return draft;
-}
-
-double sum_of(const std::vector<double>& values) {
-  double total = 0;
-  for (double v : values) total += v;
-  return total;
 }
 
 struct Run {
@@ -112,11 +108,12 @@ nlohmann::json summary(const Options& o, const Run& run, const Run* baseline, in
         run.verifications > 0 ? static_cast<double>(run.accepted_by_position[k]) / run.verifications
                               : 0.0;
   }
-  const double seconds = sum_of(run.seconds);
+  const double seconds = std::accumulate(run.seconds.begin(), run.seconds.end(), 0.0);
   r["seconds"] = seconds;
   r["tokens_per_second"] = seconds > 0 ? run.tokens / seconds : 0.0;
   if (baseline != nullptr) {
-    const double base_seconds = sum_of(baseline->seconds);
+    const double base_seconds =
+        std::accumulate(baseline->seconds.begin(), baseline->seconds.end(), 0.0);
     r["target_only_seconds"] = base_seconds;
     r["target_only_tokens_per_second"] = base_seconds > 0 ? baseline->tokens / base_seconds : 0.0;
     r["speedup"] = seconds > 0 && base_seconds > 0
@@ -173,11 +170,7 @@ void write_rows(const std::string& path, const Run& run, int64_t offset) {
 }
 
 void run_decode(const Options& o) {
-  const bool cuda = o.device == "cuda" || (o.device == "auto" && torch::cuda::is_available());
-  if (o.device == "cuda" && !torch::cuda::is_available()) fail("--device cuda: no CUDA device");
-  const torch::Device device(cuda ? torch::kCUDA : torch::kCPU);
-  const bool bf16 = o.dtype == "bf16" || (o.dtype == "auto" && cuda);
-  const auto dtype = bf16 ? torch::kBFloat16 : torch::kFloat32;
+  const auto [device, dtype] = dspine::cli::decode_device(o.device, o.dtype);
   torch::NoGradGuard no_grad;
   auto target = dspine::data::Qwen3Model::load_hf(o.target, dtype, device);
   std::unique_ptr<decode::BlockDrafter> drafter;
@@ -193,11 +186,7 @@ void run_decode(const Options& o) {
                                                      target.lm_head());
   }
   dspine::data::TokenSamples samples(o.prompts, target.dims().vocab_size, "--prompts");
-  if (o.offset >= samples.size()) {
-    fail("--offset {}: {} holds {} samples", o.offset, o.prompts, samples.size());
-  }
-  const int64_t count =
-      o.samples > 0 ? std::min(o.samples, samples.size() - o.offset) : samples.size() - o.offset;
+  const int64_t count = dspine::cli::samples_from(samples, o.offset, o.samples);
   std::vector<std::vector<int64_t>> prompts;
   for (int64_t i = 0; i < count; ++i) {
     prompts.push_back(decode::sample_prompt(samples.read(o.offset + i), o.prompt_tokens));
