@@ -40,6 +40,7 @@ namespace {
 
 namespace core = dspine::core;
 namespace data = dspine::data;
+namespace fs = std::filesystem;
 
 struct GenerateArgs {
   std::string config_path;
@@ -129,7 +130,6 @@ struct CheckArgs {
 // samples (against the configuration's model.hidden_size and target_layer_ids). The rate counts
 // the bytes of the files checked once each.
 void check(const CheckArgs& args) {
-  namespace fs = std::filesystem;
   core::Config config = core::load_config(args.config_path, args.overrides);
   dspine::model::resolve_drafts(config);  // model.<architecture> checked as every tool does
   data::ShardLayout layout = data::layout_from_config(config);
@@ -172,6 +172,7 @@ void export_draft(const std::string& source, const std::string& out) {
 struct RegenerateArgs {
   std::string target_dir, samples_file, out, device = "auto", dtype = "auto";
   int64_t samples = 0, offset = 0, prompt_tokens = 0, batch = 32;
+  int64_t random_weights = -1;  // >= 0: seeded random weights of the target's shape (timing)
   dspine::decode::DecodeSettings decode;
   bool ignore_eos = false;
 };
@@ -180,7 +181,12 @@ struct RegenerateArgs {
 // throughput beside the weight bytes a decoding forward reads.
 void regenerate(RegenerateArgs args) {
   const auto [device, dtype] = dspine::cli::decode_device(args.device, args.dtype);
-  const auto target = data::Qwen3Model::load_hf(args.target_dir, dtype, device);
+  const auto target =
+      args.random_weights >= 0
+          ? data::Qwen3Model::random(
+                data::read_qwen3_config((fs::path(args.target_dir) / "config.json").string()),
+                static_cast<uint64_t>(args.random_weights), dtype, device)
+          : data::Qwen3Model::load_hf(args.target_dir, dtype, device);
   data::TokenSamples samples(args.samples_file, target.dims().vocab_size, "--samples-file");
   const int64_t count = dspine::cli::samples_from(samples, args.offset, args.samples);
   if (!args.ignore_eos) args.decode.stop_tokens = dspine::decode::eos_token_ids(args.target_dir);
@@ -248,7 +254,11 @@ CLI::App* add_regenerate_command(CLI::App& app, RegenerateArgs& args) {
                       "auto (bf16 on CUDA, fp32 on the CPU), fp32 or bf16")
       ->check(CLI::IsMember({"auto", "fp32", "bf16"}));
   command->add_flag("--ignore-eos", args.ignore_eos,
-                           "generate --max-new-tokens whatever the tokens");
+                    "generate --max-new-tokens whatever the tokens");
+  command->add_option("--random-weights", args.random_weights,
+                      "seeded random weights of --target's config.json shape instead of its "
+                      "checkpoint (for timing)")
+      ->check(CLI::NonNegativeNumber);
   return command;
 }
 

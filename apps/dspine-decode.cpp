@@ -38,7 +38,7 @@ namespace decode = dspine::decode;
 using dspine::fail;
 
 struct Options {
-  std::string target, draft, prompts, out, device = "auto", dtype = "auto";
+  std::string target, draft, prompts, out, device = "auto", dtype = "auto", walk = "backbone";
   int64_t prompt_tokens = 0, samples = 0, offset = 0, batch = 1, max_new_tokens = 128;
   double temperature = 0.0;
   uint64_t seed = 0;
@@ -99,6 +99,7 @@ nlohmann::json summary(const Options& o, const Run& run, const Run* baseline, in
   r["temperature"] = o.temperature;
   r["max_new_tokens"] = o.max_new_tokens;
   r["draft"] = o.draft.empty() ? nlohmann::json() : nlohmann::json(o.draft);
+  if (!o.draft.empty()) r["walk"] = o.walk;
   r["generated_tokens"] = run.tokens;
   r["verifications"] = run.verifications;
   // τ: tokens per target forward after the prefill (the prefill's first token left out).
@@ -182,8 +183,9 @@ void run_decode(const Options& o) {
              target.dims().num_hidden_layers);
       }
     }
-    drafter = std::make_unique<decode::BlockDrafter>(std::move(draft), target.embed_tokens(),
-                                                     target.lm_head());
+    drafter = std::make_unique<decode::BlockDrafter>(
+        std::move(draft), target.embed_tokens(), target.lm_head(),
+        o.walk == "refinement" ? decode::DraftWalk::kRefinement : decode::DraftWalk::kBackbone);
   }
   dspine::data::TokenSamples samples(o.prompts, target.dims().vocab_size, "--prompts");
   const int64_t count = dspine::cli::samples_from(samples, o.offset, o.samples);
@@ -243,6 +245,10 @@ int main(int argc, char** argv) {
   app.add_option("--offset", o.offset, "index of the first sample")->check(CLI::NonNegativeNumber);
   app.add_option("--max-new-tokens", o.max_new_tokens, "tokens generated per prompt at most")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  app.add_option("--walk", o.walk,
+                 "how the draft fills a block: backbone (every slot from its own logits) or "
+                 "refinement (slot after slot through the refinement head)")
+      ->check(CLI::IsMember({"backbone", "refinement"}));
   app.add_option("--temperature", o.temperature, "0: greedy; otherwise speculative sampling")
       ->check(CLI::Range(0.0, 1e4));
   app.add_option("--seed", o.seed, "seed of the draws at temperature > 0");

@@ -5,35 +5,73 @@
 # first PROMPT tokens) with that draft and with the target alone, at batch 1, 16 and 64, greedy and
 # at temperature 1, and prints one table row per run: τ in decoding, acceptance by position,
 # tokens per second with and without the draft, the speedup, and (greedy) the prompts whose output
-# equals the target alone's.
+# equals the target alone's. Then the same with the refinement walk (batch 16), the draft's text τ
+# from its training run's last evaluation, and the target alone regenerating (dspine-data
+# regenerate) on the gpu testbed and on random weights of Qwen3-8B's shape, against the bound of
+# reading every weight once per forward (BANDWIDTH, GB/s: the card's memory bandwidth).
 # Usage: scripts/bench_decode.sh [BUILD_DIR (default build)] [WORK (default runs/decode-bench)]
 #   PROMPTS (default 64), PROMPT (tokens, default 128), NEW (tokens, default 128), DTYPE (bf16)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build} WORK=${2:-runs/decode-bench}
 PROMPTS=${PROMPTS:-64} PROMPT=${PROMPT:-128} NEW=${NEW:-128} DTYPE=${DTYPE:-bf16}
+BANDWIDTH=${BANDWIDTH:-$(nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 && echo 4800 || echo 3350)}
 TESTBED=${TESTBED:-data/testbed-gpu}
 mkdir -p "$WORK"
 DSPINE_BUILD_DIR=$BUILD TESTBED=$TESTBED scripts/gspo_testbed_ablation.sh -n 1 "$WORK" \
   > "$WORK/start.log" 2>&1 || { tail -20 "$WORK/start.log"; exit 1; }
 draft="$WORK/start/checkpoints/step-000600"
-echo "| batch | temperature | prompts | τ in decoding | accept_1 / 2 / 3 / 4 | tok/s | target alone | speedup | equal to the target alone |"
-echo "|---:|---:|---:|---:|---|---:|---:|---:|---:|"
-for batch in 1 16 64; do
-  samples=$PROMPTS; ((batch == 1 && samples > 16)) && samples=16  # batch 1: fewer prompts
-  for temperature in 0 1; do
-    "$BUILD/bin/dspine-decode" --target "$TESTBED/target" --draft "$draft" \
-      --prompts "$TESTBED/held_out.jsonl" --samples "$samples" --prompt-tokens "$PROMPT" \
-      --max-new-tokens "$NEW" --ignore-eos --batch "$batch" --temperature "$temperature" \
-      --dtype "$DTYPE" --seed 1 --json > "$WORK/b$batch-t$temperature.json"
-    python3 - "$WORK/b$batch-t$temperature.json" <<'PY'
+echo "| walk | batch | temperature | prompts | τ in decoding | accept_1 / 2 / 3 / 4 | tok/s | target alone | speedup | equal to the target alone |"
+echo "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|"
+row() {  # walk batch temperature
+  local walk=$1 batch=$2 temperature=$3 samples=$PROMPTS
+  ((batch == 1 && samples > 16)) && samples=16  # batch 1: fewer prompts
+  local out="$WORK/$walk-b$batch-t$temperature.json"
+  "$BUILD/bin/dspine-decode" --target "$TESTBED/target" --draft "$draft" --walk "$walk" \
+    --prompts "$TESTBED/held_out.jsonl" --samples "$samples" --prompt-tokens "$PROMPT" \
+    --max-new-tokens "$NEW" --ignore-eos --batch "$batch" --temperature "$temperature" \
+    --dtype "$DTYPE" --seed 1 --json > "$out"
+  python3 - "$out" <<'PY'
 import json, sys
 r = json.loads(open(sys.argv[1]).read())
 accept = " / ".join("%.1f" % (100 * r[f"accept_{k}"]) for k in range(1, 5))
 equal = f"{r['equal_to_target_only']} of {r['prompts']}" if "equal_to_target_only" in r else "–"
-print(f"| {r['batch']} | {r['temperature']:g} | {r['prompts']} | {r['tau']:.3f} | {accept}% | "
-      f"{r['tokens_per_second']:,.0f} | {r['target_only_tokens_per_second']:,.0f} | "
+print(f"| {r['walk']} | {r['batch']} | {r['temperature']:g} | {r['prompts']} | {r['tau']:.3f} | "
+      f"{accept}% | {r['tokens_per_second']:,.0f} | {r['target_only_tokens_per_second']:,.0f} | "
       f"{r['speedup']:.2f}× | {equal} |")
 PY
-  done
+}
+for batch in 1 16 64; do
+  for temperature in 0 1; do row backbone "$batch" "$temperature"; done
 done
+for temperature in 0 1; do row refinement 16 "$temperature"; done
+python3 - "$WORK/start/metrics.jsonl" <<'PY'
+import json, sys
+last = [json.loads(l) for l in open(sys.argv[1]) if '"eval/tau"' in l][-1]
+print(f"\ntext τ of the draft (step {last['step']:.0f}): greedy {last['eval/tau']:.3f}, refinement "
+      f"{last['eval/tau_refine']:.3f}, sampled {last['eval/tau_sampled']:.3f}")
+PY
+
+# Regeneration: the target alone, batched, against reading every weight once per forward.
+echo
+echo "| target | batch | tokens | tok/s | weights per forward | weights read | of $BANDWIDTH GB/s |"
+echo "|---|---:|---:|---:|---:|---:|---:|"
+regen() {  # name target_dir batch new [extra args]
+  local name=$1 dir=$2 batch=$3 new=$4; shift 4
+  local out="$WORK/regen-$name-b$batch.jsonl"
+  rm -f "$out"
+  "$BUILD/bin/dspine-data" regenerate --target "$dir" --samples-file "$TESTBED/held_out.jsonl" \
+    --samples "$batch" --prompt-tokens "$PROMPT" --max-new-tokens "$new" --ignore-eos \
+    --batch "$batch" --dtype "$DTYPE" --out "$out" "$@" > "$out.log"
+  python3 - "$out.log" "$name" "$batch" "$BANDWIDTH" <<'PY'
+import re, sys
+text = open(sys.argv[1]).read()
+m = re.search(r"([0-9]+) generated tokens in ([0-9.]+) s, ([0-9.]+) tok/s .*?; ([0-9]+) forwards, "
+              r"([0-9.]+) MB of weights each, ([0-9.]+) GB/s", text)
+tokens, seconds, rate, forwards, mb, gbs = m.groups()
+print(f"| {sys.argv[2]} | {sys.argv[3]} | {tokens} | {float(rate):,.0f} | {float(mb):,.1f} MB | "
+      f"{float(gbs):,.0f} GB/s | {100 * float(gbs) / float(sys.argv[4]):.1f}% |")
+PY
+}
+for batch in 1 16 64; do regen testbed-gpu "$TESTBED/target" "$batch" "$NEW"; done
+for batch in 1 16 64; do regen qwen3-8b-random configs/targets/qwen3-8b "$batch" 64 --random-weights 1; done

@@ -152,6 +152,9 @@ std::vector<Key> keys_of(Config& c) {
       {"training.deterministic", &t.deterministic},
       {"training.on_nonfinite", &t.on_nonfinite},
       {"training.eval_every", &t.eval_every},
+      {"training.eval_decode_tokens", &t.eval_decode_tokens},
+      {"training.eval_decode_prompt_tokens", &t.eval_decode_prompt_tokens},
+      {"training.eval_decode_temperature", &t.eval_decode_temperature},
       {"training.init_from", &t.init_from},
       {"objective.name", &c.objective.name},
       {"checkpoint.dir", &c.checkpoint.dir},
@@ -910,6 +913,9 @@ void validate_run(const RangeRules& r, const Config& c) {
   r.at_least("training.seed", t.seed, 0);
   r.at_least("training.cpu_threads", t.cpu_threads, 0);
   r.at_least("training.eval_every", t.eval_every, 0);
+  r.at_least("training.eval_decode_tokens", t.eval_decode_tokens, 0);
+  r.at_least("training.eval_decode_prompt_tokens", t.eval_decode_prompt_tokens, 0);
+  r.nonnegative("training.eval_decode_temperature", t.eval_decode_temperature);
 
   r.non_empty("checkpoint.dir", c.checkpoint.dir);
   r.at_least("checkpoint.save_every", c.checkpoint.save_every, 0);

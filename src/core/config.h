@@ -183,6 +183,11 @@ struct TrainingConfig {
   OnNonfinite on_nonfinite = OnNonfinite::kSkip;
   // Optimizer steps between acceptance evaluations (and one at the end); 0 = off.
   int64_t eval_every = 0;
+  // The evaluation also decodes each held-out row's prompt for this many tokens with the draft
+  // and the online target (τ in real decoding, docs/evaluation.md); 0 = text τ only.
+  int64_t eval_decode_tokens = 0;
+  int64_t eval_decode_prompt_tokens = 0;  // a prompt: a row's first N ids; 0: before supervision
+  double eval_decode_temperature = 0.0;   // 0: greedy
   // A checkpoint or export directory (or a draft .safetensors) whose weights a fresh run starts
   // from, with a fresh optimizer, schedule and data position; "" = initialise the draft.
   std::string init_from;

@@ -75,6 +75,13 @@ const std::map<std::string, std::string>& core_descriptions() {
       {"training.deterministic",
        "CUDA: deterministic algorithms, so that resumed runs are bitwise (docs/model.md)"},
       {"training.eval_every", "steps between acceptance evaluations; 0 = off"},
+      {"training.eval_decode_tokens",
+       "each evaluation also decodes every held-out prompt for N tokens with the draft and the "
+       "online target (tau in real decoding); 0 = off"},
+      {"training.eval_decode_prompt_tokens",
+       "prompt of that decoding: a held-out row's first N tokens; 0 = its tokens before the first "
+       "supervised one"},
+      {"training.eval_decode_temperature", "temperature of that decoding; 0 = greedy"},
       {"training.init_from",
        "checkpoint or export to take the draft's weights from (fresh optimizer and data)"},
       {"training.on_nonfinite", "a NaN/inf step: skip it, or save and stop"},

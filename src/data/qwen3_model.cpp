@@ -8,12 +8,12 @@
 #include <unordered_map>
 
 #include <ATen/ATen.h>
-#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/grad_mode.h>
-#include <ATen/detail/CUDAHooksInterface.h>
 #include <fmt/ranges.h>
 
+#include "core/device_generator.h"
 #include "core/error.h"
+#include "core/row_spans.h"
 #include "data/seeding.h"
 #include "ops/qk_norm_rope_ops.h"
 #include "ops/rms_norm_ops.h"
@@ -97,10 +97,9 @@ struct Positions {
   std::optional<at::Tensor> mask;
   bool causal = false;
   at::Tensor batch_cos, batch_sin;  // fused runs: [B, count, head_dim], the q/k kernel's tables
-  // Rows at their own positions (Qwen3Model::step_rows): where each token's keys and values go,
-  // row indices and positions [B, count] int64, and how many cached positions attention reads.
-  at::Tensor write_rows, write_positions;
-  int64_t keys = 0;
+  // Rows at their own positions (Qwen3Model::step_rows): where each token's keys and values go
+  // and what it sees.
+  std::optional<core::RowSpans> spans;
 };
 
 // cos and sin [..., head_dim] of RoPE at `position` [...] (fp32), as transformers computes them:
@@ -135,21 +134,15 @@ Positions make_positions(int64_t past, int64_t count, const at::Tensor& inv_freq
 Positions make_row_positions(const std::vector<int64_t>& lengths, int64_t count,
                              const at::Tensor& inv_freq, const Qwen3Rope& rope,
                              const at::TensorOptions& options) {
-  const int64_t batch = static_cast<int64_t>(lengths.size());
-  const auto longs = options.dtype(at::kLong);
-  const auto starts = at::tensor(lengths, at::TensorOptions().dtype(at::kLong)).to(longs.device());
-  const auto position = starts.unsqueeze(1) + at::arange(count, longs);  // [B, count]
-  auto [cos, sin] = rope_tables(position.to(at::kFloat), inv_freq, rope,
-                                options.dtype().toScalarType());
   Positions out;
+  out.spans = core::row_spans(lengths, count, options.device());
+  auto [cos, sin] = rope_tables(out.spans->positions.to(at::kFloat), inv_freq, rope,
+                                options.dtype().toScalarType());
   out.batch_cos = cos.contiguous();
   out.batch_sin = sin.contiguous();
   out.cos = out.batch_cos.unsqueeze(1);
   out.sin = out.batch_sin.unsqueeze(1);
-  out.keys = *std::max_element(lengths.begin(), lengths.end()) + count;
-  out.mask = at::arange(out.keys, longs).view({1, 1, 1, out.keys}).le(position.unsqueeze(1).unsqueeze(-1));
-  out.write_rows = at::arange(batch, longs).unsqueeze(1).expand({batch, count});
-  out.write_positions = position;
+  out.mask = out.spans->visible;
   return out;
 }
 
@@ -168,13 +161,6 @@ void check_input_ids(const at::Tensor& ids, int64_t vocab) {
       (ids.min().item<int64_t>() < 0 || ids.max().item<int64_t>() >= vocab)) {
     fail("Qwen3 model: input_ids outside the vocabulary [0, {})", vocab);
   }
-}
-
-at::Generator seeded_generator(const c10::Device& device, uint64_t seed) {
-  at::Generator gen = device.is_cuda() ? at::detail::getCUDAHooks().getNewGenerator(device.index())
-                                       : at::make_generator<at::CPUGeneratorImpl>();
-  gen.set_current_seed(seed);
-  return gen;
 }
 
 void check_dtype(at::ScalarType dtype) {
@@ -321,7 +307,7 @@ Qwen3Model Qwen3Model::random(const Qwen3Dims& dims, uint64_t seed, at::ScalarTy
       const double std = slot.name == "model.embed_tokens.weight" ? 1.0
                          : slot.name == "lm_head.weight"        ? head_std
                                                                 : 1.0 / std::sqrt(double(slot.shape[1]));
-      at::Generator gen = seeded_generator(
+      at::Generator gen = core::seeded_generator(
           device, generator_seed(stream_seed(static_cast<int64_t>(seed), static_cast<int64_t>(i))));
       value = at::empty(slot.shape, options).normal_(0.0, std, gen);
     }
@@ -420,14 +406,12 @@ at::Tensor layer_forward(const Qwen3Model::Layer& layer, const Qwen3Dims& dims, 
   auto q = norm_rope(q_rows.view({batch, count, heads, dim}), layer.q_norm, eps, positions);
   auto k = norm_rope(k_rows.view({batch, count, kv_heads, dim}), layer.k_norm, eps, positions);
   auto v = v_rows.view({batch, count, kv_heads, dim}).transpose(1, 2);
-  if (cache != nullptr && positions.write_rows.defined()) {
+  if (cache != nullptr && positions.spans) {
     // [B, C, kv, d] views of the cache: one scatter writes every row's tokens at its positions.
-    const c10::List<std::optional<at::Tensor>> at_rows(
-        {positions.write_rows, positions.write_positions});
-    cache->keys[index].transpose(1, 2).index_put_(at_rows, k.transpose(1, 2));
-    cache->values[index].transpose(1, 2).index_put_(at_rows, v.transpose(1, 2));
-    k = cache->keys[index].narrow(2, 0, positions.keys);
-    v = cache->values[index].narrow(2, 0, positions.keys);
+    core::write_spans(cache->keys[index].transpose(1, 2), k.transpose(1, 2), *positions.spans);
+    core::write_spans(cache->values[index].transpose(1, 2), v.transpose(1, 2), *positions.spans);
+    k = cache->keys[index].narrow(2, 0, positions.spans->keys);
+    v = cache->values[index].narrow(2, 0, positions.spans->keys);
   } else if (cache != nullptr) {
     const int64_t past = cache->length;
     cache->keys[index].narrow(2, past, count).copy_(k);

@@ -2,16 +2,28 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
+
 #include "core/error.h"
-#include "objectives/dspine_blocks.h"
+#include "decode/verification.h"
 
 namespace dspine::decode {
 
-BlockDrafter::BlockDrafter(model::DSpineDraft draft, at::Tensor embed_tokens, at::Tensor lm_head)
+DraftedBlock draw_from_logits(const at::Tensor& logits, const DraftDraws& draws) {
+  if (draws.temperature == 0.0) return {logits.argmax(-1), at::Tensor()};
+  const int64_t rows = logits.size(0), slots = logits.size(1), vocab = logits.size(2);
+  auto probs = torch::softmax(logits.to(torch::kFloat32) / draws.temperature, -1);
+  auto tokens = sample_rows(probs.view({rows * slots, vocab}), draws.generator);
+  return {tokens.view({rows, slots}), probs};
+}
+
+BlockDrafter::BlockDrafter(model::DSpineDraft draft, at::Tensor embed_tokens, at::Tensor lm_head,
+                           DraftWalk walk)
     : draft_(std::move(draft)),
       embed_tokens_(std::move(embed_tokens)),
       lm_head_(std::move(lm_head)),
-      mask_token_id_(model::resolved_mask_token_id(draft_->config())) {
+      mask_token_id_(model::resolved_mask_token_id(draft_->config())),
+      walk_(walk) {
   const auto& c = draft_->config();
   if (lm_head_.dim() != 2 || lm_head_.size(0) != c.vocab_size ||
       lm_head_.size(1) != c.hidden_size || embed_tokens_.sizes() != lm_head_.sizes()) {
@@ -22,34 +34,61 @@ BlockDrafter::BlockDrafter(model::DSpineDraft draft, at::Tensor embed_tokens, at
   }
 }
 
-at::Tensor BlockDrafter::logits(const at::Tensor& target_hidden,
-                                const std::vector<int64_t>& anchors,
-                                const at::Tensor& anchor_tokens) {
+void BlockDrafter::start(int64_t batch, int64_t capacity) {
+  cache_ = std::make_unique<model::DraftDecodingCache>(*draft_, batch, capacity);
+}
+
+void BlockDrafter::extend(const at::Tensor& target_hidden, const std::vector<int64_t>& starts) {
+  if (!cache_) fail("decoding: the draft was handed context before start()");
+  cache_->extend(target_hidden, starts);
+}
+
+DraftedBlock BlockDrafter::propose(const std::vector<int64_t>& anchors,
+                                   const at::Tensor& anchor_tokens, const DraftDraws& draws) {
   torch::NoGradGuard no_grad;
-  const int64_t rows = target_hidden.size(0), context = target_hidden.size(1);
-  const int64_t bs = config().block_size;
-  if (static_cast<int64_t>(anchors.size()) != rows || anchor_tokens.numel() != rows) {
-    fail("decoding: {} anchors and {} anchor tokens for {} rows", anchors.size(),
-         anchor_tokens.numel(), rows);
-  }
-  for (int64_t a : anchors) {
-    if (a < 1 || a > context) fail("decoding: anchor {} outside [1, {}]", a, context);
+  if (!cache_) fail("decoding: the draft was asked for a block before start()");
+  const int64_t rows = static_cast<int64_t>(anchors.size()), bs = config().block_size;
+  if (anchor_tokens.numel() != rows) {
+    fail("decoding: {} anchors and {} anchor tokens", rows, anchor_tokens.numel());
   }
   const auto device = lm_head_.device();
-  const auto anchor_positions = torch::tensor(anchors, torch::kInt64).view({rows, 1}).to(device);
-  const auto keep =
-      torch::ones({rows, 1}, torch::TensorOptions().dtype(torch::kBool).device(device));
   // Slot 0: the anchor's token; the proposals' slots: the mask token.
-  auto block_ids = torch::full({rows, 1, bs}, mask_token_id_,
+  auto block_ids = torch::full({rows, bs}, mask_token_id_,
                                torch::TensorOptions().dtype(torch::kInt64).device(device));
-  block_ids.select(2, 0).copy_(anchor_tokens.view({rows, 1}));
-  const auto noise = torch::embedding(embed_tokens_, block_ids.view({rows, bs}));
-  const auto positions = objectives::block_position_ids(anchor_positions, context, bs);
-  const auto out = draft_->forward(positions, anchor_positions, keep, noise,
-                                   target_hidden.to(device, lm_head_.scalar_type()), block_ids,
-                                   at::Tensor(), /*layer_features=*/false);
+  block_ids.select(1, 0).copy_(anchor_tokens.view({rows}));
+  const auto out = cache_->block(anchors, block_ids, torch::embedding(embed_tokens_, block_ids));
   const auto hidden = out.hidden_states.select(1, 0).slice(1, 1);  // [B, T, H]
-  return torch::matmul(hidden, lm_head_.t()).to(torch::kFloat32);
+  const auto logits = torch::matmul(hidden, lm_head_.t()).to(torch::kFloat32);
+  if (walk_ == DraftWalk::kBackbone) return draw_from_logits(logits, draws);
+  return refinement_walk(out, logits, anchor_tokens.view({rows}).to(device), draws);
+}
+
+DraftedBlock BlockDrafter::refinement_walk(const model::DraftOutput& out, const at::Tensor& logits,
+                                           const at::Tensor& anchor_tokens,
+                                           const DraftDraws& draws) {
+  const int64_t rows = logits.size(0), slots = logits.size(1), vocab = logits.size(2);
+  const int64_t k = std::min<int64_t>(config().dspine.top_k, vocab);
+  const auto candidates = std::get<1>(logits.topk(k, -1));      // [B, T, k]
+  const auto pre = out.pre_injection.select(1, 0).slice(1, 1);  // [B, T, H]
+  std::vector<at::Tensor> tokens, probs;
+  auto previous = anchor_tokens;
+  for (int64_t slot = 0; slot < slots; ++slot) {
+    const auto refined = draft_->refine(pre.select(1, slot), previous);  // [B, H]
+    const auto slot_candidates = candidates.select(1, slot);             // [B, k]
+    const auto heads = lm_head_.index_select(0, slot_candidates.reshape(-1)).view({rows, k, -1});
+    const auto scores = torch::bmm(heads, refined.unsqueeze(2)).squeeze(2).to(torch::kFloat32);
+    at::Tensor choice;
+    if (draws.temperature == 0.0) {
+      choice = scores.argmax(1);
+    } else {
+      const auto p = torch::softmax(scores / draws.temperature, -1);  // [B, k]
+      choice = sample_rows(p, draws.generator);
+      probs.push_back(torch::zeros({rows, vocab}, p.options()).scatter_(1, slot_candidates, p));
+    }
+    previous = slot_candidates.gather(1, choice.view({rows, 1})).view({rows});
+    tokens.push_back(previous);
+  }
+  return {torch::stack(tokens, 1), probs.empty() ? at::Tensor() : torch::stack(probs, 1)};
 }
 
 }  // namespace dspine::decode

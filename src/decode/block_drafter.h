@@ -1,47 +1,85 @@
-// The draft's side of speculative decoding (docs/decoding.md): a DSpine draft proposes one block
-// per row from the target's hidden states of everything accepted so far. The block is anchored at
-// the row's next position, whose token (the target's own last choice) fills slot 0; slots
-// 1..T (T = block_size - 1) hold the mask token and give the T proposals, each from logits that
-// see the context but not the other proposals (the backbone's parallel block).
+// The draft's side of speculative decoding (docs/decoding.md): a draft proposes one block per row
+// from the target's hidden states of everything accepted so far. The block is anchored at the
+// row's next position, whose token (the target's own last choice) fills slot 0; slots 1..T
+// (T = block_size - 1) hold the mask token and give the T proposals.
 #pragma once
 
+#include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
+#include "model/draft_decoding.h"
 #include "model/dspine_draft.h"
 
 namespace dspine::decode {
 
-// What the decoding loop asks of a draft (tests plug in drafts of known quality).
+// A row's T drafted tokens and, when they were sampled, the distributions they were drawn from
+// (the speculative-sampling rule needs them).
+struct DraftedBlock {
+  at::Tensor tokens;  // [B, T] int64
+  at::Tensor probs;   // [B, T, V] fp32, rows summing to 1; undefined when drafted greedily
+};
+
+// How a draft picks its tokens: the argmax at temperature 0, else draws from the distribution at
+// that temperature with `generator` (of the draft's device).
+struct DraftDraws {
+  double temperature = 0.0;
+  at::Generator generator;
+};
+
+// Per-slot choices from per-slot logits [B, T, V], independently.
+DraftedBlock draw_from_logits(const at::Tensor& logits, const DraftDraws& draws);
+
+// What the decoding loop asks of a draft (tests plug in drafts of known quality). A draft sees
+// each context position once: start() opens a batch, extend() hands it the target's hidden states
+// of new positions, propose() drafts at each row's next position.
 class Drafter {
  public:
   virtual ~Drafter() = default;
   virtual int64_t proposals() const = 0;                      // T, tokens drafted per block
   virtual std::vector<int64_t> target_layer_ids() const = 0;  // the hidden states it reads
-  // fp32 logits [B, T, V] of the proposals of row b's block at position anchors[b] (its token
-  // anchor_tokens[b], [B] int64), from target_hidden [B, S, K·H] of which the row's first
-  // anchors[b] positions are its context (the rest is not read). anchors[b] in [1, S].
-  virtual at::Tensor logits(const at::Tensor& target_hidden, const std::vector<int64_t>& anchors,
-                            const at::Tensor& anchor_tokens) = 0;
+  // A batch of `batch` rows of at most `capacity` positions each (blocks included).
+  virtual void start(int64_t batch, int64_t capacity) = 0;
+  // The target's hidden states [B, n, K·H] of row b's positions starts[b] .. starts[b] + n - 1.
+  // Positions handed again (those of rejected drafts) replace what was there.
+  virtual void extend(const at::Tensor& target_hidden, const std::vector<int64_t>& starts) = 0;
+  // Row b's block at position anchors[b] (its token anchor_tokens[b], [B] int64), from the row's
+  // first anchors[b] positions.
+  virtual DraftedBlock propose(const std::vector<int64_t>& anchors, const at::Tensor& anchor_tokens,
+                               const DraftDraws& draws) = 0;
 };
+
+// How a DSpine draft fills its block: every slot from the backbone's own logits (the parallel
+// block), or the refinement walk, slot after slot through the refinement head over the backbone's
+// model.dspine.top_k candidates with the token drafted before it as its predecessor.
+enum class DraftWalk { kBackbone, kRefinement };
 
 class BlockDrafter : public Drafter {
  public:
   // embed_tokens and lm_head: the target's frozen tables [V, H], on the draft's device.
-  BlockDrafter(model::DSpineDraft draft, at::Tensor embed_tokens, at::Tensor lm_head);
+  BlockDrafter(model::DSpineDraft draft, at::Tensor embed_tokens, at::Tensor lm_head,
+               DraftWalk walk = DraftWalk::kBackbone);
 
   int64_t proposals() const override { return config().block_size - 1; }
   std::vector<int64_t> target_layer_ids() const override { return config().target_layer_ids; }
-  at::Tensor logits(const at::Tensor& target_hidden, const std::vector<int64_t>& anchors,
-                    const at::Tensor& anchor_tokens) override;
+  void start(int64_t batch, int64_t capacity) override;
+  void extend(const at::Tensor& target_hidden, const std::vector<int64_t>& starts) override;
+  DraftedBlock propose(const std::vector<int64_t>& anchors, const at::Tensor& anchor_tokens,
+                       const DraftDraws& draws) override;
   const model::DSpineModelConfig& config() const { return draft_->config(); }
 
  private:
+  DraftedBlock refinement_walk(const model::DraftOutput& out, const at::Tensor& logits,
+                               const at::Tensor& anchor_tokens, const DraftDraws& draws);
+
   model::DSpineDraft draft_;
   at::Tensor embed_tokens_, lm_head_;
   int64_t mask_token_id_;
+  DraftWalk walk_;
+  std::unique_ptr<model::DraftDecodingCache> cache_;
 };
 
 }  // namespace dspine::decode

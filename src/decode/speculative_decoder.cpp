@@ -1,15 +1,14 @@
 #include "decode/speculative_decoder.h"
 
 #include <ATen/ATen.h>
-#include <ATen/CPUGeneratorImpl.h>
-#include <ATen/detail/CUDAHooksInterface.h>
 #include <torch/cuda.h>
 
 #include <algorithm>
 #include <chrono>
-#include <tuple>
+#include <string>
 #include <utility>
 
+#include "core/device_generator.h"
 #include "core/error.h"
 #include "decode/verification.h"
 
@@ -17,25 +16,8 @@ namespace dspine::decode {
 
 namespace {
 
-at::Generator seeded(const c10::Device& device, uint64_t seed) {
-  at::Generator gen = device.is_cuda() ? at::detail::getCUDAHooks().getNewGenerator(device.index())
-                                       : at::make_generator<at::CPUGeneratorImpl>();
-  gen.set_current_seed(seed);
-  return gen;
-}
-
 void synchronize(const c10::Device& device) {
   if (device.is_cuda()) torch::cuda::synchronize(device.index());
-}
-
-// Writes rows [B, T, D] into buffer [B, C, D] at positions lengths[b] .. lengths[b] + T - 1.
-void write_rows(at::Tensor& buffer, const at::Tensor& rows, const std::vector<int64_t>& lengths) {
-  const int64_t batch = rows.size(0), count = rows.size(1);
-  const auto longs = at::TensorOptions().dtype(at::kLong).device(buffer.device());
-  const auto starts = at::tensor(lengths, at::TensorOptions().dtype(at::kLong)).to(buffer.device());
-  const auto positions = starts.unsqueeze(1) + at::arange(count, longs);
-  const auto row_index = at::arange(batch, longs).unsqueeze(1).expand({batch, count});
-  buffer.index_put_({row_index, positions}, rows.to(buffer.scalar_type()));
 }
 
 }  // namespace
@@ -71,7 +53,7 @@ class SpeculativeDecoder::Session {
         device_(target.embed_tokens().device()),
         vocab_(target.dims().vocab_size),
         slots_(drafter != nullptr ? drafter->proposals() : 0),
-        generator_(seeded(device_, settings.seed)) {
+        draws_{settings.temperature, core::seeded_generator(device_, settings.seed)} {
     if (drafter_ != nullptr) layer_ids_ = drafter_->target_layer_ids();
   }
 
@@ -98,9 +80,8 @@ class SpeculativeDecoder::Session {
     const auto out =
         target_.step_rows(ids.to(device_), cache_, std::vector<int64_t>(batch, 0), layer_ids_);
     if (drafter_ != nullptr) {
-      context_ =
-          at::zeros({batch, capacity, out.hidden_states.size(-1)}, out.hidden_states.options());
-      context_.narrow(1, 0, longest).copy_(out.hidden_states);
+      drafter_->start(batch, capacity);
+      drafter_->extend(out.hidden_states, std::vector<int64_t>(batch, 0));
     }
     const auto last = at::tensor(lengths_, at::kLong).sub(1).to(device_);
     const auto states = out.last_hidden_state.gather(
@@ -118,10 +99,10 @@ class SpeculativeDecoder::Session {
   // One round: the draft's block, the target's verdict on it, each row's share.
   void round() {
     const int64_t batch = static_cast<int64_t>(lengths_.size());
-    at::Tensor drafted, draft_probs;  // [B, T], [B, T, V]
-    if (drafter_ != nullptr) std::tie(drafted, draft_probs) = draft();
-    const auto block = drafter_ != nullptr ? at::cat({pending_.view({batch, 1}), drafted}, 1)
-                                           : pending_.view({batch, 1});
+    const auto drafted = drafter_ != nullptr ? draft() : DraftedBlock();
+    const auto block = drafter_ != nullptr
+                           ? at::cat({pending_.view({batch, 1}), drafted.tokens}, 1)
+                           : pending_.view({batch, 1});
     const auto out = target_.step_rows(block, cache_, lengths_, layer_ids_);
     const auto logits = target_.logits(out.last_hidden_state);  // [B, T + 1, V]
     Verdict verdict;
@@ -129,11 +110,12 @@ class SpeculativeDecoder::Session {
       verdict.accepted = at::zeros({batch}, at::TensorOptions().dtype(at::kLong).device(device_));
       verdict.tokens = choose(logits.select(1, 0)).view({batch, 1});
     } else if (greedy()) {
-      verdict = verify_greedy(logits, drafted);
+      verdict = verify_greedy(logits, drafted.tokens);
     } else {
-      verdict = verify_sampled(probs(logits), draft_probs, drafted, generator_);
+      verdict = verify_sampled(probs(logits), drafted.probs, drafted.tokens, draws_.generator);
     }
-    if (drafter_ != nullptr) write_rows(context_, out.hidden_states, lengths_);
+    // The whole block's hidden states: those of rejected drafts are written over next round.
+    if (drafter_ != nullptr) drafter_->extend(out.hidden_states, lengths_);
     record(verdict);
   }
 
@@ -143,21 +125,23 @@ class SpeculativeDecoder::Session {
     return at::softmax(logits.to(at::kFloat) / settings_.temperature, -1);
   }
   at::Tensor choose(const at::Tensor& logits) {  // [B, V] -> [B]
-    return greedy() ? logits.argmax(-1) : sample_rows(probs(logits), generator_);
+    return greedy() ? logits.argmax(-1) : sample_rows(probs(logits), draws_.generator);
   }
 
-  // The drafted block [B, T] and, when sampling, the distributions it was drawn from.
-  std::pair<at::Tensor, at::Tensor> draft() {
+  // The drafted block, its shapes checked.
+  DraftedBlock draft() {
     const int64_t batch = static_cast<int64_t>(lengths_.size());
-    const int64_t used = *std::max_element(lengths_.begin(), lengths_.end());
-    const auto logits = drafter_->logits(context_.narrow(1, 0, used), lengths_, pending_);
-    if (logits.sizes() != at::IntArrayRef({batch, slots_, vocab_})) {
-      fail("decoding: the draft gave logits [{}], not [{}, {}, {}]", c10::str(logits.sizes()),
-           batch, slots_, vocab_);
+    auto block = drafter_->propose(lengths_, pending_, draws_);
+    const bool fits = block.tokens.sizes() == at::IntArrayRef({batch, slots_}) &&
+                      (greedy() || block.probs.sizes() == at::IntArrayRef({batch, slots_, vocab_}));
+    if (!fits) {
+      const auto shape = [](const at::Tensor& t) {
+        return t.defined() ? "[" + c10::str(t.sizes()) + "]" : std::string("none");
+      };
+      fail("decoding: the draft gave tokens {} and distributions {}, not [{}, {}] and [{}, {}, {}]",
+           shape(block.tokens), shape(block.probs), batch, slots_, batch, slots_, vocab_);
     }
-    if (greedy()) return {logits.argmax(-1), at::Tensor()};
-    auto q = probs(logits);
-    return {sample_rows(q.view({-1, vocab_}), generator_).view({batch, slots_}), q};
+    return block;
   }
 
   // Each active row keeps its accepted tokens and the target's own; that one becomes pending.
@@ -206,10 +190,9 @@ class SpeculativeDecoder::Session {
   DecodeResult& result_;
   c10::Device device_;
   int64_t vocab_, slots_;
-  at::Generator generator_;
+  DraftDraws draws_;  // the draft's and the verification's draws share one generator
   std::vector<int64_t> layer_ids_;
   data::Qwen3Model::KvCache cache_;
-  at::Tensor context_;  // [B, capacity, K·H]: the target's hidden states the draft reads
   at::Tensor pending_;  // [B]: each row's next token, chosen by the target, not yet cached
   std::vector<int64_t> lengths_;  // each row's cached positions
   std::vector<bool> active_;

@@ -7,8 +7,10 @@
 #include <torch/nn/modules/linear.h>
 
 #include <cstdint>
+#include <utility>
 
 #include "core/config.h"
+#include "core/row_spans.h"
 #include "model/block_mask.h"
 #include "model/norm_mlp.h"
 #include "model/rope.h"
@@ -23,6 +25,18 @@ class DSpineAttentionImpl : public torch::nn::Module {
   // rope tables for the S+Q positions. Query rows that see no key return zeros.
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& context,
                         const AttentionMask& mask, const RopeTables& rope);
+
+  // Decoding (docs/decoding.md, "The draft's cache"). The keys and values [B, n, kv heads, D] of
+  // normed context states [B, n, H] at the positions of `rope`.
+  std::pair<torch::Tensor, torch::Tensor> context_kv(const torch::Tensor& context,
+                                                     const RopeTables& rope);
+  // One block per row against a cache [B, kv heads, C, D]: x [B, bs, H] (normed block tokens at
+  // the spans' positions, rope for those) writes its keys and values into the cache at the spans,
+  // and each query sees the cached keys the spans make visible (its row's context before the
+  // anchor, and the block causally).
+  torch::Tensor forward_cached(const torch::Tensor& x, const torch::Tensor& keys,
+                               const torch::Tensor& values, const core::RowSpans& spans,
+                               const RopeTables& rope);
 
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
   RMSNorm q_norm{nullptr}, k_norm{nullptr};

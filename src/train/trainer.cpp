@@ -14,9 +14,11 @@
 #include "data/batch_source.h"
 #include "data/held_out.h"
 #include "data/target_depth.h"
+#include "decode/decoding_evaluation.h"
 #include "dist/launch.h"
 #include "dist/sharded_parameters.h"
 #include "model/draft_registry.h"
+#include "model/dspine_draft.h"
 #include "model/module_state.h"
 #include "model/norm_mlp.h"
 #include "train/builder.h"
@@ -175,6 +177,7 @@ class Trainer::Run {
   void log_start() const;
   void prepare_evaluation();
   std::map<std::string, double> evaluate();
+  std::map<std::string, double> evaluate_decoding(const std::vector<data::DraftBatch>& batches);
   std::string save(int64_t step);
   std::string save_state_before_step();
   [[noreturn]] void stop_before_step(const std::string& why);
@@ -321,6 +324,12 @@ void Trainer::Run::prepare_evaluation() {
     }
   }
   verifier = objectives::make_verifier(*eval_source);
+  if (eval_every > 0 && cfg.training.eval_decode_tokens > 0 &&
+      eval_source->online_target() == nullptr) {
+    fail("training.eval_decode_tokens = {} decodes with the target itself: it needs data.source "
+         "target (the held-out rows come from {})",
+         cfg.training.eval_decode_tokens, eval_source->describe());
+  }
 }
 
 // The eval/... metrics of the model as it is now (logged with the step's record).
@@ -339,7 +348,33 @@ std::map<std::string, double> Trainer::Run::evaluate() {
               s.step, stats.backbone_length, stats.refinement_length, stats.accuracy,
               stats.blocks);
   }
+  if (cfg.training.eval_decode_tokens > 0) {
+    for (const auto& [name, value] : evaluate_decoding(batches)) record["eval/" + name] = value;
+  }
   return record;
+}
+
+// τ in real decoding of the same held-out rows' prompts (training.eval_decode_tokens). The
+// decoding loop runs the draft's layers outside the forward that gathers sharded units, so the
+// weights are gathered whole for it, as for a save.
+std::map<std::string, double> Trainer::Run::evaluate_decoding(
+    const std::vector<data::DraftBatch>& batches) {
+  decode::DecodingEvaluationSettings settings;
+  settings.new_tokens = cfg.training.eval_decode_tokens;
+  settings.prompt_tokens = cfg.training.eval_decode_prompt_tokens;
+  settings.temperature = cfg.training.eval_decode_temperature;
+  settings.seed = static_cast<uint64_t>(cfg.training.seed);
+  auto draft = std::dynamic_pointer_cast<model::DSpineDraftImpl>(s.built.module);
+  if (draft == nullptr) fail("training.eval_decode_tokens: the draft is not a DSpine draft");
+  s.sharded->gather_all();
+  auto metrics = decode::decoding_metrics(*eval_source->online_target(), model::DSpineDraft(draft),
+                                          batches, settings, *s.comm);
+  s.sharded->release_all();
+  if (leader) {
+    log::info("step {} eval: tau in decoding {:.3f} ({} tokens, temperature {})", s.step,
+              metrics["decode_tau"], metrics["decode_tokens"], settings.temperature);
+  }
+  return metrics;
 }
 
 std::string Trainer::Run::save(int64_t step) {

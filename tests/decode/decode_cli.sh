@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # dspine-decode end to end on the shipped tiny testbed target (CPU): a draft trained 40 steps
-# decodes held-out prompts greedily (the output must equal the target alone's for every prompt)
+# (whose run measured τ in decoding at its end, training.eval_decode_tokens, which must agree with
+# dspine-decode's on the same prompts) decodes held-out prompts greedily (the output must equal the target alone's for every prompt)
 # and at temperature 1 (--out holds one line per prompt, its tokens the per-verification counts
 # add up to); the draft is read from its checkpoint, from an export and as a bare .safetensors;
 # `dspine-data regenerate` writes the target alone's continuations as token samples; bad input gets
@@ -13,11 +14,28 @@ rm -rf "$WORK" && mkdir -p "$WORK"
   --target-from "$SRC/assets/testbed-tiny/target" --out "$WORK/testbed" >/dev/null
 TARGET=$WORK/testbed/target
 "$BIN/dspine-train" --config "$SRC/configs/testbed-dspine.yaml" --set training.total_steps=40 \
-  --set training.eval_every=0 --set logging.progress=false --set logging.level=warn \
-  --set data.target.path="$TARGET" --set data.samples="$WORK/testbed/train.jsonl" \
+  --set training.eval_every=40 --set data.eval_samples=8 --set training.eval_decode_tokens=24 \
+  --set training.eval_decode_prompt_tokens=48 --set logging.progress=false \
+  --set logging.level=warn --set data.target.path="$TARGET" \
+  --set data.samples="$WORK/testbed/train.jsonl" \
   --set data.eval_samples_file="$WORK/testbed/held_out.jsonl" --set checkpoint.save_every=40 \
-  --set checkpoint.dir="$WORK/checkpoints" --set logging.metrics_file= --set checkpoint.resume=none
+  --set checkpoint.dir="$WORK/checkpoints" --set logging.metrics_file="$WORK/metrics.jsonl" \
+  --set checkpoint.resume=none
 DRAFT=$WORK/checkpoints/step-000040
+"$BIN/dspine-decode" --target "$TARGET" --prompts "$WORK/testbed/held_out.jsonl" --samples 8 \
+  --prompt-tokens 48 --max-new-tokens 24 --ignore-eos --batch 4 --draft "$DRAFT" --no-baseline \
+  --json >"$WORK/eval_prompts.json"
+python3 - "$WORK/metrics.jsonl" "$WORK/eval_prompts.json" <<'PY'
+import json, sys
+record = [json.loads(line) for line in open(sys.argv[1]) if '"eval/decode_tau"' in line][-1]
+decoded = json.loads(open(sys.argv[2]).read())
+assert record["step"] == 40 and record["eval/decode_tokens"] == 8 * 23, record
+assert abs(record["eval/decode_tau"] - decoded["tau"]) <= 0.02 * decoded["tau"], (record, decoded)
+for k in (1, 2, 3):
+    assert abs(record[f"eval/decode_accept_{k}"] - decoded[f"accept_{k}"]) <= 0.05, (record, decoded)
+print(f"ok: the run's tau in decoding {record['eval/decode_tau']:.3f} (text tau "
+      f"{record['eval/tau']:.3f}); dspine-decode on the same prompts {decoded['tau']:.3f}")
+PY
 "$BIN/dspine-data" export "$DRAFT" "$WORK/export" >/dev/null
 mkdir -p "$WORK/bare" && cp "$WORK/export/config.json" "$WORK/export/model.safetensors" "$WORK/bare/"
 decode=("$BIN/dspine-decode" --target "$TARGET" --prompts "$WORK/testbed/held_out.jsonl" --samples 6
@@ -72,6 +90,9 @@ expect_error 2 "temperature" "${decode[@]}" --temperature -1
 expect_error 2 "draft" "${decode[@]}" --draft "$WORK/missing"
 echo '{"input_ids": [1, 2, 999], "loss_mask": [0, 1, 1]}' >"$WORK/bad.jsonl"
 expect_error 1 "bad.jsonl" "$BIN/dspine-decode" --target "$TARGET" --prompts "$WORK/bad.jsonl"
+expect_error 1 "training.eval_decode_tokens = 8 decodes with the target itself" \
+  "$BIN/dspine-train" --config "$SRC/configs/tiny.yaml" --set training.eval_every=1 \
+  --set training.eval_decode_tokens=8 --set checkpoint.dir="$WORK/tiny" --set logging.metrics_file=
 expect_error 1 "exists" "$BIN/dspine-data" regenerate --target "$TARGET" \
   --samples-file "$WORK/testbed/held_out.jsonl" --out "$WORK/regenerated.jsonl"
 echo "ok: bad input named"

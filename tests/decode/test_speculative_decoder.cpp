@@ -77,7 +77,7 @@ DecodeResult decode(Drafter* drafter, const std::vector<std::vector<int64_t>>& p
 }
 
 // Proposes each row's true continuation (`sequences`: prompt and then what the target alone
-// generates) as one-hot logits, except where `wrong(position, row)` says to propose the next
+// generates) through one-hot logits, except where `wrong(position, row)` says to propose the next
 // token id instead. Only position information is used, so it tests the loop's bookkeeping.
 class ScriptedDrafter : public Drafter {
  public:
@@ -86,9 +86,15 @@ class ScriptedDrafter : public Drafter {
       : sequences_(std::move(sequences)), proposals_(proposals), wrong_(std::move(wrong)) {}
   int64_t proposals() const override { return proposals_; }
   std::vector<int64_t> target_layer_ids() const override { return {1}; }
-  at::Tensor logits(const at::Tensor& hidden, const std::vector<int64_t>& anchors,
-                    const at::Tensor&) override {
-    const int64_t rows = hidden.size(0), vocab = 260;
+  void start(int64_t batch, int64_t) override { rows_ = batch; }
+  void extend(const at::Tensor& hidden, const std::vector<int64_t>& starts) override {
+    EXPECT_EQ(hidden.size(0), rows_);
+    EXPECT_EQ(static_cast<int64_t>(starts.size()), rows_);
+  }
+  DraftedBlock propose(const std::vector<int64_t>& anchors, const at::Tensor&,
+                       const DraftDraws& draws) override {
+    const int64_t rows = static_cast<int64_t>(anchors.size()), vocab = 260;
+    EXPECT_EQ(rows, rows_);
     auto out = torch::zeros({rows, proposals_, vocab});
     for (int64_t b = 0; b < rows; ++b) {
       for (int64_t j = 0; j < proposals_; ++j) {
@@ -99,15 +105,14 @@ class ScriptedDrafter : public Drafter {
         out[b][j][token] = 30.0;
       }
     }
-    ++calls;
-    return out;
+    return draw_from_logits(out, draws);
   }
-  int64_t calls = 0;
 
  private:
   std::vector<std::vector<int64_t>> sequences_;
   int64_t proposals_;
   std::function<bool(int64_t, int64_t)> wrong_;
+  int64_t rows_ = 0;
 };
 
 std::vector<std::vector<int64_t>> tokens_of(const DecodeResult& result) {
@@ -182,19 +187,23 @@ TEST(SpeculativeDecoder, GreedyOutputWithADSpineDraftIsTheTargetAlones) {
   const auto prompts = byte_prompts();
   const auto alone = decode(nullptr, prompts, 32);
   for (int64_t block_size : {4, 8}) {
-    const auto draft = testbed_draft(block_size);
-    BlockDrafter drafter(draft, testbed_target().embed_tokens(), testbed_target().lm_head());
-    const auto result = decode(&drafter, prompts, 32);
-    EXPECT_EQ(tokens_of(result), tokens_of(alone)) << "block size " << block_size;
-    int64_t verified = 0;
-    for (const auto& row : result.rows) {
-      for (int64_t kept : row.accepted) {
-        EXPECT_GE(kept, 1);
-        EXPECT_LE(kept, block_size);
-        verified += kept;
+    for (DraftWalk walk : {DraftWalk::kBackbone, DraftWalk::kRefinement}) {
+      const auto draft = testbed_draft(block_size);
+      BlockDrafter drafter(draft, testbed_target().embed_tokens(), testbed_target().lm_head(),
+                           walk);
+      const auto result = decode(&drafter, prompts, 32);
+      EXPECT_EQ(tokens_of(result), tokens_of(alone))
+          << "block size " << block_size << (walk == DraftWalk::kRefinement ? ", refinement" : "");
+      int64_t verified = 0;
+      for (const auto& row : result.rows) {
+        for (int64_t kept : row.accepted) {
+          EXPECT_GE(kept, 1);
+          EXPECT_LE(kept, block_size);
+          verified += kept;
+        }
+        EXPECT_EQ(verified, static_cast<int64_t>(row.tokens.size()) - 1);  // the prefill's first
+        verified = 0;
       }
-      EXPECT_EQ(verified, static_cast<int64_t>(row.tokens.size()) - 1);  // the prefill's first
-      verified = 0;
     }
   }
 }
@@ -279,13 +288,15 @@ TEST(SpeculativeDecoder, SampledTokensHaveTheTargetsDistribution) {
 
   const auto draft = testbed_draft(4);
   BlockDrafter dspine_drafter(draft, target.embed_tokens(), target.lm_head());
+  BlockDrafter refinement_drafter(draft, target.embed_tokens(), target.lm_head(),
+                                  DraftWalk::kRefinement);
   // A draft that proposes the target's most likely continuation: its slot 0 is often kept.
   std::vector<std::vector<int64_t>> likely(draws, prompt);
   const int64_t top = first.argmax().item<int64_t>();
   const int64_t top_second = second_given[top].argmax().item<int64_t>();
   for (auto& s : likely) s.insert(s.end(), {top, top_second, 0, 0, 0});
   ScriptedDrafter scripted(likely, 3, [](int64_t, int64_t) { return false; });
-  for (Drafter* drafter : std::vector<Drafter*>{&dspine_drafter, &scripted}) {
+  for (Drafter* drafter : std::vector<Drafter*>{&dspine_drafter, &refinement_drafter, &scripted}) {
     const auto result =
         decode(drafter, std::vector<std::vector<int64_t>>(draws, prompt), 2, 1.0, 9);
     std::vector<int64_t> tokens[2];
@@ -297,8 +308,10 @@ TEST(SpeculativeDecoder, SampledTokensHaveTheTargetsDistribution) {
     for (int k = 0; k < 2; ++k) {
       const auto [statistic, quantile] =
           chi_square(token_counts(torch::tensor(tokens[k]), vocab), expected[k], draws);
-      EXPECT_LT(statistic, quantile)
-          << (drafter == &scripted ? "scripted" : "DSpine") << " draft, token " << k;
+      EXPECT_LT(statistic, quantile) << (drafter == &scripted             ? "scripted"
+                                         : drafter == &refinement_drafter ? "DSpine refinement walk"
+                                                                          : "DSpine")
+                                     << " draft, token " << k;
     }
   }
 }

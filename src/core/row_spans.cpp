@@ -1,0 +1,31 @@
+#include "core/row_spans.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace dspine::core {
+
+RowSpans row_spans(const std::vector<int64_t>& starts, int64_t count, const c10::Device& device) {
+  if (starts.empty() || count < 1) fail("row spans: {} rows of {} positions", starts.size(), count);
+  if (*std::min_element(starts.begin(), starts.end()) < 0) fail("row spans: a negative start");
+  const int64_t batch = static_cast<int64_t>(starts.size());
+  const auto longs = at::TensorOptions().dtype(at::kLong).device(device);
+  RowSpans spans;
+  spans.positions =
+      at::tensor(starts, at::kLong).to(device).unsqueeze(1) + at::arange(count, longs);
+  spans.rows = at::arange(batch, longs).unsqueeze(1).expand({batch, count});
+  spans.keys = *std::max_element(starts.begin(), starts.end()) + count;
+  spans.visible = at::arange(spans.keys, longs)
+                      .view({1, 1, 1, spans.keys})
+                      .le(spans.positions.view({batch, 1, count, 1}));
+  return spans;
+}
+
+void write_spans(const at::Tensor& cache, const at::Tensor& values, const RowSpans& spans) {
+  cache.index_put_({spans.rows, spans.positions}, values.to(cache.scalar_type()));
+}
+
+}  // namespace dspine::core

@@ -1,0 +1,29 @@
+// Batched decoding keeps one cache per model with every row at its own length (docs/decoding.md,
+// "Rows of different lengths"). A step appends `count` positions to each row b, at
+// starts[b] .. starts[b] + count - 1; these spans say where they go and what each may see.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace dspine::core {
+
+struct RowSpans {
+  at::Tensor rows;       // [B, count] int64: b, the row each new position belongs to
+  at::Tensor positions;  // [B, count] int64: starts[b] + i
+  int64_t keys = 0;      // cached positions attention reads: max(starts) + count
+  // [B, 1, count, keys] bool: new position i of row b sees key p iff p <= starts[b] + i (its
+  // row's cache before it and itself; the rest of a shorter row is never read)
+  at::Tensor visible;
+};
+
+// Throws dspine::Error when a start is negative or count < 1.
+RowSpans row_spans(const std::vector<int64_t>& starts, int64_t count, const c10::Device& device);
+
+// Writes `values` [B, count, ...] into `cache` [B, C, ...] (a view is enough) at the spans.
+void write_spans(const at::Tensor& cache, const at::Tensor& values, const RowSpans& spans);
+
+}  // namespace dspine::core

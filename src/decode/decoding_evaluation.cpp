@@ -1,0 +1,61 @@
+#include "decode/decoding_evaluation.h"
+
+#include <ATen/ATen.h>
+
+#include "decode/block_drafter.h"
+#include "decode/regeneration.h"
+#include "decode/speculative_decoder.h"
+
+namespace dspine::decode {
+namespace {
+
+// Row b of `batch` as a token sample (ids and loss mask on the host).
+data::TokenSample row_sample(const data::DraftBatch& batch, int64_t b) {
+  const auto ids = batch.input_ids[b].to(at::kCPU).contiguous();
+  const auto mask = batch.loss_mask_on_host()[b].to(at::kLong).contiguous();
+  const int64_t* id = ids.data_ptr<int64_t>();
+  const int64_t* supervised = mask.data_ptr<int64_t>();
+  return {{id, id + ids.numel()}, {supervised, supervised + mask.numel()}};
+}
+
+}  // namespace
+
+std::map<std::string, double> decoding_metrics(const data::Qwen3Model& target,
+                                               model::DSpineDraft draft,
+                                               const std::vector<data::DraftBatch>& batches,
+                                               const DecodingEvaluationSettings& settings,
+                                               dist::Communicator& comm) {
+  at::NoGradGuard no_grad;
+  BlockDrafter drafter(draft, target.embed_tokens(), target.lm_head());
+  const int64_t slots = drafter.proposals();
+  // [verifications, generated, accepted at position 1..T], summed over batches and ranks.
+  auto counts = at::zeros({2 + slots}, at::kDouble);
+  DecodeSettings decode;
+  decode.max_new_tokens = settings.new_tokens;
+  decode.temperature = settings.temperature;
+  for (size_t i = 0; i < batches.size(); ++i) {
+    std::vector<std::vector<int64_t>> prompts;
+    for (int64_t b = 0; b < batches[i].rows(); ++b) {
+      prompts.push_back(sample_prompt(row_sample(batches[i], b), settings.prompt_tokens));
+    }
+    decode.seed = settings.seed + (static_cast<uint64_t>(comm.rank()) << 32) + i;
+    const auto result = SpeculativeDecoder(target, &drafter, decode).decode(prompts);
+    counts[0] += static_cast<double>(result.verifications);
+    counts[1] += static_cast<double>(result.generated);
+    for (int64_t k = 0; k < slots; ++k) {
+      counts[2 + k] += static_cast<double>(result.accepted_by_position[k]);
+    }
+  }
+  comm.all_reduce(counts);
+  const double verifications = counts[0].item<double>();
+  std::map<std::string, double> metrics;
+  metrics["decode_tau"] = verifications > 0 ? counts[1].item<double>() / verifications : 0.0;
+  metrics["decode_tokens"] = counts[1].item<double>();
+  for (int64_t k = 0; k < slots; ++k) {
+    metrics["decode_accept_" + std::to_string(k + 1)] =
+        verifications > 0 ? counts[2 + k].item<double>() / verifications : 0.0;
+  }
+  return metrics;
+}
+
+}  // namespace dspine::decode
