@@ -9,13 +9,20 @@
 namespace dspine::decode {
 namespace {
 
-// Row b of `batch` as a token sample (ids and loss mask on the host).
-data::TokenSample row_sample(const data::DraftBatch& batch, int64_t b) {
-  const auto ids = batch.input_ids[b].to(at::kCPU).contiguous();
-  const auto mask = batch.loss_mask_on_host()[b].to(at::kLong).contiguous();
-  const int64_t* id = ids.data_ptr<int64_t>();
-  const int64_t* supervised = mask.data_ptr<int64_t>();
-  return {{id, id + ids.numel()}, {supervised, supervised + mask.numel()}};
+// The prompt of each row of `batch`, its ids and loss mask read from the device once.
+std::vector<std::vector<int64_t>> batch_prompts(const data::DraftBatch& batch,
+                                                int64_t prompt_tokens) {
+  const auto ids = batch.input_ids.to(at::kCPU).to(at::kLong).contiguous();
+  const auto mask = batch.loss_mask_on_host().to(at::kLong).contiguous();
+  const int64_t width = ids.size(1);
+  std::vector<std::vector<int64_t>> prompts;
+  for (int64_t b = 0; b < batch.rows(); ++b) {
+    const int64_t* id = ids.data_ptr<int64_t>() + b * width;
+    const int64_t* supervised = mask.data_ptr<int64_t>() + b * width;
+    const data::TokenSample row{{id, id + width}, {supervised, supervised + width}};
+    prompts.push_back(sample_prompt(row, prompt_tokens));
+  }
+  return prompts;
 }
 
 }  // namespace
@@ -34,10 +41,7 @@ std::map<std::string, double> decoding_metrics(const data::Qwen3Model& target,
   decode.max_new_tokens = settings.new_tokens;
   decode.temperature = settings.temperature;
   for (size_t i = 0; i < batches.size(); ++i) {
-    std::vector<std::vector<int64_t>> prompts;
-    for (int64_t b = 0; b < batches[i].rows(); ++b) {
-      prompts.push_back(sample_prompt(row_sample(batches[i], b), settings.prompt_tokens));
-    }
+    const auto prompts = batch_prompts(batches[i], settings.prompt_tokens);
     decode.seed = settings.seed + (static_cast<uint64_t>(comm.rank()) << 32) + i;
     const auto result = SpeculativeDecoder(target, &drafter, decode).decode(prompts);
     counts[0] += static_cast<double>(result.verifications);
