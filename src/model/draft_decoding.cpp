@@ -31,7 +31,11 @@ void DraftDecodingCache::extend(const at::Tensor& target_hidden,
   if (spans.keys > keys_[0].size(2)) {
     fail("draft cache: positions up to {} asked of a cache of {}", spans.keys, keys_[0].size(2));
   }
-  const auto context = draft_.context(target_hidden.to(options.device(), options.dtype()));
+  // The projection itself, not DSpineDraftImpl::context: that announces the "context" unit to
+  // the draft's observer, which under zero3 gathers it collectively, and ranks decode different
+  // numbers of rounds. Decoding runs on whole weights and announces no unit (nor do its layers).
+  const auto context =
+      draft_.hidden_norm(draft_.fc(target_hidden.to(options.device(), options.dtype())));
   const auto rope = rope_tables(spans.positions, inv_freq_, context.scalar_type());
   for (size_t i = 0; i < keys_.size(); ++i) {
     auto [k, v] = draft_.layer_modules[i]->self_attn->context_kv(context, rope);

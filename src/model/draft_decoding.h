@@ -16,6 +16,8 @@
 
 namespace dspine::model {
 
+// It runs on whole weights: the units a forward announces to the draft's observer (sharded
+// gathers) are not announced here, so a caller that shards the draft gathers it first.
 class DraftDecodingCache {
  public:
   // Room for `batch` rows of `capacity` positions each, in the draft's dtype and on its device.
