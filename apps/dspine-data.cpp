@@ -32,9 +32,9 @@
 #include "decode/regeneration.h"
 #include "dist/launch.h"
 #include "dist/mpi_context.h"
-#include "model/draft_registry.h"
 #include "train/checkpoint.h"
 #include "train/hf_export.h"
+#include "train/run_config.h"
 
 namespace {
 
@@ -59,8 +59,7 @@ void generate(GenerateArgs args, const dspine::dist::MpiContext& mpi) {
     args.overrides.push_back("data.target.path=" + args.target_dir);
   }
   if (!args.samples_file.empty()) args.overrides.push_back("data.samples=" + args.samples_file);
-  core::Config config = core::load_config(args.config_path, args.overrides);
-  dspine::model::resolve_drafts(config);  // model.<architecture> checked as every tool does
+  const core::Config config = dspine::train::load_run_config(args.config_path, args.overrides);
   using core::DataSource;
   if (config.data.source != DataSource::kSynthetic && config.data.source != DataSource::kTarget) {
     dspine::fail("dspine-data generate: data.source must be synthetic or target, got '{}'",
@@ -130,8 +129,7 @@ struct CheckArgs {
 // samples (against the configuration's model.hidden_size and target_layer_ids). The rate counts
 // the bytes of the files checked once each.
 void check(const CheckArgs& args) {
-  core::Config config = core::load_config(args.config_path, args.overrides);
-  dspine::model::resolve_drafts(config);  // model.<architecture> checked as every tool does
+  const core::Config config = dspine::train::load_run_config(args.config_path, args.overrides);
   data::ShardLayout layout = data::layout_from_config(config);
   if (args.vocab_size > 0) layout.vocab_size = args.vocab_size;
   for (const std::string& path : args.paths) {

@@ -30,6 +30,7 @@
 #include "objectives/dspine_settings.h"
 #include "train/checkpoint.h"
 #include "train/objective_registry.h"
+#include "train/run_config.h"
 
 namespace {
 
@@ -288,9 +289,8 @@ int main(int argc, char** argv) {
   dspine::log::send_logs_to_stderr();  // stdout carries the report (JSON with --json)
 
   try {
-    auto config = core::load_config(o.config_path, o.overrides);
-    // model.<architecture> and objective.* parsed once. GSPO trains the same DSpine draft: its
-    // checkpoints are measured alike.
+    const auto config = dspine::train::load_run_config(o.config_path, o.overrides);
+    // GSPO trains the same DSpine draft: its checkpoints are measured alike.
     const auto resolved = dspine::train::resolve_run(config);
     if (resolved.settings->dspine() == nullptr) {
       fail("dspine-eval: {} has objective.name '{}', expected dspine or gspo", o.config_path,

@@ -13,9 +13,9 @@
 #include "core/config_reference.h"
 #include "dist/launch.h"
 #include "dist/mpi_context.h"
-#include "model/draft_registry.h"
 #include "train/metrics_log.h"
 #include "train/objective_registry.h"
+#include "train/run_config.h"
 #include "train/trainer.h"
 
 namespace {
@@ -54,16 +54,15 @@ int main(int argc, char** argv) {
   dspine::dist::MpiContext mpi(&argc, &argv);
   try {
     if (config_reference) {
-      const auto text = dspine::core::config_reference_markdown(
-          dspine::train::objective_names(), dspine::train::objective_key_facts(),
-          dspine::model::draft_key_facts());
+      const auto text = dspine::core::config_reference_markdown(dspine::train::objective_names(),
+                                                                dspine::train::run_catalog());
       if (mpi.rank() == 0) std::fputs(text.c_str(), stdout);
       return 0;
     }
     if (!resume.empty()) overrides.push_back("checkpoint.resume=" + resume);
-    auto config = dspine::core::load_config(config_path, overrides);
-    // model.<architecture> and objective.* parsed: a bad setting fails here, before any set-up;
-    // the trainer builds from these settings.
+    // Every key checked, the objectives' and architectures' maps included: a bad setting fails
+    // here, before any set-up; the trainer builds from these settings.
+    const auto config = dspine::train::load_run_config(config_path, overrides);
     const auto objective = dspine::train::resolve_run(config);
     if (print_config) {
       if (mpi.rank() == 0) std::fputs(dspine::core::to_yaml(config).c_str(), stdout);

@@ -6,7 +6,8 @@
 # at temperature 1, and prints one table row per run: τ in decoding, acceptance by position,
 # tokens per second with and without the draft, the speedup, and (greedy) the prompts whose output
 # equals the target alone's. Then the same with the refinement walk (batch 16), the draft's text τ
-# from its training run's last evaluation, and the target alone regenerating (dspine-data
+# from its training run's last evaluation, a kernel profile of the batch-1 greedy run (the gap
+# between its kernels and the wall is the host's), and the target alone regenerating (dspine-data
 # regenerate) on the gpu testbed and on random weights of Qwen3-8B's shape, against the bound of
 # reading every weight once per forward (BANDWIDTH, GB/s: the card's memory bandwidth).
 # Usage: scripts/bench_decode.sh [BUILD_DIR (default build)] [WORK (default runs/decode-bench)]
@@ -21,22 +22,23 @@ mkdir -p "$WORK"
 DSPINE_BUILD_DIR=$BUILD TESTBED=$TESTBED scripts/gspo_testbed_ablation.sh -n 1 "$WORK" \
   > "$WORK/start.log" 2>&1 || { tail -20 "$WORK/start.log"; exit 1; }
 draft="$WORK/start/checkpoints/step-000600"
-echo "| walk | batch | temperature | prompts | τ in decoding | accept_1 / 2 / 3 / 4 | tok/s | target alone | speedup | equal to the target alone |"
-echo "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|"
-row() {  # walk batch temperature
-  local walk=$1 batch=$2 temperature=$3 samples=$PROMPTS
+echo "| walk | dtype | batch | temperature | prompts | τ in decoding | accept_1 / 2 / 3 / 4 | tok/s | target alone | speedup | equal to the target alone |"
+echo "|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|"
+row() {  # walk batch temperature [dtype]
+  local walk=$1 batch=$2 temperature=$3 dtype=${4:-$DTYPE} samples=$PROMPTS
   ((batch == 1 && samples > 16)) && samples=16  # batch 1: fewer prompts
-  local out="$WORK/$walk-b$batch-t$temperature.json"
+  local out="$WORK/$walk-b$batch-t$temperature-$dtype.json"
   "$BUILD/bin/dspine-decode" --target "$TESTBED/target" --draft "$draft" --walk "$walk" \
     --prompts "$TESTBED/held_out.jsonl" --samples "$samples" --prompt-tokens "$PROMPT" \
     --max-new-tokens "$NEW" --ignore-eos --batch "$batch" --temperature "$temperature" \
-    --dtype "$DTYPE" --seed 1 --json > "$out"
-  python3 - "$out" <<'PY'
+    --dtype "$dtype" --seed 1 --json > "$out"
+  python3 - "$out" "$dtype" <<'PY'
 import json, sys
 r = json.loads(open(sys.argv[1]).read())
+dtype = sys.argv[2]
 accept = " / ".join("%.1f" % (100 * r[f"accept_{k}"]) for k in range(1, 5))
 equal = f"{r['equal_to_target_only']} of {r['prompts']}" if "equal_to_target_only" in r else "–"
-print(f"| {r['walk']} | {r['batch']} | {r['temperature']:g} | {r['prompts']} | {r['tau']:.3f} | "
+print(f"| {r['walk']} | {dtype} | {r['batch']} | {r['temperature']:g} | {r['prompts']} | {r['tau']:.3f} | "
       f"{accept}% | {r['tokens_per_second']:,.0f} | {r['target_only_tokens_per_second']:,.0f} | "
       f"{r['speedup']:.2f}× | {equal} |")
 PY
@@ -45,12 +47,22 @@ for batch in 1 16 64; do
   for temperature in 0 1; do row backbone "$batch" "$temperature"; done
 done
 for temperature in 0 1; do row refinement 16 "$temperature"; done
+# In bf16 a block verified in one forward and the same tokens one at a time round differently,
+# which can flip a near-tie; in fp32 far fewer ties are that close.
+row backbone 16 0 fp32
 python3 - "$WORK/start/metrics.jsonl" <<'PY'
 import json, sys
 last = [json.loads(l) for l in open(sys.argv[1]) if '"eval/tau"' in l][-1]
 print(f"\ntext τ of the draft (step {last['step']:.0f}): greedy {last['eval/tau']:.3f}, refinement "
       f"{last['eval/tau_refine']:.3f}, sampled {last['eval/tau_sampled']:.3f}")
 PY
+
+# Where a round's time goes at batch 1, greedy: the device's kernels against the wall.
+echo
+"$BUILD/bin/dspine-decode" --target "$TESTBED/target" --draft "$draft" --prompts \
+  "$TESTBED/held_out.jsonl" --samples 8 --prompt-tokens "$PROMPT" --max-new-tokens "$NEW" \
+  --ignore-eos --batch 1 --dtype "$DTYPE" --seed 1 --no-baseline --profile 2>&1 >/dev/null |
+  { grep -v '^\[' || true; } | head -45 || true  # the profile, without the log's lines
 
 # Regeneration: the target alone, batched, against reading every weight once per forward.
 echo

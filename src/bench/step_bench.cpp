@@ -36,6 +36,7 @@
 #include "model/draft_registry.h"
 #include "objectives/dspine_blocks.h"
 #include "train/objective_registry.h"
+#include "train/run_config.h"
 #include "train/trainer.h"
 
 namespace dspine::bench {
@@ -238,7 +239,7 @@ void print_profile(PhaseMeter& meter, const StepOptions& options, double window_
 }
 
 void run_step_bench(const StepOptions& options) {
-  auto config = core::load_config(options.config_path, options.overrides);
+  auto config = train::load_run_config(options.config_path, options.overrides);
   const c10::Device device =
       dist::training_device(config.training.device, dist::rank_layout().local_rank);
   auto comm = dist::make_communicator(config.distributed, device);
@@ -264,7 +265,7 @@ void run_step_bench(const StepOptions& options) {
   if (comm->rank() == 0) meter.trace_path = options.profile_trace;
   if (!meter.cuda) CpuMemoryTracker::install();
   const bool dspine = config.objective.name == "dspine";
-  const auto objective = train::resolve_run(config);  // objective and draft parsed once
+  const auto objective = train::resolve_run(config);
   train::Trainer trainer(config, comm, &objective);
   trainer.set_phase_hook([&](const std::string& phase) { meter.on_phase(phase); });
   AnchorStats anchor_stats;

@@ -10,18 +10,12 @@
 #include <type_traits>
 #include <vector>
 
+#include "core/settings.h"
+
 namespace dspine::core {
 
-// The closed choices of the configuration. parse_config is the one place their YAML spellings
-// become enums (naming key, value and the allowed spellings on a bad value); to_string gives the
-// spelling back for to_yaml, --print-config and logs. A new choice is one enumerator and one
-// entry in its choices_of table.
-template <typename E>
-struct Choice {
-  E value;
-  const char* name;  // the YAML spelling
-};
-
+// The closed choices of the configuration (core/settings.h: Choice, to_string). A new choice is
+// one enumerator and one entry in its choices_of table.
 enum class Device { kAuto, kCpu, kCuda };
 enum class Dtype { kFp32, kBf16 };
 enum class Sharding { kNone, kZero2, kZero3 };
@@ -75,15 +69,6 @@ constexpr std::array<Choice<LogLevel>, 5> choices_of(LogLevel) {
            {LogLevel::kError, "error"}}};
 }
 
-// The YAML spelling of a choice, e.g. to_string(Sharding::kZero3) == "zero3".
-template <typename E, typename = decltype(choices_of(E{}))>
-std::string to_string(E value) {
-  for (const Choice<E>& choice : choices_of(value)) {
-    if (choice.value == value) return choice.name;
-  }
-  return std::to_string(static_cast<std::underlying_type_t<E>>(value));  // not in the table
-}
-
 // The draft model. hidden_size / vocab_size are shared with the target (frozen embedding and
 // lm_head come from it); target_layer_ids says which target layers feed hidden_states (K of them).
 struct ModelConfig {
@@ -107,9 +92,7 @@ struct ModelConfig {
   // the target's config.json, or data.synthetic.num_layers (data/target_depth.h).
   int64_t num_target_layers = 0;
   FusedKernels fused_kernels = FusedKernels::kAuto;
-  // An architecture's own settings: each map `model.<architecture>` kept as its YAML text, read
-  // by that architecture's registry entry (model/draft_registry.h, core/config_section.h).
-  std::map<std::string, std::string> sections;  // "dspine" -> YAML text of the map model.dspine
+  // An architecture's own settings are the map model.<architecture>: Config::sections.
 };
 
 // The embedded synthetic target: a few Qwen3-style layers with seeded random weights.
@@ -194,11 +177,9 @@ struct TrainingConfig {
 };
 
 // The objective is chosen by name from the trainer's registry (train/objective_registry.h), which
-// core does not know: each `objective.<name>` map is kept as its YAML text and read by that
-// objective (core/config_section.h).
+// core does not know; its settings are the map objective.<name>: Config::sections.
 struct ObjectiveConfig {
   std::string name = "ce";
-  std::map<std::string, std::string> sections;  // "gspo" -> YAML text of the map objective.gspo
 };
 
 struct CheckpointConfig {
@@ -231,25 +212,55 @@ struct Config {
   CheckpointConfig checkpoint;
   LoggingConfig logging;
   DistributedConfig distributed;
+  // The maps of the catalog parse_config was given (an objective's objective.<name>, an
+  // architecture's model.<name>), typed, by full key ("objective.gspo").
+  std::map<std::string, SectionValue> sections;
   std::string source;  // names the parsed text in error messages (set by parse_config)
-  // The --set text that gave a key, by full key: errors about a kept map's settings end with
-  // "(from override '<text>')" as core's own do.
+  // The --set text that gave a key, by full key: errors the registries raise about a key end
+  // with "(from override '<text>')" as core's own do.
   std::map<std::string, std::string> overrides;
+
+  // The settings of the map `map`: the parsed ones, or the defaults of S when the configuration
+  // holds no such map (one built in code). Throws when the map holds another type.
+  template <typename S>
+  const S& section(const std::string& map) const;
+  template <typename S>
+  void set_section(const std::string& map, S value) {
+    sections.insert_or_assign(map,
+                              SectionValue(std::make_unique<TypedSection<S>>(std::move(value))));
+  }
 };
+
+[[noreturn]] void section_type_error(const std::string& map);
+
+template <typename S>
+const S& Config::section(const std::string& map) const {
+  static const S defaults{};
+  const auto found = sections.find(map);
+  if (found == sections.end()) return defaults;
+  const auto* typed = dynamic_cast<const TypedSection<S>*>(&found->second.get());
+  if (typed == nullptr) section_type_error(map);
+  return typed->value;
+}
 
 // The YAML text of configs/tiny.yaml, compiled in (what dspine-train runs without --config).
 extern const char* const kEmbeddedDefaultConfig;
 
 // Parses YAML text into a validated Config. `source` names the text in error messages.
 // `overrides` are "section.key=value" strings (value parsed as YAML), applied before validation.
-// Keys absent from the YAML keep the struct defaults. Keys moved to objective.dspine are still
-// read under their old names (with a warning naming the new key). Throws dspine::Error naming
-// the key, the bad value and what is allowed; unknown keys get a "did you mean".
+// `catalog` lists the maps beyond core's (train/run_config.h has the trainer's); each is read
+// and checked as core's own, and held in Config::sections with its defaults when absent. Keys
+// absent from the YAML keep their defaults. Keys moved to objective.dspine are still read under
+// their old names (with a warning naming the new key). Every rule is checked here, once. Throws
+// dspine::Error naming the key, the bad value and what is allowed; unknown keys get a "did you
+// mean".
 Config parse_config(const std::string& yaml_text, const std::string& source,
-                    const std::vector<std::string>& overrides = {});
+                    const std::vector<std::string>& overrides = {},
+                    const SectionCatalog& catalog = {});
 
 // Reads `path` (error naming the file if missing/unreadable), or the embedded default when empty.
-Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+Config load_config(const std::string& path, const std::vector<std::string>& overrides = {},
+                   const SectionCatalog& catalog = {});
 
 // Samples a run of `world_size` ranks reads in training.total_steps steps (global indices 0 up).
 int64_t training_rows(const Config& config, int64_t world_size);
@@ -258,8 +269,13 @@ int64_t training_rows(const Config& config, int64_t world_size);
 // separate held-out source (data.eval_*), else the sample right past the training data.
 int64_t eval_offset(const Config& config, int64_t world_size);
 
-// Serializes every key (the resolved configuration) as YAML; parse_config(to_yaml(c)) == c.
+// Serializes every key (the resolved configuration, its sections' included) as YAML;
+// parse_config(to_yaml(c), ..., catalog) == c.
 std::string to_yaml(const Config& config);
+
+// Every key of the configuration with its value as to_yaml writes it (typed values compare equal
+// exactly when these texts do), by full key.
+std::map<std::string, std::string> setting_values(const Config& config);
 
 // One settable key as the configuration reference (docs/config.md) shows it. Generated from the
 // key table and the validation itself, so the reference cannot drift from what is accepted.
@@ -268,14 +284,16 @@ struct KeyFacts {
   std::string type;           // integer | number | string | boolean | list of integers
   std::string default_value;  // YAML text of the default
   std::string allowed;        // the choices, or the rule validation enforces ("" = any value)
-  std::string description;    // objective keys: from the objective; core keys: config_reference
+  std::string description;    // from the key's declaration
 };
 
 // The draft architectures model.architecture accepts; each may have a kept map model.<name>.
 const std::vector<std::string>& architecture_names();
 
-// Every key of the sections above (not the kept maps of objectives and architectures), in to_yaml
-// order.
+// Every key of the sections above (not the maps of the catalog), in to_yaml order.
 std::vector<KeyFacts> core_key_facts();
+
+// Every key of the catalog's maps, in catalog order, with their defaults.
+std::vector<KeyFacts> section_key_facts(const SectionCatalog& catalog);
 
 }  // namespace dspine::core

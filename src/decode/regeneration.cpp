@@ -61,6 +61,10 @@ RegenerationReport regenerate(const data::Qwen3Model& target, data::TokenSamples
     for (int64_t i = begin; i < std::min(count, begin + batch); ++i) {
       prompts.push_back(sample_prompt(samples.read(first + i), prompt_tokens));
     }
+    // On CUDA the first batch runs once untimed: the device's warm-up (lazily loaded kernels, the
+    // libraries' first choices for each shape) costs seconds, which the rate would otherwise
+    // count as decoding.
+    if (begin == 0 && target.embed_tokens().is_cuda()) decoder.decode(prompts);
     const auto result = decoder.decode(prompts);
     report.seconds += result.seconds;
     size_t rounds = 0;  // the batch's forwards after its prefill: its longest row's

@@ -35,7 +35,7 @@ struct RegenerationReport {
   int64_t prompt_tokens = 0;     // over all samples
   int64_t generated_tokens = 0;  // over all samples
   int64_t forwards = 0;          // batched target forwards, prefills included
-  double seconds = 0;            // decoding alone (reading and writing files left out)
+  double seconds = 0;  // decoding alone (files and, on CUDA, the untimed warm-up batch left out)
 };
 
 // Samples first .. first + count - 1 of `samples`, their prompts continued by

@@ -2,7 +2,6 @@
 
 #include <torch/torch.h>
 
-#include "core/config_section.h"
 #include "core/error.h"
 #include "core/safetensors.h"
 #include "model/draft_loading.h"
@@ -16,8 +15,7 @@ namespace {
 // The simple draft has no settings: any key under model.simple is unknown.
 struct SimpleSettings final : DraftSettings {};
 
-std::shared_ptr<const DraftSettings> parse_simple(const core::Config& config) {
-  core::read_section(config, "model.simple", {});
+std::shared_ptr<const DraftSettings> simple_settings(const core::Config&) {
   return std::make_shared<SimpleSettings>();
 }
 
@@ -48,16 +46,17 @@ nlohmann::json simple_hf_config(const core::ModelConfig& model, const DraftSetti
           {"target_layer_ids", model.target_layer_ids}};
 }
 
+const char* const kDSpineMap = "model.dspine";
+
 struct DSpineDraftSettings final : DraftSettings {
   DSpineConfig settings;  // model.dspine
-  std::string yaml() const override { return dspine_yaml(settings); }
   const DSpineConfig* dspine() const override { return &settings; }
 };
 
-std::shared_ptr<const DraftSettings> parse_dspine(const core::Config& config) {
-  auto parsed = std::make_shared<DSpineDraftSettings>();
-  parsed->settings = read_dspine_config(config);
-  return parsed;
+std::shared_ptr<const DraftSettings> dspine_settings(const core::Config& config) {
+  auto settings = std::make_shared<DSpineDraftSettings>();
+  settings->settings = config.section<DSpineConfig>(kDSpineMap);
+  return settings;
 }
 
 std::shared_ptr<torch::nn::Module> build_dspine(const core::ModelConfig& model,
@@ -84,13 +83,15 @@ nlohmann::json dspine_hf(const core::ModelConfig& model, const DraftSettings& se
 // One entry per name of core::architecture_names(), in its order (a model test checks both).
 const std::vector<DraftEntry>& registry() {
   static const std::vector<DraftEntry> entries = {
-      {"simple", parse_simple, build_simple, load_simple, simple_hf_config},
-      {"dspine", parse_dspine, build_dspine, load_dspine, dspine_hf},
+      {"simple", core::section_type<core::NoSettings>("model.simple"), simple_settings,
+       build_simple, load_simple, simple_hf_config},
+      {"dspine", core::section_type<DSpineConfig>(kDSpineMap), dspine_settings, build_dspine,
+       load_dspine, dspine_hf},
   };
   return entries;
 }
 
-// core::validate already checked model.architecture against core::architecture_names().
+// parse_config already checked model.architecture against core::architecture_names().
 const DraftEntry& entry_named(const std::string& name) {
   for (const DraftEntry& entry : registry()) {
     if (entry.name == name) return entry;
@@ -106,25 +107,15 @@ std::vector<std::string> draft_names() {
   return names;
 }
 
-ResolvedDraft resolve_drafts(core::Config& config) {
-  ResolvedDraft chosen;
-  for (const DraftEntry& entry : registry()) {
-    auto settings = entry.parse(config);
-    const std::string yaml = settings->yaml();
-    if (yaml.empty()) {
-      config.model.sections.erase(entry.name);
-    } else {
-      config.model.sections[entry.name] = yaml;
-    }
-    if (entry.name == config.model.architecture) chosen = {&entry, std::move(settings)};
-  }
-  if (chosen.entry == nullptr) entry_named(config.model.architecture);  // throws
-  return chosen;
+core::SectionCatalog draft_sections() {
+  core::SectionCatalog sections;
+  for (const DraftEntry& entry : registry()) sections.push_back(entry.section);
+  return sections;
 }
 
 ResolvedDraft resolve_draft(const core::Config& config, const std::string& name) {
   const DraftEntry& entry = entry_named(name.empty() ? config.model.architecture : name);
-  return {&entry, entry.parse(config)};
+  return {&entry, entry.settings(config)};
 }
 
 DSpineModelConfig dspine_model_config(const core::ModelConfig& model,
@@ -134,19 +125,6 @@ DSpineModelConfig dspine_model_config(const core::ModelConfig& model,
          model.architecture);
   }
   return {model, *settings.dspine()};
-}
-
-std::vector<core::KeyFacts> draft_key_facts() {
-  std::vector<core::KeyFacts> facts;
-  for (const DraftEntry& entry : registry()) {
-    // The default architecture: the rules that depend on the draft's sizes apply to their own
-    // architecture only, and the reference's defaults exceed the default sizes.
-    const core::Config defaults;
-    core::SettingsRecorder recorder;
-    entry.parse(defaults);
-    facts.insert(facts.end(), recorder.facts().begin(), recorder.facts().end());
-  }
-  return facts;
 }
 
 }  // namespace dspine::model

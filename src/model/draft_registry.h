@@ -1,12 +1,9 @@
 // The draft architectures, one entry each: its name (model.architecture, and the map
 // model.<name> holding its own settings), the parse of that map, and what every tool asks of a
-// draft: build it, load trained weights into it, write its config.json. Core keeps model.<name>
-// as YAML text (core/config.h, ModelConfig::sections); the entry reads and checks it. Adding an
-// architecture is its model files plus one entry in draft_registry.cpp (docs/ARCHITECTURE.md,
-// "Extension points").
-//
-// A run parses model.<architecture> once (resolve_drafts in the tools, or resolve_draft): the
-// build receives the settings typed and the built draft keeps them.
+// draft: build it, load trained weights into it, write its config.json. The map model.<name> is
+// declared by the architecture (core/settings.h) and listed in draft_sections(), so parse_config
+// reads and checks it with core's keys. Adding an architecture is its model files plus one entry
+// in draft_registry.cpp (docs/ARCHITECTURE.md, "Extension points").
 #pragma once
 
 #include <c10/core/Device.h>
@@ -31,17 +28,15 @@ namespace dspine::model {
 // (draft_registry.cpp); callers outside the registry ask what they need through the accessors.
 struct DraftSettings {
   virtual ~DraftSettings() = default;
-  // The map model.<name> with every setting resolved, as YAML text (what to_yaml writes); "" for
-  // an architecture without settings.
-  virtual std::string yaml() const { return ""; }
   // model.dspine as parsed, for the DSpine architecture; null for the others.
   virtual const DSpineConfig* dspine() const { return nullptr; }
 };
 
 struct DraftEntry {
   std::string name;  // model.architecture, and the map model.<name>
-  // Reads model.<name> (core/config_section.h) into the settings, throwing config errors.
-  std::shared_ptr<const DraftSettings> (*parse)(const core::Config& config);
+  core::SectionType section;  // the map model.<name>, for the catalog parse_config reads
+  // The settings of model.<name> in a parsed configuration.
+  std::shared_ptr<const DraftSettings> (*settings)(const core::Config& config);
   // A fresh draft of `model`'s sizes with `settings`, built on CPU fp32 from the global torch RNG,
   // with the kernels model.fused_kernels picks for `device`, then its parameters placed on
   // (device, dtype); buffers keep their own dtypes.
@@ -66,23 +61,15 @@ struct ResolvedDraft {
 // Every registered model.architecture, in registry order.
 std::vector<std::string> draft_names();
 
-// Parses every architecture's map (so a bad setting fails at start-up, whichever the
-// architecture) and writes each back resolved, every setting with its value: to_yaml then writes
-// what the run uses (checkpoints, --print-config; resume compares them). Returns the draft of
-// model.architecture, as parsed here. Throws config errors.
-ResolvedDraft resolve_drafts(core::Config& config);
+// The maps model.<name> of every architecture, in registry order, for parse_config's catalog.
+core::SectionCatalog draft_sections();
 
-// The draft of model.architecture, or of the architecture `name` when given: its entry's parse of
-// its own map, alone (no write-back).
+// The draft of model.architecture, or of the architecture `name` when given, with its settings.
 ResolvedDraft resolve_draft(const core::Config& config, const std::string& name = "");
 
 // The DSpine draft's whole configuration: `model`'s shared keys with the settings' model.dspine.
 // Throws when `settings` are another architecture's.
 DSpineModelConfig dspine_model_config(const core::ModelConfig& model,
                                       const DraftSettings& settings);
-
-// The settings of every architecture's map model.<name> (type, default, allowed values,
-// description), recorded by running each entry's parse on a default configuration.
-std::vector<core::KeyFacts> draft_key_facts();
 
 }  // namespace dspine::model

@@ -4,50 +4,61 @@
 
 #include <fmt/format.h>
 
-#include "core/config_section.h"
 #include "core/error.h"
 
 namespace dspine::model {
 
-DSpineConfig read_dspine_config(const core::Config& config) {
-  DSpineConfig d;
-  core::read_section(
-      config, "model.dspine",
-      {{"transfer_rank", &d.transfer_rank, {}, false, "r, rank of the fixed transfer space"},
-       {"message_size", &d.message_size, {}, false, "m, width of the adjacent-injection message"},
-       {"top_k", &d.top_k, {}, false, "candidates of the refinement head"},
-       {"replacement_layers",
-        &d.replacement_layers,
-        {},
-        false,
-        "layers whose predecessors replacement may swap"}});
-  const core::ModelConfig& m = config.model;
-  const bool dspine = m.architecture == "dspine";
-  const int64_t max_rank = std::min(m.hidden_size, m.vocab_size - 1);
-  const auto text = [](int64_t value) { return std::to_string(value); };
-  core::check_rule(config, "model.dspine.transfer_rank",
-                   d.transfer_rank >= 1 && (!dspine || d.transfer_rank <= max_rank),
-                   text(d.transfer_rank), "integer in [1, min(hidden_size, vocab_size - 1)]",
-                   fmt::format("DSpine transfer_rank must be in [1, min(hidden_size, vocab_size - "
-                               "1)] = [1, {}]",
-                               max_rank));
-  core::check_rule(config, "model.dspine.message_size", d.message_size >= 1, text(d.message_size),
-                   "integer >= 1", "DSpine requires message_size > 0 and top_k in [1, vocab_size]");
-  core::check_rule(config, "model.dspine.top_k",
-                   d.top_k >= 1 && (!dspine || d.top_k <= m.vocab_size), text(d.top_k),
-                   "integer in [1, vocab_size]",
-                   fmt::format("DSpine requires message_size > 0 and top_k in [1, vocab_size] "
-                               "(vocab_size = {})",
-                               m.vocab_size));
-  core::check_rule(config, "model.dspine.replacement_layers", d.replacement_layers >= 0,
-                   text(d.replacement_layers), "integer >= 0",
-                   "DSpine warmup steps and replacement layers must be nonnegative");
-  return d;
-}
-
-std::string dspine_yaml(const DSpineConfig& d) {
-  return fmt::format("transfer_rank: {}\nmessage_size: {}\ntop_k: {}\nreplacement_layers: {}",
-                     d.transfer_rank, d.message_size, d.top_k, d.replacement_layers);
+core::Settings settings_of(DSpineConfig& d, const core::Config& run) {
+  // The bounds that involve the draft's sizes apply when model.architecture is dspine: the simple
+  // architecture ignores these settings, and their defaults exceed its tiny models.
+  const core::ModelConfig& m = run.model;
+  const auto dspine = [&m] { return m.architecture == "dspine"; };
+  const auto rank_rule = core::rule(
+      "integer in [1, min(hidden_size, vocab_size - 1)]", [&d, &m, dspine](const std::string& key) {
+        const int64_t max_rank = std::min(m.hidden_size, m.vocab_size - 1);
+        std::optional<core::RuleFailure> failure;
+        if (d.transfer_rank < 1 || (dspine() && d.transfer_rank > max_rank)) {
+          failure = core::broken_rule(
+              key, core::shown(d.transfer_rank),
+              fmt::format("DSpine transfer_rank must be in [1, min(hidden_size, vocab_size - 1)] "
+                          "= [1, {}]",
+                          max_rank));
+        }
+        return failure;
+      });
+  const auto message_rule = core::rule("integer >= 1", [&d](const std::string& key) {
+    std::optional<core::RuleFailure> failure;
+    if (d.message_size < 1) {
+      failure = core::broken_rule(key, core::shown(d.message_size),
+                                  "DSpine requires message_size > 0 and top_k in [1, vocab_size]");
+    }
+    return failure;
+  });
+  const auto top_k_rule = core::rule("integer in [1, vocab_size]", [&d, &m, dspine](auto& key) {
+    std::optional<core::RuleFailure> failure;
+    if (d.top_k < 1 || (dspine() && d.top_k > m.vocab_size)) {
+      failure = core::broken_rule(key, core::shown(d.top_k),
+                                  fmt::format("DSpine requires message_size > 0 and top_k in [1, "
+                                              "vocab_size] (vocab_size = {})",
+                                              m.vocab_size));
+    }
+    return failure;
+  });
+  const auto layers_rule = core::rule("integer >= 0", [&d](const std::string& key) {
+    std::optional<core::RuleFailure> failure;
+    if (d.replacement_layers < 0) {
+      failure = core::broken_rule(key, core::shown(d.replacement_layers),
+                                  "DSpine warmup steps and replacement layers must be nonnegative");
+    }
+    return failure;
+  });
+  return {
+      {"transfer_rank", &d.transfer_rank, rank_rule, "r, rank of the fixed transfer space"},
+      {"message_size", &d.message_size, message_rule, "m, width of the adjacent-injection message"},
+      {"top_k", &d.top_k, top_k_rule, "candidates of the refinement head"},
+      {"replacement_layers", &d.replacement_layers, layers_rule,
+       "layers whose predecessors replacement may swap"},
+  };
 }
 
 void validate_dspine_model_config(const DSpineModelConfig& c) {

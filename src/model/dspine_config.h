@@ -1,6 +1,6 @@
 // DSpine draft configuration: its own settings (the map model.dspine, read by the draft registry's
 // dspine entry), the checks of docs/model.md ("config.json") applied to the typed config, and the
-// Hugging Face `config.json` of §2.1 that accompanies every checkpoint.
+// Hugging Face `config.json` that accompanies every checkpoint.
 #pragma once
 
 #include <cstdint>
@@ -26,14 +26,10 @@ struct DSpineModelConfig : core::ModelConfig {
   DSpineConfig dspine;
 };
 
-// Reads the kept map model.dspine (core/config_section.h) and checks it in the reference's order
-// and words: core's config errors, every range message containing "DSpine" and the rule. The
-// bounds that involve hidden_size / vocab_size apply when model.architecture is dspine: the simple
-// architecture ignores these settings, and their reference defaults exceed tiny models.
-DSpineConfig read_dspine_config(const core::Config& config);
-
-// The map model.dspine as YAML text, every setting written (the form to_yaml writes).
-std::string dspine_yaml(const DSpineConfig& dspine);
+// The declaration of the map model.dspine (core/settings.h), with the reference's rules in its
+// words: every range message contains "DSpine" and the rule. The bounds that involve hidden_size /
+// vocab_size apply when `run`'s model.architecture is dspine.
+core::Settings settings_of(DSpineConfig& dspine, const core::Config& run);
 
 // Throws dspine::Error (every message contains "DSpine") when the draft sizes or dspine_config
 // violate docs/model.md ("config.json").

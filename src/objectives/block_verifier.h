@@ -5,10 +5,12 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
 
+#include "core/settings.h"
 #include "data/batch.h"
 #include "data/batch_source.h"
 #include "data/qwen3_model.h"
@@ -104,6 +106,9 @@ enum class RewardSource {
   kTarget,  // the online target when the run has one, else the target's states in the data
   kData,    // the data's tokens
 };
+constexpr std::array<core::Choice<RewardSource>, 2> choices_of(RewardSource) {
+  return {{{RewardSource::kTarget, "target"}, {RewardSource::kData, "data"}}};
+}
 
 // The GSPO rewards' verifier: `online_target` may be null; lm_head and chunk_blocks serve the
 // teacher verifier.

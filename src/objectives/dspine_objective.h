@@ -2,9 +2,10 @@
 // supervised objective").
 //
 // Trainer usage:
-//   auto objective = make_dspine_objective(config, read_dspine_settings(config),
-//                                          source.embed_tokens(), source.lm_head(), device, dtype,
-//                                          &draft);  // model::resolve_drafts(config)
+//   const auto& settings = config.section<DSpineSettings>("objective.dspine");
+//   auto objective = make_dspine_objective(config, settings, source.embed_tokens(),
+//                                          source.lm_head(), device, dtype,
+//                                          &draft);  // model::resolve_draft(config)
 //   auto module = objective->module();        // trainable draft: optimizer, sharding, checkpoints
 //   fresh run:  objective->on_fresh_start("");  // transfer space from the frozen lm_head (§6)
 //   resume:     load the checkpoint's parameters AND buffers into module (transfer_codes [V, r]

@@ -3,12 +3,14 @@
 // model.dspine.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
 #include "core/config.h"
+#include "core/settings.h"
 
 namespace dspine::objectives {
 
@@ -19,6 +21,11 @@ namespace dspine::objectives {
 // replay (no CE-only forward at A = 2; one micro-batch's activations held through the other
 // replays). docs/model.md, "CE-only prepass and replay".
 enum class DSpinePrepass { kAll, kSkipFirst, kKeepLast };
+constexpr std::array<core::Choice<DSpinePrepass>, 3> choices_of(DSpinePrepass) {
+  return {{{DSpinePrepass::kAll, "all"},
+           {DSpinePrepass::kSkipFirst, "skip_first"},
+           {DSpinePrepass::kKeepLast, "keep_last"}}};
+}
 
 struct DSpineSettings {
   int64_t num_anchors = 512;             // max anchor blocks per row
@@ -35,9 +42,9 @@ struct DSpineSettings {
                                                 // keep_last
 };
 
-// Reads and range-checks objective.dspine (absent keys keep the defaults); errors name the full
-// key, e.g. objective.dspine.num_anchors, and the DSpine rule it broke.
-DSpineSettings read_dspine_settings(const core::Config& config);
+// The declaration of objective.dspine (core/settings.h); errors name the full key, e.g.
+// objective.dspine.num_anchors, and the DSpine rule it broke.
+core::Settings settings_of(DSpineSettings& settings, const core::Config& run);
 
 // The settings under their reference names, for config.json's dspine_config (with the model's).
 nlohmann::json dspine_settings_json(const DSpineSettings& settings);

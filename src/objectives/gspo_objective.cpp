@@ -7,7 +7,6 @@
 #include <chrono>
 #include <optional>
 
-#include "core/config_section.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "model/dspine_config.h"
@@ -150,56 +149,77 @@ at::Tensor reduced(std::vector<double> values, dist::Communicator& comm) {
 
 }  // namespace
 
-GspoSettings read_gspo_settings(const core::Config& config) {
-  GspoSettings s;
-  auto& r = s.rollout;
-  std::string sampling = "backbone", reward = "greedy_match", norm = "group_std";
-  std::string reward_source = "target";
-  core::read_section(
-      config, "objective.gspo",
-      {{"group_size", &r.group_size, {}, false, "blocks sampled per kept anchor (G)"},
-       {"temperature", &r.temperature, {}, false, "sampling temperature of the rollout"},
-       {"sampling", &sampling, {"backbone", "refinement"}, false,
-        "sample the backbone's slots, or walk the refinement head"},
-       {"reward", &reward, {"greedy_match", "expected_acceptance"}, false,
-        "accepted prefix, or expected acceptance under the target's distribution"},
-       {"reward_source", &reward_source, {"target", "data"}, false,
-        "verify against the target (online, else its states in the data), or the data's tokens"},
-       {"advantage_norm", &norm, {"group_std", "group_mean"}, false,
-        "rewards minus the group mean (group_std: then over the std)"},
-       {"eps_low", &s.eps_low, {}, false, "clip range below 1 of the segment ratio"},
-       {"eps_high", &s.eps_high, {}, false, "clip range above 1 of the segment ratio"},
-       {"logits_scale", &r.logits_scale, {}, false, "multiplies the logits of the policy"},
-       {"updates_per_rollout", &s.updates_per_rollout, {}, false,
-        "optimizer updates per rollout"},
-       {"ce_weight", &s.ce_weight, {}, false, "weight of the supervised DSpine loss beside RL"},
-       {"init_from", &s.init_from, {}, false,
-        "older name of training.init_from: checkpoint, export or weights to start from"}});
-  auto range = [&](const char* key, bool ok, const std::string& value, const char* allowed) {
-    core::check_setting(config, std::string("objective.gspo.") + key, ok, value, allowed);
+core::Settings settings_of(GspoSettings& s, const core::Config& run) {
+  GspoRolloutSettings& r = s.rollout;
+  auto range = [](const auto& value, auto ok, const char* allowed) {
+    return core::rule(allowed, [&value, ok, allowed](const std::string& key) {
+      std::optional<core::RuleFailure> failure;
+      if (!ok(value)) failure = core::out_of_range(key, fmt::format("{}", value), allowed);
+      return failure;
+    });
   };
-  range("group_size", r.group_size >= 2, std::to_string(r.group_size),
-        "integer >= 2 (advantages compare the blocks of a group)");
-  range("temperature", r.temperature > 0, fmt::format("{}", r.temperature), "number > 0");
-  range("logits_scale", r.logits_scale > 0, fmt::format("{}", r.logits_scale), "number > 0");
-  range("eps_low", s.eps_low >= 0 && s.eps_low < 1, fmt::format("{}", s.eps_low),
-        "number in [0, 1)");
-  range("eps_high", s.eps_high >= 0, fmt::format("{}", s.eps_high), "number >= 0");
-  range("updates_per_rollout", s.updates_per_rollout >= 1, std::to_string(s.updates_per_rollout),
-        "integer >= 1");
-  range("ce_weight", s.ce_weight >= 0, fmt::format("{}", s.ce_weight), "number >= 0");
   // objective.gspo.init_from is the older name of training.init_from.
-  range("init_from",
-        s.init_from.empty() || config.training.init_from.empty() ||
-            s.init_from == config.training.init_from,
-        s.init_from, "a starting point, the same as training.init_from's when both are set");
-  r.sampling = sampling == "refinement" ? GspoSampling::kRefinement : GspoSampling::kBackbone;
-  r.reward = reward == "expected_acceptance" ? GspoReward::kExpectedAcceptance
-                                              : GspoReward::kGreedyMatch;
-  r.advantage_norm =
-      norm == "group_mean" ? GspoAdvantageNorm::kGroupMean : GspoAdvantageNorm::kGroupStd;
-  s.reward_source = reward_source == "data" ? RewardSource::kData : RewardSource::kTarget;
-  return s;
+  const auto init_rule =
+      core::rule("a starting point, the same as training.init_from's when both are set",
+                 [&s, &run](const std::string& key) {
+                   const std::string& init_from = run.training.init_from;
+                   std::optional<core::RuleFailure> failure;
+                   if (!s.init_from.empty() && !init_from.empty() && s.init_from != init_from) {
+                     failure = core::out_of_range(
+                         key, s.init_from,
+                         "a starting point, the same as training.init_from's when both are set");
+                   }
+                   return failure;
+                 });
+  return {
+      {"group_size", &r.group_size,
+       range(
+           r.group_size, [](int64_t v) { return v >= 2; },
+           "integer >= 2 (advantages compare the blocks of a group)"),
+       "blocks sampled per kept anchor (G)"},
+      {"temperature", &r.temperature,
+       range(
+           r.temperature, [](double v) { return v > 0; }, "number > 0"),
+       "sampling temperature of the rollout"},
+      {"sampling",
+       core::choice_target(&r.sampling),
+       {},
+       "sample the backbone's slots, or walk the refinement head"},
+      {"reward",
+       core::choice_target(&r.reward),
+       {},
+       "accepted prefix, or expected acceptance under the target's distribution"},
+      {"reward_source",
+       core::choice_target(&s.reward_source),
+       {},
+       "verify against the target (online, else its states in the data), or the data's tokens"},
+      {"advantage_norm",
+       core::choice_target(&r.advantage_norm),
+       {},
+       "rewards minus the group mean (group_std: then over the std)"},
+      {"eps_low", &s.eps_low,
+       range(
+           s.eps_low, [](double v) { return v >= 0 && v < 1; }, "number in [0, 1)"),
+       "clip range below 1 of the segment ratio"},
+      {"eps_high", &s.eps_high,
+       range(
+           s.eps_high, [](double v) { return v >= 0; }, "number >= 0"),
+       "clip range above 1 of the segment ratio"},
+      {"logits_scale", &r.logits_scale,
+       range(
+           r.logits_scale, [](double v) { return v > 0; }, "number > 0"),
+       "multiplies the logits of the policy"},
+      {"updates_per_rollout", &s.updates_per_rollout,
+       range(
+           s.updates_per_rollout, [](int64_t v) { return v >= 1; }, "integer >= 1"),
+       "optimizer updates per rollout"},
+      {"ce_weight", &s.ce_weight,
+       range(
+           s.ce_weight, [](double v) { return v >= 0; }, "number >= 0"),
+       "weight of the supervised DSpine loss beside RL"},
+      {"init_from", &s.init_from, init_rule,
+       "older name of training.init_from: checkpoint, export or weights to start from"},
+  };
 }
 
 GspoObjective::GspoObjective(const core::Config& config, const DSpineSettings& dspine,

@@ -43,9 +43,9 @@ struct GspoSettings {
   std::string init_from;  // checkpoint or export directory, or a draft .safetensors; "" = fresh draft
 };
 
-// Reads and range-checks objective.gspo (errors name the full key, e.g.
-// objective.gspo.group_size).
-GspoSettings read_gspo_settings(const core::Config& config);
+// The declaration of objective.gspo (core/settings.h); errors name the full key, e.g.
+// objective.gspo.group_size. init_from's rule reads `run`'s training.init_from.
+core::Settings settings_of(GspoSettings& settings, const core::Config& run);
 
 class GspoObjective final : public Objective {
  public:

@@ -7,10 +7,12 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
 
+#include "core/settings.h"
 #include "data/batch.h"
 #include "model/dspine_draft.h"
 #include "objectives/block_verifier.h"
@@ -25,6 +27,17 @@ namespace dspine::objectives {
 enum class GspoSampling { kBackbone, kRefinement };
 enum class GspoReward { kGreedyMatch, kExpectedAcceptance };
 enum class GspoAdvantageNorm { kGroupStd, kGroupMean };
+constexpr std::array<core::Choice<GspoSampling>, 2> choices_of(GspoSampling) {
+  return {{{GspoSampling::kBackbone, "backbone"}, {GspoSampling::kRefinement, "refinement"}}};
+}
+constexpr std::array<core::Choice<GspoReward>, 2> choices_of(GspoReward) {
+  return {{{GspoReward::kGreedyMatch, "greedy_match"},
+           {GspoReward::kExpectedAcceptance, "expected_acceptance"}}};
+}
+constexpr std::array<core::Choice<GspoAdvantageNorm>, 2> choices_of(GspoAdvantageNorm) {
+  return {
+      {{GspoAdvantageNorm::kGroupStd, "group_std"}, {GspoAdvantageNorm::kGroupMean, "group_mean"}}};
+}
 
 struct GspoRolloutSettings {
   int64_t group_size = 4;     // G blocks per kept anchor

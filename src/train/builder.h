@@ -26,15 +26,14 @@ struct BuiltModel {
   nlohmann::json hf_config;                   // written as config.json
   // Measures acceptance on held-out samples (training.eval_every); null for non-DSpine drafts.
   std::unique_ptr<objectives::AcceptanceEvaluator> acceptance;
-  // The objective's settings as resolve_objective parsed them (what built the objective).
+  // The objective's settings as resolve_run found them (what built the objective).
   std::shared_ptr<const ObjectiveSettings> settings;
   // The draft's registry entry and settings (what built `module`; it loads trained weights).
   model::ResolvedDraft draft;
 };
 
-// Draft and objective of an objective already resolved from `config` (resolve_run or
-// resolve_objective; their settings are not read again). Parameters are created in `dtype`;
-// buffers keep their own dtype (e.g. fp32 transfer codes).
+// Draft and objective of an objective already resolved from `config` (resolve_run). Parameters are
+// created in `dtype`; buffers keep their own dtype (e.g. fp32 transfer codes).
 BuiltModel build_model(const core::Config& config, const ResolvedObjective& objective,
                        const data::BatchSource& source, torch::Device device, torch::Dtype dtype);
 

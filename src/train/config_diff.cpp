@@ -4,45 +4,13 @@
 #include <map>
 
 #include <fmt/format.h>
-#include <yaml-cpp/yaml.h>
 
 #include "core/error.h"
 #include "core/log.h"
+#include "train/run_config.h"
 
 namespace dspine::train {
 namespace {
-
-using Flat = std::map<std::string, std::string>;
-
-// Leaves of a YAML tree by dotted key; a list is one value (its flow form).
-void flatten(const YAML::Node& node, const std::string& key, Flat& out) {
-  if (node.IsMap()) {
-    for (const auto& item : node) {
-      const std::string name = item.first.as<std::string>();
-      flatten(item.second, key.empty() ? name : key + "." + name, out);
-    }
-    return;
-  }
-  if (node.IsScalar()) {
-    out[key] = node.Scalar();
-    return;
-  }
-  YAML::Emitter text;
-  text.SetMapFormat(YAML::Flow);
-  text.SetSeqFormat(YAML::Flow);
-  text << node;
-  out[key] = text.c_str();
-}
-
-Flat flat_yaml(const std::string& text) {
-  Flat out;
-  try {
-    flatten(YAML::Load(text), "", out);
-  } catch (const YAML::Exception& e) {
-    fail("cannot read a run configuration to compare: {}", e.what());
-  }
-  return out;
-}
 
 // Keys that fix parameter shapes or the data stream, which the saved state depends on.
 bool must_stay(const std::string& key) {
@@ -78,20 +46,19 @@ std::string listed(const std::vector<ConfigChange>& changes) {
 
 }  // namespace
 
-std::vector<ConfigChange> config_changes(const std::string& saved_yaml,
-                                         const std::string& current_yaml) {
-  const Flat saved = flat_yaml(saved_yaml), now = flat_yaml(current_yaml);
+std::vector<ConfigChange> config_changes(const core::Config& saved, const core::Config& now) {
+  const auto saved_values = core::setting_values(saved), now_values = core::setting_values(now);
   std::map<std::string, ConfigChange> changes;
-  for (const auto& [key, value] : saved) {
-    const auto other = now.find(key);
-    if (other == now.end()) {
+  for (const auto& [key, value] : saved_values) {
+    const auto other = now_values.find(key);
+    if (other == now_values.end()) {
       changes[key] = {key, value, "(absent)"};
     } else if (other->second != value) {
       changes[key] = {key, value, other->second};
     }
   }
-  for (const auto& [key, value] : now) {
-    if (!saved.count(key)) changes[key] = {key, "(absent)", value};
+  for (const auto& [key, value] : now_values) {
+    if (!saved_values.count(key)) changes[key] = {key, "(absent)", value};
   }
   changes.erase("checkpoint.resume");
   std::vector<ConfigChange> sorted;
@@ -104,8 +71,12 @@ void check_resume_config(const std::string& checkpoint, const nlohmann::json& tr
                          bool leader) {
   const auto saved = trainer_state.find("config");
   if (saved == trainer_state.end() || !saved->is_string()) return;
+  // The saved text read as this version reads a configuration: keys it no longer has are errors,
+  // keys it added take their defaults on both sides.
+  const core::Config saved_config =
+      parse_run_config(saved->get<std::string>(), checkpoint + "/trainer_state.json (config)");
   std::vector<ConfigChange> refused, allowed;
-  for (auto& change : config_changes(saved->get<std::string>(), core::to_yaml(config))) {
+  for (auto& change : config_changes(saved_config, config)) {
     // A key only one side has is a newer or older version's key at its default: allowed.
     bool refuse = must_stay(change.key) && change.saved != "(absent)" && change.now != "(absent)";
     if (refuse && change.key == "training.batch_size") {

@@ -14,14 +14,14 @@ namespace dspine::train {
 
 struct ConfigChange {
   std::string key;    // dotted, e.g. "training.learning_rate"
-  std::string saved;  // "(absent)" when the key did not exist
+  std::string saved;  // "(absent)" when the configuration has no such key
   std::string now;
 };
 
-// The keys whose values differ between two resolved configurations (YAML, as core::to_yaml
-// writes them), sorted; checkpoint.resume is left out (it says how to start, not what to train).
-std::vector<ConfigChange> config_changes(const std::string& saved_yaml,
-                                         const std::string& current_yaml);
+// The keys whose values differ between two configurations (typed values, compared as
+// core::setting_values shows them), sorted; checkpoint.resume is left out (it says how to start,
+// not what to train).
+std::vector<ConfigChange> config_changes(const core::Config& saved, const core::Config& now);
 
 // Checks the configuration of a resume against the one saved in `trainer_state` ("config"; a
 // checkpoint without it is not checked). Throws dspine::Error naming every refused key; logs one

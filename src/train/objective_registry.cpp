@@ -5,7 +5,7 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
-#include "core/config_section.h"
+#include "core/config_errors.h"
 #include "core/error.h"
 #include "data/source_registry.h"
 #include "model/simple_draft.h"
@@ -31,8 +31,7 @@ nlohmann::json hf_config_of(const core::Config& config, const model::ResolvedDra
 // ce has no settings: any key under objective.ce is unknown.
 struct CeSettings final : ObjectiveSettings {};
 
-std::shared_ptr<const ObjectiveSettings> parse_ce(const core::Config& config) {
-  core::read_section(config, "objective.ce", {});
+std::shared_ptr<const ObjectiveSettings> ce_settings(const core::Config&) {
   return std::make_shared<CeSettings>();
 }
 
@@ -80,9 +79,12 @@ struct DSpineObjectiveSettings final : ObjectiveSettings {
   const objectives::DSpineSettings* dspine() const override { return &anchors; }
 };
 
-std::shared_ptr<const ObjectiveSettings> parse_dspine(const core::Config& config) {
+const char* const kDSpineMap = "objective.dspine";
+const char* const kGspoMap = "objective.gspo";
+
+std::shared_ptr<const ObjectiveSettings> dspine_settings(const core::Config& config) {
   auto settings = std::make_shared<DSpineObjectiveSettings>();
-  settings->anchors = objectives::read_dspine_settings(config);
+  settings->anchors = config.section<objectives::DSpineSettings>(kDSpineMap);
   return settings;
 }
 
@@ -102,10 +104,10 @@ struct GspoObjectiveSettings final : ObjectiveSettings {
   const objectives::DSpineSettings* dspine() const override { return &anchors; }
 };
 
-std::shared_ptr<const ObjectiveSettings> parse_gspo(const core::Config& config) {
+std::shared_ptr<const ObjectiveSettings> gspo_settings(const core::Config& config) {
   auto settings = std::make_shared<GspoObjectiveSettings>();
-  settings->anchors = objectives::read_dspine_settings(config);
-  settings->gspo = objectives::read_gspo_settings(config);
+  settings->anchors = config.section<objectives::DSpineSettings>(kDSpineMap);
+  settings->gspo = config.section<objectives::GspoSettings>(kGspoMap);
   return settings;
 }
 
@@ -121,9 +123,11 @@ BuiltModel build_gspo(const core::Config& config, const ObjectiveSettings& setti
 
 const std::vector<ObjectiveEntry>& registry() {
   static const std::vector<ObjectiveEntry> entries = {
-      {"ce", "simple", parse_ce, build_ce},
-      {"dspine", "dspine", parse_dspine, build_dspine},
-      {"gspo", "dspine", parse_gspo, build_gspo},
+      {"ce", "simple", core::section_type<core::NoSettings>("objective.ce"), ce_settings, build_ce},
+      {"dspine", "dspine", core::section_type<objectives::DSpineSettings>(kDSpineMap),
+       dspine_settings, build_dspine},
+      {"gspo", "dspine", core::section_type<objectives::GspoSettings>(kGspoMap), gspo_settings,
+       build_gspo},
   };
   return entries;
 }
@@ -142,30 +146,13 @@ std::vector<std::string> objective_names() {
   return names;
 }
 
-std::vector<core::KeyFacts> objective_key_facts() {
-  std::vector<core::KeyFacts> facts;
-  for (const ObjectiveEntry& entry : registry()) {
-    // The default architecture, as the draft registry's key facts are recorded.
-    core::Config defaults;
-    defaults.objective.name = entry.name;
-    core::SettingsRecorder recorder;
-    entry.parse(defaults);
-    for (const core::KeyFacts& key : recorder.facts()) {
-      // An objective may read another's map too (gspo reads objective.dspine): list it once;
-      // the architectures' maps are listed by the draft registry (model/draft_registry.h).
-      const bool listed = std::any_of(facts.begin(), facts.end(),
-                                      [&](const core::KeyFacts& f) { return f.key == key.key; });
-      if (!listed && key.key.rfind("objective.", 0) == 0) facts.push_back(key);
-    }
-  }
-  return facts;
+core::SectionCatalog objective_sections() {
+  core::SectionCatalog sections;
+  for (const ObjectiveEntry& entry : registry()) sections.push_back(entry.section);
+  return sections;
 }
 
-namespace {
-
-// resolve_objective with model.architecture's draft: `draft` when given, else parsed here once
-// the objective's own checks have passed.
-ResolvedObjective resolve_with(const core::Config& config, const model::ResolvedDraft* draft) {
+ResolvedObjective resolve_run(const core::Config& config) {
   const std::vector<std::string> names = objective_names();
   const std::string& name = config.objective.name;
   const auto& entries = registry();
@@ -175,31 +162,14 @@ ResolvedObjective resolve_with(const core::Config& config, const model::Resolved
     std::string allowed = join(names);
     const std::string closest = core::closest_name(name, names);
     if (!closest.empty()) allowed += fmt::format(" (did you mean {}?)", closest);
-    core::objective_range_error(config, "objective.name", name, allowed);
+    core::range_error(config, "objective.name", name, allowed);
   }
   if (config.model.architecture != entry->architecture) {
-    core::objective_range_error(config, "model.architecture", config.model.architecture,
-                                fmt::format("{} (objective.name = {} trains the {} draft)",
-                                            entry->architecture, name, entry->architecture));
+    core::range_error(config, "model.architecture", config.model.architecture,
+                      fmt::format("{} (objective.name = {} trains the {} draft)",
+                                  entry->architecture, name, entry->architecture));
   }
-  for (const auto& [section, text] : config.objective.sections) {
-    if (std::find(names.begin(), names.end(), section) == names.end()) {
-      core::unknown_objective_section_error(config, section, names);
-    }
-  }
-  model::ResolvedDraft resolved_draft = draft != nullptr ? *draft : model::resolve_draft(config);
-  return {&*entry, entry->parse(config), std::move(resolved_draft)};
-}
-
-}  // namespace
-
-ResolvedObjective resolve_objective(const core::Config& config) {
-  return resolve_with(config, nullptr);
-}
-
-ResolvedObjective resolve_run(core::Config& config) {
-  const model::ResolvedDraft draft = model::resolve_drafts(config);
-  return resolve_with(config, &draft);
+  return {&*entry, entry->settings(config), model::resolve_draft(config)};
 }
 
 }  // namespace dspine::train

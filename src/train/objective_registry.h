@@ -3,10 +3,10 @@
 // how its settings are parsed and how draft + objective are built. Adding an objective is one
 // objective file in src/objectives/ plus one entry in objective_registry.cpp.
 //
-// An objective's settings, and its draft's (model.<architecture>, model/draft_registry.h), are
-// parsed once per configuration, by resolve_run or resolve_objective: the build receives them
-// typed, and the built objective keeps them; nothing reads objective.<name> or model.<name>
-// again.
+// An objective's map objective.<name>, like its draft's model.<architecture>
+// (model/draft_registry.h), is declared with its settings (core/settings.h) and read and checked
+// by parse_config with the run catalog (train/run_config.h), once; resolve_run hands the typed
+// settings to the build, and the built objective keeps them.
 #pragma once
 
 #include <memory>
@@ -36,9 +36,10 @@ struct ObjectiveSettings {
 struct ObjectiveEntry {
   std::string name;          // objective.name, and the section objective.<name>
   std::string architecture;  // the model.architecture it trains: "simple" | "dspine"
-  // Reads objective.<name> (and any other objective map it needs; core/config_section.h) into
-  // its settings, throwing config errors on a bad setting.
-  std::shared_ptr<const ObjectiveSettings> (*parse)(const core::Config& config);
+  core::SectionType section;  // the map objective.<name>, for the catalog parse_config reads
+  // Its settings (objective.<name>, and any other objective map it needs) in a parsed
+  // configuration.
+  std::shared_ptr<const ObjectiveSettings> (*settings)(const core::Config& config);
   // Draft + objective from the settings parse made of the same configuration; the draft is
   // built by `draft`'s entry, and config.json written by it.
   BuiltModel (*build)(const core::Config& config, const ObjectiveSettings& settings,
@@ -54,22 +55,15 @@ struct ResolvedObjective {
   model::ResolvedDraft draft;
 };
 
-// The entry of objective.name and its settings, after checking the configuration against the
-// registry: a known objective.name, the model.architecture it trains, every objective.<x> section
-// naming an objective, then the draft's parse of model.<architecture> and the entry's parse of
-// its own settings (the one parse of each). Throws config errors naming the key.
-ResolvedObjective resolve_objective(const core::Config& config);
-
-// What a tool does at start-up: model::resolve_drafts (every architecture's map parsed and
-// written back resolved, for to_yaml), then resolve_objective with model.architecture's draft as
-// resolve_drafts parsed it. Throws config errors naming the key.
-ResolvedObjective resolve_run(core::Config& config);
+// The entry of objective.name with its settings and its draft's, after checking the two
+// registry rules the parser cannot (objective.name names an objective, which trains
+// model.architecture). Throws config errors naming the key.
+ResolvedObjective resolve_run(const core::Config& config);
 
 // Every registered objective.name, in registry order.
 std::vector<std::string> objective_names();
 
-// The settings of every objective's map objective.<name> (type, default, allowed values,
-// description), recorded by running each entry's parse on a default configuration.
-std::vector<core::KeyFacts> objective_key_facts();
+// The maps objective.<name> of every objective, in registry order, for parse_config's catalog.
+core::SectionCatalog objective_sections();
 
 }  // namespace dspine::train

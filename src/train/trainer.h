@@ -48,8 +48,7 @@ void stop_on_signals();
 class Trainer {
  public:
   // `objective`: the configuration's objective and draft as the caller already resolved them
-  // from `config` (resolve_run), so that their settings are parsed once per run; null: resolved
-  // here. Either way every checkpoint records each draft setting with its value.
+  // from `config` (resolve_run); null: resolved here.
   Trainer(core::Config config, std::shared_ptr<dist::Communicator> comm,
           const ResolvedObjective* objective = nullptr);
   ~Trainer();

@@ -40,7 +40,7 @@ inline core::Config tiny_config(int64_t accumulation = 1) {
   core::Config c;
   const model::DSpineModelConfig draft = tiny_model_config();
   c.model = draft;
-  c.model.sections["dspine"] = model::dspine_yaml(draft.dspine);  // as parse_config keeps it
+  c.set_section("model.dspine", draft.dspine);
   c.training.accumulation_steps = accumulation;
   c.objective.name = "dspine";
   return c;

@@ -7,12 +7,13 @@
 #include <vector>
 
 #include "core/config.h"
+#include "train/run_config.h"
 
 namespace dspine::testing {
 
 inline core::Config small_run_config(const std::filesystem::path& dir, int64_t total_steps,
                                      int64_t rows = 2) {
-  core::Config config = core::load_config("");
+  core::Config config = train::load_run_config("");
   config.model.architecture = "simple";
   config.objective.name = "ce";
   config.model.hidden_size = 32;
@@ -36,7 +37,7 @@ inline core::Config small_run_config(const std::filesystem::path& dir, int64_t t
 // metrics file.
 inline core::Config tiny_dspine_run_config(const std::filesystem::path& dir, int64_t total_steps,
                                            const std::vector<std::string>& overrides = {}) {
-  core::Config config = core::load_config("", overrides);
+  core::Config config = train::load_run_config("", overrides);
   config.training.total_steps = total_steps;
   config.checkpoint.dir = (dir / "checkpoints").string();
   config.checkpoint.resume = "none";

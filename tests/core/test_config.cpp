@@ -1,6 +1,7 @@
 // Configuration parsing: defaults, every class of error message, overrides, to_yaml round trip.
 // The DSpine option checks of docs/model.md ("config.json"; the reference's test T10) are the
 // draft registry's (tests/model/test_draft_registry.cpp).
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -9,17 +10,87 @@
 #include <gtest/gtest.h>
 
 #include "core/config.h"
-#include "core/config_section.h"
+#include "core/config_errors.h"
+#include "core/settings.h"
 #include "core/error.h"
 #include "common/tiny_dspine_yaml.h"
 
 namespace dspine::core {
 namespace {
 
+// Maps beyond core's, declared as an architecture or an objective declares its own
+// (core/settings.h): a made-up draft's model.dspine and a made-up objective's objective.gspo.
+struct TestDraft {
+  int64_t transfer_rank = 8;
+  int64_t message_size = 4;
+  int64_t top_k = 16;
+  int64_t replacement_layers = 3;
+};
+Settings settings_of(TestDraft& d, const Config&) {
+  return {{"transfer_rank", &d.transfer_rank, at_least(d.transfer_rank, 1), "rank"},
+          {"message_size", &d.message_size, at_least(d.message_size, 1), "message width"},
+          {"top_k", &d.top_k, at_least(d.top_k, 1), "candidates"},
+          {"replacement_layers", &d.replacement_layers, {}, "layers"}};
+}
+
+struct GspoSettings {
+  int64_t group_size = 4;
+  double clip = 0.2;
+  std::string mode = "seq";
+  bool normalize = true;
+  std::vector<int64_t> layers = {};
+};
+Settings settings_of(GspoSettings& s, const Config&) {
+  return {{"group_size", &s.group_size, at_least(s.group_size, 1), "blocks per group"},
+          {"clip", &s.clip, {}, "clip range"},
+          {"mode", &s.mode, {}, "sequence or token ratios", {"seq", "token"}},
+          {"normalize", &s.normalize, {}, "normalise advantages"},
+          {"layers", &s.layers, {}, "layers"}};
+}
+
+// The keys of objective.dspine (those that moved there, and prepass), read as text.
+const std::vector<std::string> kMovedLeaves = {"num_anchors",
+                                               "loss_decay_gamma",
+                                               "objective_chunk_blocks",
+                                               "ce_weight",
+                                               "alignment_weight",
+                                               "alignment_warmup_steps",
+                                               "replacement_probability",
+                                               "replacement_hold_ratio",
+                                               "replacement_end_ratio",
+                                               "candidate_mass_threshold",
+                                               "prepass"};
+struct MovedKeys {
+  std::vector<std::string> values = std::vector<std::string>(kMovedLeaves.size());
+};
+Settings settings_of(MovedKeys& m, const Config&) {
+  Settings settings;
+  for (size_t i = 0; i < kMovedLeaves.size(); ++i) {
+    settings.push_back({kMovedLeaves[i], &m.values[i], {}, "moved"});
+  }
+  return settings;
+}
+
+const SectionCatalog& catalog() {
+  static const SectionCatalog sections = {
+      section_type<TestDraft>("model.dspine"), section_type<NoSettings>("objective.ce"),
+      section_type<MovedKeys>("objective.dspine"), section_type<GspoSettings>("objective.gspo")};
+  return sections;
+}
+
+Config parse(const std::string& yaml, const std::string& source,
+             const std::vector<std::string>& overrides = {}) {
+  return parse_config(yaml, source, overrides, catalog());
+}
+
+Config load(const std::string& path, const std::vector<std::string>& overrides = {}) {
+  return load_config(path, overrides, catalog());
+}
+
 // The message parse_config throws for `yaml`; fails the test when it does not throw.
 std::string parse_error(const std::string& yaml, const std::vector<std::string>& overrides = {}) {
   try {
-    parse_config(yaml, "test.yaml", overrides);
+    parse(yaml, "test.yaml", overrides);
   } catch (const Error& e) {
     return e.what();
   }
@@ -29,7 +100,7 @@ std::string parse_error(const std::string& yaml, const std::vector<std::string>&
 
 std::string load_error(const std::string& path) {
   try {
-    load_config(path);
+    load(path);
   } catch (const Error& e) {
     return e.what();
   }
@@ -48,24 +119,27 @@ const char* const kTinyDSpine = testing::kTinyDSpineYaml;
 TEST(Config, EmptyYamlGivesStructDefaults) {
   const Config parsed = parse_config("", "empty");
   EXPECT_EQ(to_yaml(parsed), to_yaml(Config{}));
-  EXPECT_TRUE(parsed.model.sections.empty());
+  EXPECT_TRUE(parsed.sections.empty());
+  // The catalog's maps are held with their defaults when absent.
+  EXPECT_EQ(parse("", "empty").sections.size(), catalog().size());
+  EXPECT_EQ(parse("", "empty").section<TestDraft>("model.dspine").top_k, 16);
   EXPECT_EQ(parsed.training.learning_rate, 1e-3);
-  EXPECT_EQ(parse_config("# only a comment\n", "comment").training.batch_size, 2);
+  EXPECT_EQ(parse("# only a comment\n", "comment").training.batch_size, 2);
 }
 
 TEST(Config, SectionWithoutKeysKeepsDefaults) {
-  const Config parsed = parse_config("model:\ntraining:\n  batch_size: 8\n", "t");
+  const Config parsed = parse("model:\ntraining:\n  batch_size: 8\n", "t");
   EXPECT_EQ(parsed.model.hidden_size, 64);
   EXPECT_EQ(parsed.training.batch_size, 8);
 }
 
 TEST(Config, EmbeddedDefaultParses) {
-  EXPECT_NO_THROW(load_config(""));
-  EXPECT_NO_THROW(parse_config(kEmbeddedDefaultConfig, "<embedded default>"));
+  EXPECT_NO_THROW(load(""));
+  EXPECT_NO_THROW(parse(kEmbeddedDefaultConfig, "<embedded default>"));
 }
 
 TEST(Config, ReadsNestedSectionsAndEveryKind) {
-  const Config c = parse_config(R"(
+  const Config c = parse(R"(
 model:
   target_layer_ids: [0, 3]
   dspine:
@@ -80,9 +154,9 @@ distributed:
 logging:
   level: debug
 )",
-                                "t");
+                         "t");
   EXPECT_EQ(c.model.target_layer_ids, (std::vector<int64_t>{0, 3}));
-  EXPECT_EQ(c.model.sections.at("dspine"), "top_k: 7");  // kept for the draft registry
+  EXPECT_EQ(c.section<TestDraft>("model.dspine").top_k, 7);
   EXPECT_EQ(c.data.seq_len, 32);
   EXPECT_EQ(c.data.synthetic.temperature, 0.5);
   EXPECT_EQ(c.distributed.sharding, Sharding::kZero3);
@@ -180,10 +254,9 @@ TEST(Config, OverrideOfAnUnknownSectionNamesTheSection) {
 }
 
 TEST(Config, OnNonfiniteIsSkipOrStop) {
-  EXPECT_EQ(dspine::core::parse_config("", "t").training.on_nonfinite, OnNonfinite::kSkip);
-  EXPECT_EQ(
-      dspine::core::parse_config("training:\n  on_nonfinite: stop\n", "t").training.on_nonfinite,
-      OnNonfinite::kStop);
+  EXPECT_EQ(dspine::core::parse("", "t").training.on_nonfinite, OnNonfinite::kSkip);
+  EXPECT_EQ(dspine::core::parse("training:\n  on_nonfinite: stop\n", "t").training.on_nonfinite,
+            OnNonfinite::kStop);
   const std::string message = parse_error("training:\n  on_nonfinite: ignore\n");
   EXPECT_NE(message.find("training.on_nonfinite = ignore: not an allowed value; allowed: "
                          "skip, stop"),
@@ -211,12 +284,9 @@ TEST(Config, EnumValueListsAllowedValues) {
 }
 
 TEST(Config, TriStateKeysAcceptYamlBooleans) {
-  EXPECT_EQ(parse_config("model:\n  fused_kernels: true\n", "t").model.fused_kernels,
-            FusedKernels::kOn);
-  EXPECT_EQ(parse_config("model:\n  fused_kernels: False\n", "t").model.fused_kernels,
-            FusedKernels::kOff);
-  EXPECT_EQ(parse_config("logging:\n  progress: false\n", "t").logging.progress,
-            ProgressMode::kOff);
+  EXPECT_EQ(parse("model:\n  fused_kernels: true\n", "t").model.fused_kernels, FusedKernels::kOn);
+  EXPECT_EQ(parse("model:\n  fused_kernels: False\n", "t").model.fused_kernels, FusedKernels::kOff);
+  EXPECT_EQ(parse("logging:\n  progress: false\n", "t").logging.progress, ProgressMode::kOff);
   const std::string message = parse_error("model:\n  fused_kernels: maybe\n");
   EXPECT_NE(message.find("allowed: auto, true, false"), std::string::npos) << message;
 }
@@ -251,16 +321,17 @@ TEST(Config, CrossKeyChecks) {
   EXPECT_NE(parse_error("data:\n  seq_len: 8\n").find("data.synthetic.prompt_length = 8"),
             std::string::npos);
   // Target layers are bounded by the synthetic target only when it is the data source.
-  EXPECT_NO_THROW(parse_config("model:\n  target_layer_ids: [9]\ndata:\n  source: shards\n"
-                               "  shards_dir: /tmp/shards\n",
-                               "t"));
+  EXPECT_NO_THROW(
+      parse("model:\n  target_layer_ids: [9]\ndata:\n  source: shards\n"
+            "  shards_dir: /tmp/shards\n",
+            "t"));
 }
 
 // The recipe runs on random inputs for benchmarks: its target layers exceed the synthetic
 // target's, which the random source does not use; its prompt length is still checked.
 TEST(Config, RandomSourceTakesTheRecipeAndChecksPromptLength) {
-  const Config c = load_config(std::string(DSPINE_SOURCE_DIR) + "/configs/qwen3-8b-dspine.yaml",
-                               {"data.source=random"});
+  const Config c = load(std::string(DSPINE_SOURCE_DIR) + "/configs/qwen3-8b-dspine.yaml",
+                        {"data.source=random"});
   EXPECT_EQ(c.data.source, DataSource::kRandom);
   EXPECT_EQ(c.model.target_layer_ids.size(), 5u);
   EXPECT_NE(parse_error("data:\n  source: random\n  seq_len: 8\n")
@@ -271,7 +342,8 @@ TEST(Config, RandomSourceTakesTheRecipeAndChecksPromptLength) {
 }
 
 TEST(Config, TargetAndSpecforgeSourcesNeedTheirPaths) {
-  EXPECT_NE(parse_error("data:\n  source: target\n").find("data.target.path"), std::string::npos);
+  EXPECT_NE(parse_error("data:\n  source: target\n  samples: s\n").find("data.target.path"),
+            std::string::npos);
   EXPECT_NE(parse_error("data:\n  source: target\n  target: {path: /m}\n").find("data.samples"),
             std::string::npos);
   EXPECT_NE(parse_error("data:\n  source: specforge\n  target: {path: /m}\n")
@@ -287,13 +359,17 @@ TEST(Config, TargetAndSpecforgeSourcesNeedTheirPaths) {
   EXPECT_NE(parse_error("data:\n  target: {random: maybe}\n").find("data.target.random"),
             std::string::npos);
   // A random target needs no samples: it reads random token ids.
-  const Config c = parse_config("model:\n  target_layer_ids: [9]\ndata:\n  source: target\n"
-                                "  target: {path: /m, random: true, seed: 3}\n", "t");
+  const Config c = parse(
+      "model:\n  target_layer_ids: [9]\ndata:\n  source: target\n"
+      "  target: {path: /m, random: true, seed: 3}\n",
+      "t");
   EXPECT_TRUE(c.data.target.random);
   EXPECT_EQ(c.data.target.seed, 3);
   EXPECT_NE(to_yaml(c).find("random: true"), std::string::npos);
-  EXPECT_NO_THROW(parse_config("data:\n  source: specforge\n  specforge_dir: /d\n  target: "
-                               "{path: /m}\n", "t"));
+  EXPECT_NO_THROW(
+      parse("data:\n  source: specforge\n  specforge_dir: /d\n  target: "
+            "{path: /m}\n",
+            "t"));
 }
 
 TEST(Config, MissingFileErrorNamesThePath) {
@@ -311,13 +387,13 @@ TEST(Config, YamlSyntaxErrorNamesFileAndLine) {
 
 TEST(Config, OverrideReplacesFileValueAndCreatesSections) {
   const std::string path = write_temp("override.yaml", "training:\n  learning_rate: 0.001\n");
-  const Config c = load_config(path, {"training.learning_rate=3e-4", "model.dspine.top_k=8",
-                                      "model.target_layer_ids=[1,2]", "logging.metrics_file="});
+  const Config c = load(path, {"training.learning_rate=3e-4", "model.dspine.top_k=8",
+                               "model.target_layer_ids=[1,2]", "logging.metrics_file="});
   EXPECT_EQ(c.training.learning_rate, 3e-4);
-  EXPECT_EQ(c.model.sections.at("dspine"), "top_k: 8");
+  EXPECT_EQ(c.section<TestDraft>("model.dspine").top_k, 8);
   EXPECT_EQ(c.model.target_layer_ids, (std::vector<int64_t>{1, 2}));
   EXPECT_EQ(c.logging.metrics_file, "");
-  EXPECT_EQ(parse_config("", "t", {"training.batch_size = 5"}).training.batch_size, 5);
+  EXPECT_EQ(parse("", "t", {"training.batch_size = 5"}).training.batch_size, 5);
 }
 
 TEST(Config, OverrideWithBadValueNamesKeyAndOverride) {
@@ -343,17 +419,17 @@ TEST(Config, MalformedOrUnknownOverrideNamesTheOverride) {
 }
 
 TEST(Config, LrIsAnAliasOfLearningRate) {
-  EXPECT_EQ(parse_config("training:\n  lr: 0.01\n", "t").training.learning_rate, 0.01);
+  EXPECT_EQ(parse("training:\n  lr: 0.01\n", "t").training.learning_rate, 0.01);
   const std::string both = parse_error("training:\n  lr: 0.01\n  learning_rate: 0.02\n");
   EXPECT_NE(both.find("training.lr and training.learning_rate are both given"), std::string::npos)
       << both;
-  EXPECT_EQ(parse_config("training:\n  learning_rate: 0.02\n", "t", {"training.lr=0.5"})
-                .training.learning_rate,
-            0.5);
+  EXPECT_EQ(
+      parse("training:\n  learning_rate: 0.02\n", "t", {"training.lr=0.5"}).training.learning_rate,
+      0.5);
 }
 
 TEST(Config, ToYamlRoundTripsEveryKeyExactly) {
-  Config c = parse_config(kTinyDSpine, "tiny");
+  Config c = parse(kTinyDSpine, "tiny");
   c.training.learning_rate = 0.1 + 0.2;  // needs 17 significant digits
   c.model.rope_theta = 1e6;
   c.model.fused_kernels = FusedKernels::kOff;
@@ -365,12 +441,16 @@ TEST(Config, ToYamlRoundTripsEveryKeyExactly) {
   c.distributed.sharding = Sharding::kZero2;
   c.distributed.timeout_s = 0.25;
   c.data.synthetic.seed = -0 + 987654321012345;
-  c.objective.sections["dspine"] = "num_anchors: 4\nloss_decay_gamma: -0.33333333333333331";
+  GspoSettings gspo;
+  gspo.clip = -1.0 / 3.0;
+  gspo.layers = {4, 5};
+  c.set_section("objective.gspo", gspo);
   const std::string yaml = to_yaml(c);
-  const Config back = parse_config(yaml, "to_yaml");
+  const Config back = parse(yaml, "to_yaml");
   EXPECT_EQ(to_yaml(back), yaml);
   EXPECT_EQ(back.training.learning_rate, 0.1 + 0.2);
-  EXPECT_EQ(back.objective.sections, c.objective.sections);
+  EXPECT_EQ(back.section<GspoSettings>("objective.gspo").clip, -1.0 / 3.0);
+  EXPECT_EQ(back.section<GspoSettings>("objective.gspo").layers, gspo.layers);
   EXPECT_EQ(back.model.fused_kernels, FusedKernels::kOff);
   EXPECT_EQ(back.checkpoint.dir, c.checkpoint.dir);
   EXPECT_EQ(back.logging.metrics_file, "");
@@ -390,31 +470,15 @@ TEST(Config, DistributedKeysAreChecked) {
   EXPECT_NE(message.find("distributed.timeout_s = 0"), std::string::npos) << message;
 }
 
-// Objective sections: kept raw by parse_config, read by their objective (config_section.h).
-
-// The settings of a made-up objective "gspo", read as an objective would.
-struct GspoSettings {
-  int64_t group_size = 4;
-  double clip = 0.2;
-  std::string mode = "seq";
-  bool normalize = true;
-  std::vector<int64_t> layers = {};
-};
+// Maps beyond core's (core/settings.h): read, checked and written as core's own.
 
 GspoSettings read_gspo(const Config& config) {
-  GspoSettings s;
-  read_section(config, "objective.gspo",
-               {{"group_size", &s.group_size},
-                {"clip", &s.clip},
-                {"mode", &s.mode, {"seq", "token"}},
-                {"normalize", &s.normalize},
-                {"layers", &s.layers}});
-  return s;
+  return config.section<GspoSettings>("objective.gspo");
 }
 
 std::string section_error(const std::string& yaml, const std::vector<std::string>& overrides = {}) {
   try {
-    read_gspo(parse_config(yaml, "test.yaml", overrides));
+    read_gspo(parse(yaml, "test.yaml", overrides));
   } catch (const Error& e) {
     return e.what();
   }
@@ -431,25 +495,29 @@ objective:
     layers: [1, 2]
 )";
 
-TEST(ConfigSection, SectionsAreKeptRawAndRoundTripThroughToYaml) {
-  const Config c = parse_config(kGspoSection, "gspo.yaml");
+TEST(ConfigSection, SectionsAreTypedAndRoundTripThroughToYaml) {
+  const Config c = parse(kGspoSection, "gspo.yaml");
   EXPECT_EQ(c.objective.name, "gspo");  // which names exist is the registry's check
   EXPECT_EQ(c.source, "gspo.yaml");
-  ASSERT_EQ(c.objective.sections.count("gspo"), 1u);
+  ASSERT_EQ(c.sections.count("objective.gspo"), 1u);
   const std::string yaml = to_yaml(c);
-  const Config back = parse_config(yaml, "to_yaml");
-  EXPECT_EQ(back.objective.sections, c.objective.sections);
+  // Written whole: every key of the map with its value, in declaration order.
+  EXPECT_NE(yaml.find("  gspo:\n    group_size: 8\n    clip: 0.2\n    mode: \"token\"\n"),
+            std::string::npos)
+      << yaml;
+  const Config back = parse(yaml, "to_yaml");
+  EXPECT_EQ(setting_values(back), setting_values(c));
   EXPECT_EQ(to_yaml(back), yaml);
   const GspoSettings s = read_gspo(back);
   EXPECT_EQ(s.group_size, 8);
   EXPECT_EQ(s.mode, "token");
   EXPECT_EQ(s.layers, (std::vector<int64_t>{1, 2}));
-  // "gspo:" with nothing under it is an empty section: present, all defaults.
-  EXPECT_EQ(parse_config("objective:\n  gspo:\n", "t").objective.sections.at("gspo"), "{}");
+  // "gspo:" with nothing under it keeps the defaults.
+  EXPECT_EQ(read_gspo(parse("objective:\n  gspo:\n", "t")).group_size, 4);
 }
 
 TEST(ConfigSection, AbsentSectionKeepsTheDefaults) {
-  const GspoSettings s = read_gspo(parse_config("", "t"));
+  const GspoSettings s = read_gspo(parse("", "t"));
   EXPECT_EQ(s.group_size, 4);
   EXPECT_EQ(s.clip, 0.2);
   EXPECT_EQ(s.mode, "seq");
@@ -458,11 +526,11 @@ TEST(ConfigSection, AbsentSectionKeepsTheDefaults) {
 }
 
 TEST(ConfigSection, OverridesReachObjectiveSettings) {
-  const Config c = parse_config(kGspoSection, "t",
-                                {"objective.gspo.group_size=16", "objective.gspo.clip=0.5"});
+  const Config c =
+      parse(kGspoSection, "t", {"objective.gspo.group_size=16", "objective.gspo.clip=0.5"});
   EXPECT_EQ(read_gspo(c).group_size, 16);
   EXPECT_EQ(read_gspo(c).clip, 0.5);
-  EXPECT_EQ(read_gspo(parse_config("", "t", {"objective.gspo.normalize=false"})).normalize, false);
+  EXPECT_EQ(read_gspo(parse("", "t", {"objective.gspo.normalize=false"})).normalize, false);
   EXPECT_NE(parse_error("", {"objective.gspo=3"}).find("names the map objective.gspo"),
             std::string::npos);
   EXPECT_NE(parse_error("", {"objective.name.x=3"}).find("unknown key in objective.name"),
@@ -500,7 +568,7 @@ TEST(ConfigSection, UnknownKeyGetsDidYouMean) {
                          "objective.gspo; did you mean objective.gspo.group_size?"),
             std::string::npos)
       << message;
-  const std::string far = section_error("objective:\n  gspo:\n    temperature: 1\n");
+  const std::string far = section_error("objective:\n  gspo:\n    window: 1\n");
   EXPECT_NE(far.find("allowed: group_size, clip, mode, normalize, layers"), std::string::npos)
       << far;
 }
@@ -509,13 +577,83 @@ TEST(ConfigSection, RangeErrorsHaveCoresFormat) {
   Config c;
   c.source = "run.yaml";
   try {
-    objective_range_error(c, "objective.gspo.group_size", "0", "integer >= 1");
+    range_error(c, "objective.gspo.group_size", "0", "integer >= 1");
     ADD_FAILURE() << "no error";
   } catch (const Error& e) {
     EXPECT_EQ(std::string(e.what()),
               "config error in run.yaml: objective.gspo.group_size = 0 is out of range; allowed: "
               "integer >= 1");
   }
+}
+
+// What a new key costs (docs/ARCHITECTURE.md): the member with its default, and one line in its
+// map's declaration. Reading, the rule, to_yaml, the reference's facts, the resume comparison and
+// the unknown-key suggestions all follow from that line.
+struct WithNewKey {
+  int64_t group_size = 4;
+  int64_t new_key = 7;  // the member
+};
+Settings settings_of(WithNewKey& s, const Config&) {
+  return {{"group_size", &s.group_size, at_least(s.group_size, 1), "blocks per group"},
+          {"new_key", &s.new_key, at_least(s.new_key, 1), "a key added in one line"}};
+}
+
+TEST(ConfigSection, ANewKeyIsOneLine) {
+  const SectionCatalog with_new = {section_type<WithNewKey>("objective.new")};
+  const Config c = parse_config("objective:\n  new:\n    new_key: 9\n", "t", {}, with_new);
+  EXPECT_EQ(c.section<WithNewKey>("objective.new").new_key, 9);
+  EXPECT_NE(to_yaml(c).find("  new:\n    group_size: 4\n    new_key: 9\n"), std::string::npos)
+      << to_yaml(c);
+  EXPECT_EQ(setting_values(c).at("objective.new.new_key"), "9");
+  const std::vector<KeyFacts> facts = section_key_facts(with_new);
+  ASSERT_EQ(facts.size(), 2u);
+  EXPECT_EQ(facts[1].key, "objective.new.new_key");
+  EXPECT_EQ(facts[1].type, "integer");
+  EXPECT_EQ(facts[1].default_value, "7");
+  EXPECT_EQ(facts[1].allowed, "integer >= 1");
+  EXPECT_EQ(facts[1].description, "a key added in one line");
+  auto error = [&](const std::string& yaml) {
+    try {
+      parse_config(yaml, "t", {}, with_new);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(error("objective:\n  new:\n    new_key: 0\n"),
+            "config error in t: objective.new.new_key = 0 is out of range; allowed: integer >= 1");
+  EXPECT_NE(
+      error("objective:\n  new:\n    new_kee: 3\n").find("did you mean objective.new.new_key?"),
+      std::string::npos);
+}
+
+// Every rule runs once per parse, after every key is read, and nowhere else: writing,
+// comparing and documenting a configuration run none.
+int rule_runs = 0;
+struct CountedRule {
+  int64_t value = 1;
+};
+Settings settings_of(CountedRule& s, const Config&) {
+  return {{"value", &s.value,
+           rule("counted",
+                [](const std::string&) {
+                  ++rule_runs;
+                  return std::optional<RuleFailure>();
+                }),
+           "a rule that counts its runs"}};
+}
+
+TEST(ConfigSection, EveryRuleRunsOncePerParse) {
+  const SectionCatalog counted = {section_type<CountedRule>("objective.counted")};
+  rule_runs = 0;
+  const Config c = parse_config("objective:\n  counted:\n    value: 3\n", "t", {}, counted);
+  EXPECT_EQ(rule_runs, 1);
+  to_yaml(c);
+  setting_values(c);
+  section_key_facts(counted);
+  const Config copy = c;
+  EXPECT_EQ(copy.section<CountedRule>("objective.counted").value, 3);
+  EXPECT_EQ(rule_runs, 1);
 }
 
 // Keys moved to objective.dspine: the old name still works for one release, with a warning.
@@ -548,9 +686,8 @@ std::string new_key_of(const std::string& old_key) {
 }
 
 std::string dspine_section_value(const Config& c, const std::string& leaf) {
-  std::string value;
-  read_section(c, "objective.dspine", {{leaf, &value}});
-  return value;
+  const auto index = std::find(kMovedLeaves.begin(), kMovedLeaves.end(), leaf);
+  return c.section<MovedKeys>("objective.dspine").values.at(index - kMovedLeaves.begin());
 }
 
 TEST(ConfigLegacyKeys, EachMovesToObjectiveDSpineWithAWarning) {
@@ -559,7 +696,7 @@ TEST(ConfigLegacyKeys, EachMovesToObjectiveDSpineWithAWarning) {
     const std::string leaf = old_key.substr(old_key.rfind('.') + 1);
     ::testing::internal::CaptureStdout();
     ::testing::internal::CaptureStderr();
-    const Config c = parse_config(yaml_of(old_key, value), "old.yaml");
+    const Config c = parse(yaml_of(old_key, value), "old.yaml");
     const std::string logged =
         ::testing::internal::GetCapturedStdout() + ::testing::internal::GetCapturedStderr();
     EXPECT_NE(logged.find(old_key + " is deprecated; use " + new_key_of(old_key)),
@@ -571,7 +708,7 @@ TEST(ConfigLegacyKeys, EachMovesToObjectiveDSpineWithAWarning) {
     EXPECT_EQ(yaml.find(leaf), yaml.rfind(leaf)) << yaml;
     // An override under the old name lands there too and replaces the file's value.
     const Config overridden =
-        parse_config(yaml_of(new_key_of(old_key), "1"), "t", {old_key + "=" + value});
+        parse(yaml_of(new_key_of(old_key), "1"), "t", {old_key + "=" + value});
     EXPECT_EQ(dspine_section_value(overridden, leaf), value);
   }
 }

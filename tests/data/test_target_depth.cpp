@@ -22,7 +22,7 @@ Config qwen3_8b_deep_target(dspine::core::DataSource source) {
       << R"({"model_type": "qwen3", "hidden_size": 64, "intermediate_size": 128,
              "num_hidden_layers": 36, "num_attention_heads": 4, "num_key_value_heads": 2,
              "head_dim": 16, "vocab_size": 256})";
-  Config config = dspine::core::load_config("");
+  Config config;
   config.data.source = source;
   config.data.target.path = dir.string();
   config.model.target_layer_ids = {1, 9, 17, 25, 33};
@@ -51,7 +51,7 @@ TEST(TargetDepth, LayerIdsPastTheTargetAreRefused) {
 }
 
 TEST(TargetDepth, SyntheticTargetsGiveTheirLayersAndShardsTheKey) {
-  Config config = dspine::core::load_config("");  // synthetic, 4 layers, ids 0..2
+  Config config;  // synthetic, 4 layers, ids 0..2
   EXPECT_EQ(dspine::data::target_depth(config), 4);
   config.model.num_target_layers = 5;
   expect_error_mentioning([&] { dspine::data::target_depth(config); },

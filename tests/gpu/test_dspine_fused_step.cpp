@@ -18,6 +18,7 @@
 #include "dist/communicator.h"
 #include "objectives/dspine_objective.h"
 #include "objectives/dspine_settings.h"
+#include "train/run_config.h"
 
 namespace dspine {
 namespace {
@@ -39,7 +40,7 @@ core::Config step_config(const std::string& fused, bool kernel_heads) {
   m.mask_token_id = 255;
   m.target_layer_ids = {0, 1, 2};
   m.fused_kernels = testing::choice_named<core::FusedKernels>(fused);
-  m.sections["dspine"] = model::dspine_yaml({32, 16, 8});
+  c.set_section("model.dspine", model::DSpineConfig{32, 16, 8});
   c.training.accumulation_steps = 2;
   c.objective.name = "dspine";
   return c;
@@ -146,7 +147,7 @@ void expect_window_matches(bool kernel_heads, torch::Dtype dtype) {
 WindowResult recipe_window(const std::string& fused, double input_scale = 1.0,
                            const torch::Tensor& candidates = {}) {
   const torch::Device device(torch::kCUDA);
-  auto config = core::load_config(
+  auto config = train::load_run_config(
       DSPINE_SOURCE_DIR "/configs/qwen3-8b-dspine.yaml",
       {"data.source=random", "training.accumulation_steps=1", "model.fused_kernels=" + fused,
        // The reference objective holds fp32 logits per chunk; both sides chunk alike.
@@ -154,8 +155,8 @@ WindowResult recipe_window(const std::string& fused, double input_scale = 1.0,
   data::RandomSource source(config, device);
   torch::manual_seed(7);
   auto objective = objectives::make_dspine_objective(
-      config, objectives::read_dspine_settings(config), source.embed_tokens(), source.lm_head(),
-      device, torch::kBFloat16);
+      config, config.section<objectives::DSpineSettings>("objective.dspine"), source.embed_tokens(),
+      source.lm_head(), device, torch::kBFloat16);
   objective->on_fresh_start("");
   objective->training_model().pin_candidates(candidates);
   auto comm = dist::make_single_process_communicator();

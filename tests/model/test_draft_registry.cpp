@@ -1,6 +1,6 @@
 // The draft registry (model/draft_registry.h): each architecture's map model.<name>, kept raw by
 // core, parsed and checked by its entry with core's messages; the DSpine option checks of
-// docs/model.md ("config.json"; the reference's test T10); the resolved map to_yaml writes.
+// docs/model.md ("config.json"; the reference's test T10); the map to_yaml writes.
 #include <string>
 #include <vector>
 
@@ -24,10 +24,18 @@ namespace {
 
 const char* const kTinyDSpine = testing::kTinyDSpineYaml;
 
+// A configuration with the architectures' maps (model/draft_registry.h: draft_sections).
+core::Config parsed(const std::string& yaml, const std::string& source = "test.yaml",
+                    const std::vector<std::string>& overrides = {}) {
+  return core::parse_config(yaml, source, overrides, draft_sections());
+}
+
 core::Config resolved(const std::string& yaml, const std::vector<std::string>& overrides = {}) {
-  core::Config config = core::parse_config(yaml, "test.yaml", overrides);
-  resolve_drafts(config);
-  return config;
+  return parsed(yaml, "test.yaml", overrides);
+}
+
+const DSpineConfig& dspine_of(const core::Config& config) {
+  return config.section<DSpineConfig>("model.dspine");
 }
 
 // The message parsing and resolving `yaml` throws; fails the test when it does not throw.
@@ -51,7 +59,7 @@ TEST(DraftRegistry, OneEntryPerArchitectureCoreAccepts) {
 
 TEST(DraftRegistry, DefaultsAreTheReferencesAndToYamlWritesThemAll) {
   const core::Config c = resolved("");
-  const DSpineConfig d = read_dspine_config(c);
+  const DSpineConfig d = dspine_of(c);
   EXPECT_EQ(d.transfer_rank, 1024);
   EXPECT_EQ(d.message_size, 512);
   EXPECT_EQ(d.top_k, 16);
@@ -61,13 +69,13 @@ TEST(DraftRegistry, DefaultsAreTheReferencesAndToYamlWritesThemAll) {
                       "message_size: 512\n    top_k: 16\n    replacement_layers: 3\ndata:\n"),
             std::string::npos)
       << yaml;
-  EXPECT_EQ(c.model.sections.count("simple"), 0u);  // no settings, no map
+  EXPECT_EQ(yaml.find("simple:"), std::string::npos) << yaml;  // no settings, no map
 }
 
 TEST(DraftRegistry, OverrideReplacesTheFileValue) {
   const core::Config c = resolved(kTinyDSpine, {"model.dspine.top_k=8"});
-  EXPECT_EQ(read_dspine_config(c).top_k, 8);
-  EXPECT_EQ(read_dspine_config(c).transfer_rank, 8);
+  EXPECT_EQ(dspine_of(c).top_k, 8);
+  EXPECT_EQ(dspine_of(c).transfer_rank, 8);
 }
 
 TEST(DraftRegistry, UnknownKeySuggestsClosestKeyOfItsMap) {
@@ -88,17 +96,17 @@ TEST(DraftRegistry, RangeErrorsNameTheOverride) {
 }
 
 TEST(DraftRegistry, TinyDSpineConfigIsValid) {
-  const core::Config config = core::parse_config(kTinyDSpine, "tiny");
+  const core::Config config = parsed(kTinyDSpine, "tiny");
   const DSpineModelConfig c = dspine_model_config(config.model, *resolve_draft(config).settings);
   EXPECT_EQ(c.dspine.transfer_rank, 8);
   EXPECT_EQ(c.dspine.replacement_layers, 3);
 }
 
-// resolve_drafts hands back model.architecture's draft as it parsed it; dspine_model_config
+// resolve_draft hands back model.architecture's draft as parse_config read it; dspine_model_config
 // joins its settings to the model section, and refuses another architecture's.
 TEST(DraftRegistry, ResolvedDraftIsTheArchitecturesOwn) {
-  core::Config config = core::parse_config(kTinyDSpine, "tiny", {"model.dspine.top_k=5"});
-  const ResolvedDraft draft = resolve_drafts(config);
+  const core::Config config = parsed(kTinyDSpine, "tiny", {"model.dspine.top_k=5"});
+  const ResolvedDraft draft = resolve_draft(config);
   ASSERT_NE(draft.entry, nullptr);
   EXPECT_EQ(draft.entry->name, "dspine");
   ASSERT_NE(draft.settings->dspine(), nullptr);
@@ -115,9 +123,8 @@ TEST(DraftRegistry, ResolvedDraftIsTheArchitecturesOwn) {
 // The build and config.json take the settings handed to them, not the configuration's map: a
 // configuration saying otherwise builds the parsed draft (one parse per run).
 TEST(DraftRegistry, BuildAndConfigJsonTakeTheResolvedSettings) {
-  const ResolvedDraft draft =
-      resolve_draft(core::parse_config(kTinyDSpine, "tiny", {"model.dspine.top_k=5"}));
-  const core::Config other = core::parse_config(kTinyDSpine, "tiny", {"model.dspine.top_k=7"});
+  const ResolvedDraft draft = resolve_draft(parsed(kTinyDSpine, "tiny", {"model.dspine.top_k=5"}));
+  const core::Config other = parsed(kTinyDSpine, "tiny", {"model.dspine.top_k=7"});
   const auto module = draft.entry->build(other.model, *draft.settings, torch::kCPU, torch::kFloat);
   const auto* dspine = dynamic_cast<const DSpineDraftImpl*>(module.get());
   ASSERT_NE(dspine, nullptr);
@@ -143,7 +150,7 @@ TEST(DraftRegistry, BuildAndConfigJsonTakeTheResolvedSettings) {
 TEST(DraftRegistry, LoadTakesBackASavedDraft) {
   const auto dir = testing::fresh_dir("draft_registry_load");
   for (const std::string& yaml : {std::string(kTinyDSpine), std::string("{}")}) {
-    const core::Config config = core::parse_config(yaml, "test.yaml");
+    const core::Config config = parsed(yaml);
     const ResolvedDraft draft = resolve_draft(config);
     SCOPED_TRACE(draft.entry->name);
     torch::manual_seed(1);

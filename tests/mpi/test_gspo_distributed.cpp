@@ -156,7 +156,7 @@ std::unique_ptr<objectives::GspoObjective> tiny_policy(objectives::GspoSampling 
   settings.rollout.sampling = sampling;
   settings.rollout.reward = objectives::GspoReward::kExpectedAcceptance;
   settings.rollout.group_size = 3;
-  settings.rollout.top_k = dspine::model::read_dspine_config(config).top_k;
+  settings.rollout.top_k = config.section<dspine::model::DSpineConfig>("model.dspine").top_k;
   torch::manual_seed(17);
   auto head = torch::randn({32, 16});
   auto embed = torch::randn({32, 16});

@@ -20,6 +20,7 @@
 #include "core/files.h"
 #include "dist/launch.h"
 #include "dist/mpi_context.h"
+#include "objectives/gspo_objective.h"
 #include "train/trainer.h"
 
 namespace fs = std::filesystem;
@@ -42,8 +43,12 @@ dspine::core::Config run_config(const fs::path& dir, const std::string& objectiv
     // rounding is 1e-5 of its size. With the supervised term beside it the loss is not; the
     // rollout's own figures (reward, log-probabilities of the sampled tokens) are compared too.
     config.objective.name = "gspo";
-    config.objective.sections["gspo"] =
-        "{group_size: 3, reward: expected_acceptance, updates_per_rollout: 2, ce_weight: 0.5}";
+    dspine::objectives::GspoSettings gspo;
+    gspo.rollout.group_size = 3;
+    gspo.rollout.reward = dspine::objectives::GspoReward::kExpectedAcceptance;
+    gspo.updates_per_rollout = 2;
+    gspo.ce_weight = 0.5;
+    config.set_section("objective.gspo", gspo);
   }
   return config;
 }

@@ -18,6 +18,7 @@
 #include "dist/launch.h"
 #include "dist/mpi_context.h"
 #include "train/checkpoint.h"
+#include "train/run_config.h"
 #include "train/trainer.h"
 
 namespace fs = std::filesystem;
@@ -100,7 +101,7 @@ TEST(ShardedTraining, RanksMatchOneProcessOnTheCombinedBatch) {
 // The embedded tiny DSpine configuration with `objective` (dspine or gspo), `rows` per rank.
 dspine::core::Config tiny_objective_config(const fs::path& dir, const std::string& objective,
                                            int64_t rows, const std::string& mode) {
-  auto config = dspine::core::load_config("", {"objective.name=" + objective});
+  auto config = dspine::train::load_run_config("", {"objective.name=" + objective});
   config.training.total_steps = 3;
   config.training.batch_size = rows;
   config.checkpoint.dir = (dir / "checkpoints").string();

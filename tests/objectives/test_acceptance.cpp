@@ -292,7 +292,7 @@ TEST(TeacherVerifier, SharedPositionsAnswerLikeEverySlotOnItsOwn) {
 }
 
 TEST(TargetVerifier, IsChosenForASourceWithAnOnlineTargetOnly) {
-  const auto config = core::load_config("");  // configs/tiny.yaml: the synthetic target
+  const core::Config config;  // the synthetic target
   auto source = data::make_batch_source(config, torch::kCPU);
   EXPECT_EQ(make_verifier(*source)->name(), "data");
 }

@@ -190,8 +190,9 @@ TEST(DSpineObjectiveTerms, RefinementIsZeroWhenTheLabelIsOutsideTheCandidates) {
   chunk[kTeacherHidden] = -hidden;
   chunk[kWeights] = torch::ones({blocks, proposals});
   chunk[kSupervised] = torch::ones({blocks, proposals}, torch::kBool);
-  auto terms = objective_terms(*objective->draft(), head, tiny_settings(),
-                               dspine::model::read_dspine_config(config).top_k, chunk);
+  auto terms =
+      objective_terms(*objective->draft(), head, tiny_settings(),
+                      config.section<dspine::model::DSpineConfig>("model.dspine").top_k, chunk);
   EXPECT_EQ(terms[kRefine].item<double>(), 0.0);
   EXPECT_EQ(terms[kCoverage].item<double>(), 0.0);
   EXPECT_EQ(terms[kCorrect].item<double>(), 0.0);
@@ -215,8 +216,9 @@ TEST(DSpineObjectiveTerms, SmallCaseMatchesHandComputedTerms) {
   chunk[kWeights] = torch::tensor({{0.75f}});
   chunk[kSupervised] = torch::ones({1, 1}, torch::kBool);
   torch::NoGradGuard no_grad;
-  auto terms = objective_terms(draft, head, tiny_settings(),
-                               dspine::model::read_dspine_config(config).top_k, chunk);
+  auto terms =
+      objective_terms(draft, head, tiny_settings(),
+                      config.section<dspine::model::DSpineConfig>("model.dspine").top_k, chunk);
 
   auto z = head.matmul(chunk[kHidden].view({16}));
   auto p = torch::softmax(z, 0);

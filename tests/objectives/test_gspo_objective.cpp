@@ -216,7 +216,7 @@ struct TinyPolicy {
     settings.rollout.sampling = sampling;
     settings.rollout.reward = reward;
     settings.rollout.group_size = 3;
-    settings.rollout.top_k = dspine::model::read_dspine_config(config).top_k;
+    settings.rollout.top_k = config.section<dspine::model::DSpineConfig>("model.dspine").top_k;
     settings.rollout.chunk_blocks = 2;
     settings.eps_low = 1e-3;
     settings.eps_high = 1e-3;

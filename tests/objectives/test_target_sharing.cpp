@@ -22,14 +22,15 @@ TEST(TargetSharing, DraftFreezesTheTargetsOwnTables) {
   c.model.vocab_size = 96;
   c.model.target_layer_ids = {0, 2, 3};
   c.model.fused_kernels = dspine::core::FusedKernels::kOff;
-  c.model.sections["dspine"] = dspine::model::dspine_yaml({8, 4, 3});
+  c.set_section("model.dspine", dspine::model::DSpineConfig{8, 4, 3});
   c.data.source = dspine::core::DataSource::kTarget;
   c.data.seq_len = 8;
   c.data.target.path = model.string();
   c.data.target.random = true;  // random token ids: no samples file needed
   data::TargetSource source(c, torch::kCPU);
-  auto objective = make_dspine_objective(c, read_dspine_settings(c), source.embed_tokens(),
-                                         source.lm_head(), torch::kCPU, torch::kFloat);
+  auto objective =
+      make_dspine_objective(c, c.section<objectives::DSpineSettings>("objective.dspine"),
+                            source.embed_tokens(), source.lm_head(), torch::kCPU, torch::kFloat);
   EXPECT_EQ(objective->training_model().embed_tokens().data_ptr(),
             source.model().embed_tokens().data_ptr());
   EXPECT_EQ(objective->training_model().lm_head().data_ptr(), source.model().lm_head().data_ptr());

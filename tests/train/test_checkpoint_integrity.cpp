@@ -18,6 +18,7 @@
 #include "dist/communicator.h"
 #include "train/checkpoint.h"
 #include "train/config_diff.h"
+#include "objectives/gspo_objective.h"
 #include "train/hf_export.h"
 #include "train/trainer.h"
 
@@ -182,8 +183,7 @@ TEST(CheckpointIntegrity, ConfigChangesListEveryDifferingKey) {
   auto now = saved;
   now.training.learning_rate = 1e-4;
   now.checkpoint.resume = "auto";  // how to start is not a change
-  const auto changes = dspine::train::config_changes(dspine::core::to_yaml(saved),
-                                                     dspine::core::to_yaml(now));
+  const auto changes = dspine::train::config_changes(saved, now);
   ASSERT_EQ(changes.size(), 1u);
   EXPECT_EQ(changes[0].key, "training.learning_rate");
   EXPECT_EQ(changes[0].now, "0.0001");
@@ -284,7 +284,10 @@ TEST(CheckpointIntegrity, GspoInitFromRefusesACorruptCheckpoint) {
   auto config = dspine::testing::tiny_dspine_run_config(dir / "rl", 1);
   config.training.device = dspine::core::Device::kCpu;
   config.objective.name = "gspo";
-  config.objective.sections["gspo"] = "{group_size: 3, init_from: " + source.string() + "}";
+  dspine::objectives::GspoSettings gspo;
+  gspo.rollout.group_size = 3;
+  gspo.init_from = source.string();
+  config.set_section("objective.gspo", gspo);
   expect_error_mentioning([&] { train(config); }, refusal);
   EXPECT_TRUE(saved_steps(config.checkpoint.dir).empty());
 }

@@ -21,6 +21,7 @@
 #include "model/module_state.h"
 #include "objectives/dspine_objective.h"
 #include "objectives/dspine_settings.h"
+#include "objectives/gspo_objective.h"
 #include "train/hf_export.h"
 #include "train/trainer.h"
 
@@ -57,8 +58,8 @@ std::vector<at::Tensor> forward_outputs(const Config& config,
   auto source = dspine::data::make_batch_source(config, torch::kCPU);
   torch::manual_seed(99);  // the draft's initialisation, overwritten by the load
   auto objective = dspine::objectives::make_dspine_objective(
-      config, dspine::objectives::read_dspine_settings(config), source->embed_tokens(),
-      source->lm_head(), torch::kCPU, torch::kFloat32);
+      config, config.section<dspine::objectives::DSpineSettings>("objective.dspine"),
+      source->embed_tokens(), source->lm_head(), torch::kCPU, torch::kFloat32);
   load(*objective->draft());
   source->seek(5000);
   const auto batch = source->next(2);
@@ -188,7 +189,10 @@ TEST(HfExport, GspoStartsFromTheExport) {
   dspine::train::export_draft(trained_checkpoint(), out);
   auto config = tiny_dspine_config(dir / "rl", 1);
   config.objective.name = "gspo";
-  config.objective.sections["gspo"] = "{group_size: 3, init_from: " + out + "}";
+  dspine::objectives::GspoSettings gspo;
+  gspo.rollout.group_size = 3;
+  gspo.init_from = out;
+  config.set_section("objective.gspo", gspo);
   dspine::train::Trainer rl(config, dspine::dist::make_single_process_communicator());
   rl.run(0);  // start-up only: loads init_from, takes no step
   const auto exported = dspine::core::load_safetensors(out + "/model.safetensors");
@@ -197,9 +201,9 @@ TEST(HfExport, GspoStartsFromTheExport) {
   }
 
   // Same shapes, another draft: only config.json tells them apart.
-  auto dspine = dspine::model::read_dspine_config(config);
+  auto dspine = config.section<dspine::model::DSpineConfig>("model.dspine");
   dspine.top_k = 4;
-  config.model.sections["dspine"] = dspine::model::dspine_yaml(dspine);
+  config.set_section("model.dspine", dspine);
   config.checkpoint.dir = (dir / "rl2").string();
   expect_error_mentioning(
       [&] {

@@ -17,6 +17,7 @@
 #include "dist/communicator.h"
 #include "objectives/dspine_objective.h"
 #include "objectives/dspine_settings.h"
+#include "objectives/gspo_objective.h"
 #include "objectives/objective.h"
 #include "train/checkpoint.h"
 #include "train/lr_schedule.h"
@@ -319,8 +320,8 @@ TEST(Trainer, FreshStartInitialisationReachesTheMasters) {
   torch::manual_seed(static_cast<uint64_t>(config.training.seed));  // as the trainer builds it
   auto source = dspine::data::make_batch_source(config, torch::kCPU);
   auto initialised = dspine::objectives::make_dspine_objective(
-      config, dspine::objectives::read_dspine_settings(config), source->embed_tokens(),
-      source->lm_head(), torch::kCPU, torch::kFloat);
+      config, config.section<dspine::objectives::DSpineSettings>("objective.dspine"),
+      source->embed_tokens(), source->lm_head(), torch::kCPU, torch::kFloat);
   const std::string readout = "injection.readouts.0.weight";
   const auto random_init = initialised->module()->named_parameters()[readout].clone();
   initialised->on_fresh_start("");
@@ -338,9 +339,14 @@ namespace {
 Config tiny_gspo_config(const fs::path& dir, int64_t total_steps, const std::string& init_from) {
   Config config = tiny_dspine_config(dir, total_steps);
   config.objective.name = "gspo";
-  config.objective.sections["gspo"] = "{group_size: 3, reward: expected_acceptance, "
-                                      "updates_per_rollout: 2, eps_low: 0.2, eps_high: 0.2, "
-                                      "init_from: " + init_from + "}";
+  dspine::objectives::GspoSettings gspo;
+  gspo.rollout.group_size = 3;
+  gspo.rollout.reward = dspine::objectives::GspoReward::kExpectedAcceptance;
+  gspo.updates_per_rollout = 2;
+  gspo.eps_low = 0.2;
+  gspo.eps_high = 0.2;
+  gspo.init_from = init_from;
+  config.set_section("objective.gspo", gspo);
   return config;
 }
 

@@ -20,6 +20,7 @@
 #include "objectives/acceptance.h"
 #include "objectives/dspine_objective.h"
 #include "objectives/dspine_settings.h"
+#include "train/run_config.h"
 #include "train/trainer.h"
 
 namespace fs = std::filesystem;
@@ -36,7 +37,7 @@ fs::path fresh_dir(const std::string& name) {
 
 // configs/tiny.yaml for `steps` steps, logged every 2, evaluated every `eval_every` on 8 samples.
 Config eval_config(const fs::path& dir, int64_t steps, int64_t eval_every) {
-  Config config = dspine::core::load_config("");
+  Config config = dspine::train::load_run_config("");
   config.training.total_steps = steps;
   config.training.eval_every = eval_every;
   config.data.eval_samples = 8;
@@ -96,14 +97,15 @@ TEST(TrainerEval, FinalMetricsEqualADirectMeasurement) {
 
   auto source = dspine::data::make_batch_source(config, torch::kCPU);
   auto objective = dspine::objectives::make_dspine_objective(
-      config, dspine::objectives::read_dspine_settings(config), source->embed_tokens(),
-      source->lm_head(), torch::kCPU, torch::kFloat32);
+      config, config.section<dspine::objectives::DSpineSettings>("objective.dspine"),
+      source->embed_tokens(), source->lm_head(), torch::kCPU, torch::kFloat32);
   dspine::model::load_module_state(
       *objective->module(),
       dspine::core::load_safetensors(dspine::model::weights_file(checkpoint)));
   dspine::objectives::AcceptanceEvaluator evaluator(
-      config, dspine::objectives::read_dspine_settings(config), objective->draft(),
-      objective->training_model().embed_tokens(), objective->training_model().lm_head());
+      config, config.section<dspine::objectives::DSpineSettings>("objective.dspine"),
+      objective->draft(), objective->training_model().embed_tokens(),
+      objective->training_model().lm_head());
   auto batches = dspine::objectives::held_out_batches(
       *source, dspine::core::eval_offset(config, 1), config.data.eval_samples,
       config.training.batch_size, torch::kCPU);

@@ -18,6 +18,7 @@
 #include "data/batch.h"
 #include "dist/communicator.h"
 #include "train/checkpoint.h"
+#include "train/run_config.h"
 #include "train/trainer.h"
 
 namespace fs = std::filesystem;
@@ -116,10 +117,13 @@ TEST(TrainerStart, GspoInitFromIsAnAliasOfTrainingInitFrom) {
   Config config = dspine::testing::tiny_dspine_run_config(dir, 1);
   config.objective.name = "gspo";
   config.training.init_from = "runs/a/step-000010";
-  config.objective.sections["gspo"] = "{init_from: runs/b/step-000010}";
-  expect_error_mentioning([&] { dspine::train::Trainer(config, one_process()); },
-                          {"objective.gspo.init_from = runs/b/step-000010",
-                           "the same as training.init_from"});
+  // The rule is checked where the configuration is parsed, before any set-up.
+  expect_error_mentioning(
+      [&] {
+        dspine::train::parse_run_config(dspine::core::to_yaml(config), "run.yaml",
+                                        {"objective.gspo.init_from=runs/b/step-000010"});
+      },
+      {"objective.gspo.init_from = runs/b/step-000010", "the same as training.init_from"});
 }
 
 TEST(TrainerStart, ABadSampleLineStopsTheRunBeforeStepOne) {
@@ -169,7 +173,7 @@ TEST(TrainerStart, DefaultEvaluationRowsTheRunTrainsOnAreRefused) {
   Config config = online_target_config(dir, dir / "samples.jsonl", 5);  // reads all 20 rows
   config.model.architecture = "dspine";
   config.objective.name = "dspine";
-  config.model.sections["dspine"] = dspine::model::dspine_yaml({16, 16, 4});
+  config.set_section("model.dspine", dspine::model::DSpineConfig{16, 16, 4});
   config.model.target_layer_ids = {0, 2};
   config.training.eval_every = 5;
   config.data.eval_samples = 4;
