@@ -35,6 +35,7 @@
 #include "dist/launch.h"
 #include "model/draft_registry.h"
 #include "objectives/dspine_blocks.h"
+#include "objectives/objective.h"
 #include "train/objective_registry.h"
 #include "train/run_config.h"
 #include "train/trainer.h"
@@ -167,7 +168,8 @@ void print_phases(PhaseMeter& meter, bool rl, double window_s, const train::Trai
   std::printf("%-10s %12.2f\n", "window", 1e3 * window_s);
   std::vector<double> seam_seconds;
   for (const auto& terms : result.terms) {
-    if (terms.count("time/seam_s")) seam_seconds.push_back(terms.at("time/seam_s"));
+    const auto seam = terms.find(objectives::kSeamSecondsMetric);
+    if (seam != terms.end()) seam_seconds.push_back(seam->second);
   }
   if (!seam_seconds.empty()) {
     const double seam_s = median_after_first(seam_seconds);

@@ -18,8 +18,8 @@
 namespace dspine::objectives {
 namespace {
 
-// Wall time of the seam: CUDA events around it on the GPU (reading them waits for the seam, as
-// the update's metrics do right after), the host clock on the CPU.
+// Wall time of the seam: CUDA events around it on the GPU (reading them waits for the seam, so
+// they are read at the window's end), the host clock on the CPU.
 class SeamTimer {
  public:
   explicit SeamTimer(const torch::Device& device) : cuda_(device.is_cuda()) {
@@ -283,7 +283,7 @@ void GspoObjective::adopt_rollouts(std::vector<GspoRollout> rollouts, StepContex
   rollouts_ = std::move(rollouts);
   rollout_sums_.assign(kRolloutSums, 0.0);
   update_sums_ = at::Tensor();
-  seam_seconds_ = 0;
+  seam_times_.clear();
   // Every rollout's sums and draw check in one copy to the host: the updates then run without
   // synchronising.
   std::vector<at::Tensor> per_rollout;
@@ -433,10 +433,10 @@ GspoObjective::Update GspoObjective::separate_seam_update(const DraftPass& p,
   params.eps_low = settings_.eps_low;
   params.eps_high = settings_.eps_high;
   params.divisor = divisor_;
-  SeamTimer timer(rows.logits.device());
+  auto timer = std::make_shared<SeamTimer>(rows.logits.device());
   auto policy = gspo_policy_loss(rows.logits, rows.samples, params, *options.comm);
-  timer.stop();
-  seam_seconds_ += timer.seconds();
+  timer->stop();
+  seam_times_.push_back([timer] { return timer->seconds(); });
   Update out;
   out.policy = {policy.logprobs, policy.seam.loss, policy.seam.new_logprobs,
                 policy.seam.clipped_fraction, policy.seam.ratio_mean};
@@ -462,6 +462,9 @@ std::map<std::string, double> GspoObjective::end_window(StepContext& context) {
   update.insert(update.end(), rollout_sums_.begin(), rollout_sums_.end());
   auto sums = reduced(update, *context.comm);
   auto s = sums.accessor<double, 1>();
+  double seam_seconds = 0;
+  for (const auto& seconds : seam_times_) seam_seconds += seconds();
+  seam_times_.clear();
   const double updates = static_cast<double>(settings_.updates_per_rollout);
   const double segments = std::max(s[kUpdateSums + kRolloutSegments], 1.0);
   std::map<std::string, double> metrics = {
@@ -475,7 +478,7 @@ std::map<std::string, double> GspoObjective::end_window(StepContext& context) {
       // τ: the accepted prefix plus the token the target itself adds at verification.
       {"gspo/accepted_length", s[kUpdateSums + kRolloutAccepted] / segments + 1.0},
       {"gspo/segments", segments},
-      {"time/seam_s", seam_seconds_},
+      {kSeamSecondsMetric, seam_seconds},
   };
   if (settings_.ce_weight > 0) metrics["gspo/dspine_loss"] = s[kUpdateSupervised] / updates;
   rollouts_.clear();

@@ -14,6 +14,7 @@
 #include <torch/nn/module.h>
 #include <torch/types.h>
 
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -117,7 +118,9 @@ class GspoObjective final : public Objective {
   double dspine_denominator_ = 1;      // the window's Σ supervision weights over all ranks
   std::vector<double> rollout_sums_;   // [segments, Σ reward, Σ accepted] of this rank's window
   at::Tensor update_sums_;  // fp64 on the device: this rank's metric shares, summed over the window
-  double seam_seconds_ = 0;
+  // The seam's timers of the window, read in end_window: reading one waits for its seam, which
+  // inside the step would stall the host (end_window reads the device anyway).
+  std::vector<std::function<double()>> seam_times_;
 };
 
 // The trainer's entry point for objective.name = gspo; the draft is built as by

@@ -22,6 +22,10 @@
 
 namespace dspine::objectives {
 
+// Metric keys an objective reports and the trainer (or the step benchmark) reads back.
+// Seconds of the window spent in the GSPO seam (the trainer adds time/seam_share from it).
+inline constexpr const char* kSeamSecondsMetric = "time/seam_s";
+
 // Thrown alike on every rank by begin_window when the window cannot be trained and nothing of the
 // run's state has changed yet (a rollout that drew a token outside the vocabulary): the trainer
 // saves the state before the step and stops with this message, as it does when data fails.

@@ -560,8 +560,9 @@ Trainer::Run::Window Trainer::Run::train_window(const std::vector<data::DraftBat
   terms["time/optimizer_s"] = seconds_between(optimizer_start, window_end);
   terms["time/step_s"] = seconds_between(data_start, window_end);
   // An objective that times a part of its step (GSPO: the seam) also gets that part's share.
-  if (terms.count("time/seam_s"))
-    terms["time/seam_share"] = terms["time/seam_s"] / terms["time/step_s"];
+  if (terms.count(objectives::kSeamSecondsMetric)) {
+    terms["time/seam_share"] = terms[objectives::kSeamSecondsMetric] / terms["time/step_s"];
+  }
   w.tokens = totals[1].item<double>();
   w.stop_requested = totals[2].item<double>() > 0;
   return w;
