@@ -1,23 +1,8 @@
 #include "objectives/dspine_settings.h"
 
-#include <fmt/format.h>
-
-#include <functional>
+#include "objectives/setting_rules.h"
 
 namespace dspine::objectives {
-namespace {
-
-// A rule in the reference's words: `ok` over the member, `allowed` both listed and in the error.
-template <typename T>
-core::Rule require(const T& value, std::function<bool(T)> ok, std::string allowed) {
-  return core::rule(allowed, [&value, ok, allowed](const std::string& key) {
-    std::optional<core::RuleFailure> failure;
-    if (!ok(value)) failure = core::out_of_range(key, fmt::format("{}", value), allowed);
-    return failure;
-  });
-}
-
-}  // namespace
 
 core::Settings settings_of(DSpineSettings& s, const core::Config&) {
   const std::string weights_rule = "DSpine requires ce_weight in [0, 1] and alignment_weight >= 0";

@@ -13,6 +13,7 @@
 #include "model/draft_loading.h"
 #include "objectives/dspine_terms.h"
 #include "objectives/gspo_policy_loss.h"
+#include "objectives/setting_rules.h"
 #include "ops/vocab_objective_ops.h"
 
 namespace dspine::objectives {
@@ -151,13 +152,6 @@ at::Tensor reduced(std::vector<double> values, dist::Communicator& comm) {
 
 core::Settings settings_of(GspoSettings& s, const core::Config& run) {
   GspoRolloutSettings& r = s.rollout;
-  auto range = [](const auto& value, auto ok, const char* allowed) {
-    return core::rule(allowed, [&value, ok, allowed](const std::string& key) {
-      std::optional<core::RuleFailure> failure;
-      if (!ok(value)) failure = core::out_of_range(key, fmt::format("{}", value), allowed);
-      return failure;
-    });
-  };
   // objective.gspo.init_from is the older name of training.init_from.
   const auto init_rule =
       core::rule("a starting point, the same as training.init_from's when both are set",
@@ -173,12 +167,12 @@ core::Settings settings_of(GspoSettings& s, const core::Config& run) {
                  });
   return {
       {"group_size", &r.group_size,
-       range(
+       require(
            r.group_size, [](int64_t v) { return v >= 2; },
            "integer >= 2 (advantages compare the blocks of a group)"),
        "blocks sampled per kept anchor (G)"},
       {"temperature", &r.temperature,
-       range(
+       require(
            r.temperature, [](double v) { return v > 0; }, "number > 0"),
        "sampling temperature of the rollout"},
       {"sampling",
@@ -198,23 +192,23 @@ core::Settings settings_of(GspoSettings& s, const core::Config& run) {
        {},
        "rewards minus the group mean (group_std: then over the std)"},
       {"eps_low", &s.eps_low,
-       range(
+       require(
            s.eps_low, [](double v) { return v >= 0 && v < 1; }, "number in [0, 1)"),
        "clip range below 1 of the segment ratio"},
       {"eps_high", &s.eps_high,
-       range(
+       require(
            s.eps_high, [](double v) { return v >= 0; }, "number >= 0"),
        "clip range above 1 of the segment ratio"},
       {"logits_scale", &r.logits_scale,
-       range(
+       require(
            r.logits_scale, [](double v) { return v > 0; }, "number > 0"),
        "multiplies the logits of the policy"},
       {"updates_per_rollout", &s.updates_per_rollout,
-       range(
+       require(
            s.updates_per_rollout, [](int64_t v) { return v >= 1; }, "integer >= 1"),
        "optimizer updates per rollout"},
       {"ce_weight", &s.ce_weight,
-       range(
+       require(
            s.ce_weight, [](double v) { return v >= 0; }, "number >= 0"),
        "weight of the supervised DSpine loss beside RL"},
       {"init_from", &s.init_from, init_rule,
