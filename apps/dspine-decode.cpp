@@ -44,6 +44,7 @@ struct Options {
   double temperature = 0.0;
   uint64_t seed = 0;
   bool json = false, no_baseline = false, ignore_eos = false, profile = false;
+  bool no_cuda_graphs = false;
 };
 
 // The draft at `path` (checkpoint or export directory, or a .safetensors file with config.json
@@ -69,6 +70,7 @@ struct Run {
   int64_t verifications = 0, generated = 0, tokens = 0;
   std::vector<int64_t> accepted_by_position;
   std::vector<double> seconds;
+  bool cuda_graphs = false;
 };
 
 // Every prompt, in batches of o.batch, by `decoder`.
@@ -81,6 +83,7 @@ Run decode_all(decode::SpeculativeDecoder& decoder,
     run.verifications += result.verifications;
     run.generated += result.generated;
     run.seconds.push_back(result.seconds);
+    run.cuda_graphs = result.cuda_graphs;
     run.accepted_by_position.resize(result.accepted_by_position.size(), 0);
     for (size_t k = 0; k < result.accepted_by_position.size(); ++k) {
       run.accepted_by_position[k] += result.accepted_by_position[k];
@@ -112,6 +115,7 @@ nlohmann::json summary(const Options& o, const Run& run, const Run* baseline, in
   }
   const double seconds = std::accumulate(run.seconds.begin(), run.seconds.end(), 0.0);
   r["seconds"] = seconds;
+  r["cuda_graphs"] = run.cuda_graphs;
   r["tokens_per_second"] = seconds > 0 ? run.tokens / seconds : 0.0;
   if (baseline != nullptr) {
     const double base_seconds =
@@ -199,6 +203,7 @@ void run_decode(const Options& o) {
   settings.max_new_tokens = o.max_new_tokens;
   settings.temperature = o.temperature;
   settings.seed = o.seed;
+  settings.cuda_graphs = !o.no_cuda_graphs;
   if (!o.ignore_eos) settings.stop_tokens = decode::eos_token_ids(o.target);
   decode::SpeculativeDecoder speculative(target, drafter.get(), settings);
   // The first batch once untimed, so that neither run pays the device's warm-up: lazily loaded
@@ -275,6 +280,9 @@ int main(int argc, char** argv) {
   app.add_flag("--json", o.json, "print the summary as one JSON line");
   app.add_flag("--no-baseline", o.no_baseline, "skip decoding the target alone (no speedup)");
   app.add_flag("--ignore-eos", o.ignore_eos, "generate --max-new-tokens whatever the tokens");
+  app.add_flag("--no-cuda-graphs", o.no_cuda_graphs,
+               "on CUDA, launch every round's kernels from the host instead of replaying a "
+               "captured round");
   app.add_flag("--profile", o.profile,
                "print the speculative run's kernels against its wall time to stderr (Kineto)");
   try {

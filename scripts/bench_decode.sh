@@ -22,23 +22,25 @@ mkdir -p "$WORK"
 DSPINE_BUILD_DIR=$BUILD TESTBED=$TESTBED scripts/gspo_testbed_ablation.sh -n 1 "$WORK" \
   > "$WORK/start.log" 2>&1 || { tail -20 "$WORK/start.log"; exit 1; }
 draft="$WORK/start/checkpoints/step-000600"
-echo "| walk | dtype | batch | temperature | prompts | τ in decoding | accept_1 / 2 / 3 / 4 | tok/s | target alone | speedup | equal to the target alone |"
-echo "|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|"
-row() {  # walk batch temperature [dtype]
+echo "| walk | dtype | rounds | batch | temperature | prompts | τ in decoding | accept_1 / 2 / 3 / 4 | tok/s | target alone | speedup | equal to the target alone |"
+echo "|---|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|"
+row() {  # walk batch temperature [dtype [dspine-decode flags]]
   local walk=$1 batch=$2 temperature=$3 dtype=${4:-$DTYPE} samples=$PROMPTS
+  shift $(($# < 4 ? $# : 4))
   ((batch == 1 && samples > 16)) && samples=16  # batch 1: fewer prompts
-  local out="$WORK/$walk-b$batch-t$temperature-$dtype.json"
+  local out="$WORK/$walk-b$batch-t$temperature-$dtype${1:-}.json"
   "$BUILD/bin/dspine-decode" --target "$TESTBED/target" --draft "$draft" --walk "$walk" \
     --prompts "$TESTBED/held_out.jsonl" --samples "$samples" --prompt-tokens "$PROMPT" \
     --max-new-tokens "$NEW" --ignore-eos --batch "$batch" --temperature "$temperature" \
-    --dtype "$dtype" --seed 1 --json > "$out"
+    --dtype "$dtype" --seed 1 --json "$@" > "$out"
   python3 - "$out" "$dtype" <<'PY'
 import json, sys
 r = json.loads(open(sys.argv[1]).read())
 dtype = sys.argv[2]
 accept = " / ".join("%.1f" % (100 * r[f"accept_{k}"]) for k in range(1, 5))
 equal = f"{r['equal_to_target_only']} of {r['prompts']}" if "equal_to_target_only" in r else "–"
-print(f"| {r['walk']} | {dtype} | {r['batch']} | {r['temperature']:g} | {r['prompts']} | {r['tau']:.3f} | "
+rounds = "CUDA graph" if r["cuda_graphs"] else "eager"
+print(f"| {r['walk']} | {dtype} | {rounds} | {r['batch']} | {r['temperature']:g} | {r['prompts']} | {r['tau']:.3f} | "
       f"{accept}% | {r['tokens_per_second']:,.0f} | {r['target_only_tokens_per_second']:,.0f} | "
       f"{r['speedup']:.2f}× | {equal} |")
 PY
@@ -46,6 +48,8 @@ PY
 for batch in 1 16 64; do
   for temperature in 0 1; do row backbone "$batch" "$temperature"; done
 done
+# The same loop with every kernel launched from the host (what the graphs save).
+for batch in 1 16; do row backbone "$batch" 0 "$DTYPE" --no-cuda-graphs; done
 for temperature in 0 1; do row refinement 16 "$temperature"; done
 # In bf16 a block verified in one forward and the same tokens one at a time round differently,
 # which can flip a near-tie; in fp32 far fewer ties are that close.

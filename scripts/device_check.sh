@@ -19,8 +19,9 @@
 # runs alternating, scripts/bench_ab.sh, AB_ROUNDS rounds of `dspine-bench AB_ARGS` (default: the
 # recipe's replay at A = 1); make .ab-base with `git archive --prefix=.ab-base/ REV | tar -x`
 # and carry it; soak: no test, every GSPO ablation variant run to its end on the gpu testbed,
-# SOAK_JOBS side by side, scripts/gspo_soak.sh; decode: no test, real speculative decoding on the
-# gpu testbed at batch 1, 16 and 64, greedy and sampled, scripts/bench_decode.sh)
+# SOAK_JOBS side by side, scripts/gspo_soak.sh; decode: the decoding tests (captured rounds against
+# eager ones, the draft's cache, the target), then real speculative decoding on the gpu testbed at
+# batch 1, 16 and 64, greedy and sampled, scripts/bench_decode.sh)
 set -uo pipefail
 PHASE="${1:-all}"
 cd "$(dirname "$0")/.."
@@ -52,7 +53,8 @@ targets=("${gpu_tests[@]}" dspine-bench attention-check)
 [[ $PHASE == train || $PHASE == profile || $PHASE == ab || $PHASE == gemm ]] && targets=(dspine-bench)
 [[ $PHASE == testbed ]] && targets=(test_qwen3_model_gpu dspine-train dspine-eval)
 [[ $PHASE == soak ]] && targets=(dspine-train)
-[[ $PHASE == decode ]] && targets=(dspine-train dspine-decode)
+[[ $PHASE == decode ]] && targets=(dspine-train dspine-decode dspine-data test_speculative_decoder_gpu
+  test_draft_decoding_gpu test_qwen3_model_gpu)
 [[ $PHASE == gspo ]] && targets=(test_gspo_policy_gpu test_logit_rows_gpu test_vocab_objective_gpu dspine-bench)
 [[ $PHASE == tests ]] && targets=("${gpu_tests[@]}")  # no benchmark binaries
 # ab: the base tree builds beside this one, each on half the cores (together about 250 s on the
@@ -142,7 +144,8 @@ gspo_rl_step() {
 tests=("${gpu_tests[@]}")
 [[ $PHASE == gspo ]] && tests=(test_gspo_policy_gpu test_logit_rows_gpu test_vocab_objective_gpu)
 [[ $PHASE == target || $PHASE == testbed ]] && tests=(test_qwen3_model_gpu)
-[[ $PHASE == soak || $PHASE == decode ]] && tests=()
+[[ $PHASE == soak ]] && tests=()
+[[ $PHASE == decode ]] && tests=(test_speculative_decoder_gpu test_draft_decoding_gpu test_qwen3_model_gpu)
 [[ $PHASE == attention ]] && tests=(test_wgmma_probe_gpu test_block_attention_gpu
   test_qk_norm_rope_gpu test_dspine_fused_step)
 [[ $PHASE == vocab ]] && tests=(test_vocab_objective_gpu test_dspine_fused_step test_fused_vocabulary)

@@ -11,15 +11,19 @@ namespace dspine::core {
 RowSpans row_spans(const std::vector<int64_t>& starts, int64_t count, const c10::Device& device) {
   if (starts.empty() || count < 1) fail("row spans: {} rows of {} positions", starts.size(), count);
   if (*std::min_element(starts.begin(), starts.end()) < 0) fail("row spans: a negative start");
-  const int64_t batch = static_cast<int64_t>(starts.size());
-  const auto longs = at::TensorOptions().dtype(at::kLong).device(device);
+  return row_spans(at::tensor(starts, at::kLong).to(device), count,
+                   *std::max_element(starts.begin(), starts.end()) + count);
+}
+
+RowSpans row_spans(const at::Tensor& starts, int64_t count, int64_t keys) {
+  const int64_t batch = starts.size(0);
+  const auto longs = starts.options().dtype(at::kLong);
   RowSpans spans;
-  spans.positions =
-      at::tensor(starts, at::kLong).to(device).unsqueeze(1) + at::arange(count, longs);
+  spans.positions = starts.to(at::kLong).unsqueeze(1) + at::arange(count, longs);
   spans.rows = at::arange(batch, longs).unsqueeze(1).expand({batch, count});
-  spans.keys = *std::max_element(starts.begin(), starts.end()) + count;
-  spans.visible = at::arange(spans.keys, longs)
-                      .view({1, 1, 1, spans.keys})
+  spans.keys = keys;
+  spans.visible = at::arange(keys, longs)
+                      .view({1, 1, 1, keys})
                       .le(spans.positions.view({batch, 1, count, 1}));
   return spans;
 }

@@ -14,14 +14,20 @@ namespace dspine::core {
 struct RowSpans {
   at::Tensor rows;       // [B, count] int64: b, the row each new position belongs to
   at::Tensor positions;  // [B, count] int64: starts[b] + i
-  int64_t keys = 0;      // cached positions attention reads: max(starts) + count
+  int64_t keys = 0;      // cached positions attention reads (at least max(starts) + count)
   // [B, 1, count, keys] bool: new position i of row b sees key p iff p <= starts[b] + i (its
   // row's cache before it and itself; the rest of a shorter row is never read)
   at::Tensor visible;
 };
 
-// Throws dspine::Error when a start is negative or count < 1.
+// Throws dspine::Error when a start is negative or count < 1. Attention reads max(starts) + count
+// keys.
 RowSpans row_spans(const std::vector<int64_t>& starts, int64_t count, const c10::Device& device);
+
+// The same from starts [B] int64 already on the device, attention reading the first `keys` cached
+// positions (at least every start + count: the caller's promise, not checked). It reads nothing
+// back from the device, so a CUDA graph can capture it, and a fixed `keys` gives fixed shapes.
+RowSpans row_spans(const at::Tensor& starts, int64_t count, int64_t keys);
 
 // Writes `values` [B, count, ...] into `cache` [B, C, ...] (a view is enough) at the spans.
 void write_spans(const at::Tensor& cache, const at::Tensor& values, const RowSpans& spans);

@@ -129,13 +129,14 @@ Positions make_positions(int64_t past, int64_t count, const at::Tensor& inv_freq
   return out;
 }
 
-// Row b's tokens at positions lengths[b] .. lengths[b] + count - 1, each seeing its row's first
-// lengths[b] cached positions and its own tokens up to itself.
-Positions make_row_positions(const std::vector<int64_t>& lengths, int64_t count,
+// Row b's tokens at positions lengths[b] .. lengths[b] + count - 1 (lengths [B] on the device),
+// each seeing its row's first lengths[b] cached positions and its own tokens up to itself, out of
+// the first `keys`.
+Positions make_row_positions(const at::Tensor& lengths, int64_t count, int64_t keys,
                              const at::Tensor& inv_freq, const Qwen3Rope& rope,
                              const at::TensorOptions& options) {
   Positions out;
-  out.spans = core::row_spans(lengths, count, options.device());
+  out.spans = core::row_spans(lengths, count, keys);
   auto [cos, sin] = rope_tables(out.spans->positions.to(at::kFloat), inv_freq, rope,
                                 options.dtype().toScalarType());
   out.batch_cos = cos.contiguous();
@@ -480,8 +481,7 @@ at::Tensor branch_attention(const at::Tensor& q, const at::Tensor& k, const at::
 
 Qwen3Model::Outputs Qwen3Model::run(const at::Tensor& input_ids, KvCache* cache,
                                     const std::vector<int64_t>& layer_ids,
-                                    const std::vector<int64_t>* row_lengths) const {
-  check_input_ids(input_ids, dims_.vocab_size);
+                                    const at::Tensor& row_lengths, int64_t keys) const {
   for (int64_t id : layer_ids) {
     if (id < 0 || id >= dims_.num_hidden_layers) {
       fail("Qwen3 model: layer id {} is outside the model's decoder layers [0, {})", id,
@@ -489,30 +489,27 @@ Qwen3Model::Outputs Qwen3Model::run(const at::Tensor& input_ids, KvCache* cache,
     }
   }
   const int64_t batch = input_ids.size(0), count = input_ids.size(1);
-  int64_t past = cache != nullptr ? cache->length : 0;
-  if (row_lengths != nullptr) {
-    if (static_cast<int64_t>(row_lengths->size()) != batch) {
-      fail("Qwen3 model: {} row lengths for a batch of {}", row_lengths->size(), batch);
-    }
-    if (batch > 0 && *std::min_element(row_lengths->begin(), row_lengths->end()) < 0) {
-      fail("Qwen3 model: a row length is negative");
-    }
-    past = batch > 0 ? *std::max_element(row_lengths->begin(), row_lengths->end()) : 0;
+  const bool rows = row_lengths.defined();
+  if (rows && (row_lengths.dim() != 1 || row_lengths.size(0) != batch)) {
+    fail("Qwen3 model: row lengths [{}] for a batch of {}", fmt::join(row_lengths.sizes(), ", "),
+         batch);
   }
+  // The positions attention reads.
+  const int64_t reach = rows ? keys : (cache != nullptr ? cache->length : 0) + count;
   if (cache != nullptr) {
     if (cache->keys.size() != layers_.size() || cache->keys[0].size(0) != batch ||
-        past + count > cache->keys[0].size(2)) {
-      fail("Qwen3 model: {} ids of batch {} do not fit the KV cache (batch {}, {} of {} "
-           "positions used)", count, batch, cache->keys.empty() ? 0 : cache->keys[0].size(0),
-           past, cache->keys.empty() ? 0 : cache->keys[0].size(2));
+        reach > cache->keys[0].size(2)) {
+      fail("Qwen3 model: {} ids of batch {} do not fit the KV cache (batch {}, positions up to {} "
+           "of {})", count, batch, cache->keys.empty() ? 0 : cache->keys[0].size(0), reach,
+           cache->keys.empty() ? 0 : cache->keys[0].size(2));
     }
   }
   at::NoGradGuard no_grad;
   Positions positions =
-      row_lengths != nullptr
-          ? make_row_positions(*row_lengths, count, inv_freq_, dims_.rope, embed_tokens_.options())
-          : make_positions(past, count, inv_freq_, dims_.rope, embed_tokens_.options());
-  if (fused_ && row_lengths == nullptr) {  // the q/k kernel takes a table per row (shared here)
+      rows ? make_row_positions(row_lengths, count, keys, inv_freq_, dims_.rope,
+                                embed_tokens_.options())
+           : make_positions(reach - count, count, inv_freq_, dims_.rope, embed_tokens_.options());
+  if (fused_ && !rows) {  // the q/k kernel takes a table per row (shared here)
     positions.batch_cos = positions.cos.unsqueeze(0).expand({batch, count, -1}).contiguous();
     positions.batch_sin = positions.sin.unsqueeze(0).expand({batch, count, -1}).contiguous();
   }
@@ -524,7 +521,7 @@ Qwen3Model::Outputs Qwen3Model::run(const at::Tensor& input_ids, KvCache* cache,
       if (layer_ids[i] == static_cast<int64_t>(l)) captured[i] = x;
     }
   }
-  if (cache != nullptr && row_lengths == nullptr) cache->length += count;
+  if (cache != nullptr && !rows) cache->length += count;
   Outputs out;
   if (!captured.empty()) out.hidden_states = at::cat(captured, -1);
   out.last_hidden_state = rms_norm(x, final_norm_, dims_.rms_norm_eps, fused_);
@@ -533,18 +530,36 @@ Qwen3Model::Outputs Qwen3Model::run(const at::Tensor& input_ids, KvCache* cache,
 
 Qwen3Model::Outputs Qwen3Model::forward(const at::Tensor& input_ids,
                                         const std::vector<int64_t>& layer_ids) const {
+  check_input_ids(input_ids, dims_.vocab_size);
   return run(input_ids, nullptr, layer_ids);
 }
 
 Qwen3Model::Outputs Qwen3Model::step(const at::Tensor& input_ids, KvCache& cache,
                                      const std::vector<int64_t>& layer_ids) const {
+  check_input_ids(input_ids, dims_.vocab_size);
   return run(input_ids, &cache, layer_ids);
 }
 
 Qwen3Model::Outputs Qwen3Model::step_rows(const at::Tensor& input_ids, KvCache& cache,
                                           const std::vector<int64_t>& row_lengths,
                                           const std::vector<int64_t>& layer_ids) const {
-  return run(input_ids, &cache, layer_ids, &row_lengths);
+  check_input_ids(input_ids, dims_.vocab_size);
+  if (row_lengths.empty() || static_cast<int64_t>(row_lengths.size()) != input_ids.size(0)) {
+    fail("Qwen3 model: {} row lengths for a batch of {}", row_lengths.size(), input_ids.size(0));
+  }
+  if (*std::min_element(row_lengths.begin(), row_lengths.end()) < 0) {
+    fail("Qwen3 model: a row length is negative");
+  }
+  const int64_t keys =
+      *std::max_element(row_lengths.begin(), row_lengths.end()) + input_ids.size(1);
+  return run(input_ids, &cache, layer_ids,
+             at::tensor(row_lengths, at::kLong).to(embed_tokens_.device()), keys);
+}
+
+Qwen3Model::Outputs Qwen3Model::step_rows(const at::Tensor& input_ids, KvCache& cache,
+                                          const at::Tensor& row_lengths, int64_t keys,
+                                          const std::vector<int64_t>& layer_ids) const {
+  return run(input_ids, &cache, layer_ids, row_lengths, keys);
 }
 
 at::Tensor Qwen3Model::branch(const at::Tensor& ids, const at::Tensor& context_length,

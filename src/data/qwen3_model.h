@@ -115,6 +115,13 @@ class Qwen3Model {
                     const std::vector<int64_t>& row_lengths,
                     const std::vector<int64_t>& layer_ids = {}) const;
 
+  // step_rows with the row lengths [B] int64 on the model's device and attention over the first
+  // `keys` cached positions (at least every length + T, at most the capacity). Nothing is read
+  // back from the device and the ids are not checked (the caller's own choices), so a CUDA graph
+  // can capture it (docs/decoding.md, "CUDA graphs"); a fixed `keys` gives fixed shapes.
+  Outputs step_rows(const at::Tensor& input_ids, KvCache& cache, const at::Tensor& row_lengths,
+                    int64_t keys, const std::vector<int64_t>& layer_ids = {}) const;
+
   // Many continuations of a cached context, none appended to it: block n of row b holds the
   // tokens ids[b, n, :] at positions context_length[b, n] .. context_length[b, n] + L - 1, and
   // each attends to the row's first context_length[b, n] cached positions and to its own block up
@@ -152,8 +159,10 @@ class Qwen3Model {
   Qwen3Model() = default;
   std::vector<Slot> slots();  // every weight of dims_ (lm_head only when untied)
   void pack_projections();    // fills qkv_proj / gate_up_proj, the separate weights their views
+  // row_lengths undefined: every row at the cache's shared length; else [B] on the device, with
+  // attention over the first `keys` cached positions. The ids are checked by the callers.
   Outputs run(const at::Tensor& input_ids, KvCache* cache, const std::vector<int64_t>& layer_ids,
-              const std::vector<int64_t>* row_lengths = nullptr) const;
+              const at::Tensor& row_lengths = {}, int64_t keys = 0) const;
 
   Qwen3Dims dims_;
   at::Tensor inv_freq_;  // [head_dim / 2] fp32 on the model's device, from dims_' RoPE

@@ -34,20 +34,24 @@ BlockDrafter::BlockDrafter(model::DSpineDraft draft, at::Tensor embed_tokens, at
   }
 }
 
-void BlockDrafter::start(int64_t batch, int64_t capacity) {
+bool BlockDrafter::start(int64_t batch, int64_t capacity) {
+  if (cache_ && cache_->batch() == batch && cache_->capacity() == capacity) return true;
+  cache_.reset();  // its memory first
   cache_ = std::make_unique<model::DraftDecodingCache>(*draft_, batch, capacity);
+  return false;
 }
 
-void BlockDrafter::extend(const at::Tensor& target_hidden, const std::vector<int64_t>& starts) {
+void BlockDrafter::extend(const at::Tensor& target_hidden, const at::Tensor& starts,
+                          int64_t keys) {
   if (!cache_) fail("decoding: the draft was handed context before start()");
-  cache_->extend(target_hidden, starts);
+  cache_->extend(target_hidden, starts, keys);
 }
 
-DraftedBlock BlockDrafter::propose(const std::vector<int64_t>& anchors,
+DraftedBlock BlockDrafter::propose(const at::Tensor& anchors, int64_t keys,
                                    const at::Tensor& anchor_tokens, const DraftDraws& draws) {
   torch::NoGradGuard no_grad;
   if (!cache_) fail("decoding: the draft was asked for a block before start()");
-  const int64_t rows = static_cast<int64_t>(anchors.size()), bs = config().block_size;
+  const int64_t rows = anchors.size(0), bs = config().block_size;
   if (anchor_tokens.numel() != rows) {
     fail("decoding: {} anchors and {} anchor tokens", rows, anchor_tokens.numel());
   }
@@ -56,7 +60,8 @@ DraftedBlock BlockDrafter::propose(const std::vector<int64_t>& anchors,
   auto block_ids = torch::full({rows, bs}, mask_token_id_,
                                torch::TensorOptions().dtype(torch::kInt64).device(device));
   block_ids.select(1, 0).copy_(anchor_tokens.view({rows}));
-  const auto out = cache_->block(anchors, block_ids, torch::embedding(embed_tokens_, block_ids));
+  const auto out =
+      cache_->block(anchors, keys, block_ids, torch::embedding(embed_tokens_, block_ids));
   const auto hidden = out.hidden_states.select(1, 0).slice(1, 1);  // [B, T, H]
   const auto logits = torch::matmul(hidden, lm_head_.t()).to(torch::kFloat32);
   if (walk_ == DraftWalk::kBackbone) return draw_from_logits(logits, draws);

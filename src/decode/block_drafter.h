@@ -35,21 +35,27 @@ DraftedBlock draw_from_logits(const at::Tensor& logits, const DraftDraws& draws)
 
 // What the decoding loop asks of a draft (tests plug in drafts of known quality). A draft sees
 // each context position once: start() opens a batch, extend() hands it the target's hidden states
-// of new positions, propose() drafts at each row's next position.
+// of new positions, propose() drafts at each row's next position. Row positions come as [B] int64
+// tensors on the draft's device with `keys`, the cached positions attention may read (at least
+// every start + count, at most the capacity): on CUDA the decoder captures its rounds in a CUDA
+// graph (docs/decoding.md, "CUDA graphs"), so extend() and propose() must not read the device
+// back, and their shapes may depend on `keys` but not on the positions' values.
 class Drafter {
  public:
   virtual ~Drafter() = default;
   virtual int64_t proposals() const = 0;                      // T, tokens drafted per block
   virtual std::vector<int64_t> target_layer_ids() const = 0;  // the hidden states it reads
-  // A batch of `batch` rows of at most `capacity` positions each (blocks included).
-  virtual void start(int64_t batch, int64_t capacity) = 0;
+  // A batch of `batch` rows of at most `capacity` positions each (blocks included). Returns true
+  // when it kept the buffers of its previous start (same batch and capacity): a captured round
+  // that holds their addresses stays valid, and what they hold is overwritten before it is read.
+  virtual bool start(int64_t batch, int64_t capacity) = 0;
   // The target's hidden states [B, n, K·H] of row b's positions starts[b] .. starts[b] + n - 1.
   // Positions handed again (those of rejected drafts) replace what was there.
-  virtual void extend(const at::Tensor& target_hidden, const std::vector<int64_t>& starts) = 0;
+  virtual void extend(const at::Tensor& target_hidden, const at::Tensor& starts, int64_t keys) = 0;
   // Row b's block at position anchors[b] (its token anchor_tokens[b], [B] int64), from the row's
   // first anchors[b] positions.
-  virtual DraftedBlock propose(const std::vector<int64_t>& anchors, const at::Tensor& anchor_tokens,
-                               const DraftDraws& draws) = 0;
+  virtual DraftedBlock propose(const at::Tensor& anchors, int64_t keys,
+                               const at::Tensor& anchor_tokens, const DraftDraws& draws) = 0;
 };
 
 // How a DSpine draft fills its block: every slot from the backbone's own logits (the parallel
@@ -65,9 +71,9 @@ class BlockDrafter : public Drafter {
 
   int64_t proposals() const override { return config().block_size - 1; }
   std::vector<int64_t> target_layer_ids() const override { return config().target_layer_ids; }
-  void start(int64_t batch, int64_t capacity) override;
-  void extend(const at::Tensor& target_hidden, const std::vector<int64_t>& starts) override;
-  DraftedBlock propose(const std::vector<int64_t>& anchors, const at::Tensor& anchor_tokens,
+  bool start(int64_t batch, int64_t capacity) override;
+  void extend(const at::Tensor& target_hidden, const at::Tensor& starts, int64_t keys) override;
+  DraftedBlock propose(const at::Tensor& anchors, int64_t keys, const at::Tensor& anchor_tokens,
                        const DraftDraws& draws) override;
   const model::DSpineModelConfig& config() const { return draft_->config(); }
 

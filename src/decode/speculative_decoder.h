@@ -4,10 +4,12 @@
 // forward against its cache (verification.h's rules), and each row keeps its accepted tokens plus
 // one of the target's own. Rows accept different numbers of tokens, so each keeps its own cache
 // length (data::Qwen3Model::step_rows). Without a draft the same code decodes the target alone,
-// one token per forward: the baseline of the speedup, and the reference of the lossless tests.
+// one token per forward: the baseline of the speedup, and the reference of the lossless tests. On
+// CUDA every round after the first replays a CUDA graph of the first's work (round_graph.h).
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "data/qwen3_model.h"
@@ -20,6 +22,9 @@ struct DecodeSettings {
   double temperature = 0.0;          // 0: greedy
   uint64_t seed = 0;                 // the draws at temperature > 0
   std::vector<int64_t> stop_tokens;  // a row ends after generating one of these (EOS)
+  // On CUDA, a round runs as a CUDA graph, captured once and replayed (docs/decoding.md): the
+  // same tokens as eager rounds, without launching every kernel from the host.
+  bool cuda_graphs = true;
 };
 
 struct DecodedRow {
@@ -34,6 +39,7 @@ struct DecodeResult {
   // accepted_by_position[k]: verifications whose first k + 1 drafted tokens were all accepted
   std::vector<int64_t> accepted_by_position;
   double seconds = 0;  // wall time of decode(), prefill included, device synchronised
+  bool cuda_graphs = false;  // whether the rounds ran as a CUDA graph
 
   double tau() const;  // generated / verifications: tokens per target forward
 };
@@ -42,8 +48,10 @@ class SpeculativeDecoder {
  public:
   // drafter null: the target alone. Both must live on the same device.
   SpeculativeDecoder(const data::Qwen3Model& target, Drafter* drafter, DecodeSettings settings);
+  ~SpeculativeDecoder();
 
-  // Every prompt (token ids, at least one) decoded together as one batch.
+  // Every prompt (token ids, at least one) decoded together as one batch. Calls of the same batch
+  // size and similar lengths share their buffers and the captured round.
   DecodeResult decode(const std::vector<std::vector<int64_t>>& prompts);
 
  private:
@@ -51,6 +59,7 @@ class SpeculativeDecoder {
   const data::Qwen3Model& target_;
   Drafter* drafter_;
   DecodeSettings settings_;
+  std::unique_ptr<Session> session_;  // the last call's
 };
 
 }  // namespace dspine::decode

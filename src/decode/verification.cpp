@@ -20,7 +20,10 @@ Verdict verify_greedy(const at::Tensor& target_logits, const at::Tensor& drafted
 }
 
 at::Tensor sample_rows(const at::Tensor& probs, at::Generator generator) {
-  return at::multinomial(probs, 1, /*replacement=*/true, generator).squeeze(1);
+  // argmax p_i / e_i with e_i ~ Exp(1) draws i with probability p_i (the exponential form of the
+  // Gumbel-max trick, which at::multinomial uses for one draw too): no check that reads the device
+  // back, so a CUDA graph can capture it.
+  return probs.div(at::empty_like(probs).exponential_(1.0, generator)).argmax(-1);
 }
 
 Verdict verify_sampled(const at::Tensor& target_probs, const at::Tensor& draft_probs,

@@ -25,12 +25,22 @@ DraftDecodingCache::DraftDecodingCache(DSpineDraftImpl& draft, int64_t batch, in
 
 void DraftDecodingCache::extend(const at::Tensor& target_hidden,
                                 const std::vector<int64_t>& starts) {
+  const auto spans = core::row_spans(starts, target_hidden.size(1), draft_.fc->weight.device());
+  write_context(target_hidden, spans);
+}
+
+void DraftDecodingCache::extend(const at::Tensor& target_hidden, const at::Tensor& starts,
+                                int64_t keys) {
+  write_context(target_hidden, core::row_spans(starts, target_hidden.size(1), keys));
+}
+
+void DraftDecodingCache::write_context(const at::Tensor& target_hidden,
+                                       const core::RowSpans& spans) {
   torch::NoGradGuard no_grad;
-  const auto options = draft_.fc->weight.options();
-  const auto spans = core::row_spans(starts, target_hidden.size(1), options.device());
   if (spans.keys > keys_[0].size(2)) {
     fail("draft cache: positions up to {} asked of a cache of {}", spans.keys, keys_[0].size(2));
   }
+  const auto options = draft_.fc->weight.options();
   // The projection itself, not DSpineDraftImpl::context: that announces the "context" unit to
   // the draft's observer, which under zero3 gathers it collectively, and ranks decode different
   // numbers of rounds. Decoding runs on whole weights and announces no unit (nor do its layers).
@@ -46,10 +56,20 @@ void DraftDecodingCache::extend(const at::Tensor& target_hidden,
 
 DraftOutput DraftDecodingCache::block(const std::vector<int64_t>& anchors,
                                       const at::Tensor& block_ids, const at::Tensor& noise) {
+  return run_block(core::row_spans(anchors, draft_.config().block_size, noise.device()),
+                   block_ids, noise);
+}
+
+DraftOutput DraftDecodingCache::block(const at::Tensor& anchors, int64_t keys,
+                                      const at::Tensor& block_ids, const at::Tensor& noise) {
+  return run_block(core::row_spans(anchors, draft_.config().block_size, keys), block_ids, noise);
+}
+
+DraftOutput DraftDecodingCache::run_block(const core::RowSpans& spans, const at::Tensor& block_ids,
+                                          const at::Tensor& noise) {
   torch::NoGradGuard no_grad;
   const int64_t rows = noise.size(0), bs = draft_.config().block_size;
   const int64_t hidden = draft_.config().hidden_size;
-  const auto spans = core::row_spans(anchors, bs, noise.device());
   if (spans.keys > keys_[0].size(2)) {
     fail("draft cache: a block up to position {} asked of a cache of {}", spans.keys,
          keys_[0].size(2));

@@ -150,6 +150,12 @@ TEST(Qwen3Model, RowsAtTheirOwnPositionsEqualTheFullForward) {
       expect_close(one.last_hidden_state[r], full.last_hidden_state[r].narrow(0, lengths[r], 1),
                    1e-5, fmt::format("{} row {} after a partial keep", name, r));
     }
+    // The device form (lengths as a tensor), attending over the whole capacity, masked: what a
+    // CUDA graph of a decoding round runs.
+    const auto wide = model.step_rows(next, cache, torch::tensor(lengths), length + 2, layers);
+    expect_close(wide.last_hidden_state, one.last_hidden_state, 1e-6,
+                 fmt::format("{} over the whole capacity", name));
+    expect_close(wide.hidden_states, one.hidden_states, 1e-6, fmt::format("{} layers", name));
     EXPECT_EQ(cache.length, 0);  // step_rows leaves the shared length alone
     EXPECT_THROW(model.step_rows(next, cache, {length + 2, 0}), Error);  // past the capacity
     EXPECT_THROW(model.step_rows(next, cache, {1}), Error);              // one length for two rows

@@ -86,19 +86,25 @@ class ScriptedDrafter : public Drafter {
       : sequences_(std::move(sequences)), proposals_(proposals), wrong_(std::move(wrong)) {}
   int64_t proposals() const override { return proposals_; }
   std::vector<int64_t> target_layer_ids() const override { return {1}; }
-  void start(int64_t batch, int64_t) override { rows_ = batch; }
-  void extend(const at::Tensor& hidden, const std::vector<int64_t>& starts) override {
-    EXPECT_EQ(hidden.size(0), rows_);
-    EXPECT_EQ(static_cast<int64_t>(starts.size()), rows_);
+  bool start(int64_t batch, int64_t) override {
+    rows_ = batch;
+    return false;
   }
-  DraftedBlock propose(const std::vector<int64_t>& anchors, const at::Tensor&,
+  void extend(const at::Tensor& hidden, const at::Tensor& starts, int64_t keys) override {
+    EXPECT_EQ(hidden.size(0), rows_);
+    EXPECT_EQ(starts.size(0), rows_);
+    EXPECT_GE(keys, starts.max().item<int64_t>() + hidden.size(1));
+  }
+  DraftedBlock propose(const at::Tensor& anchor_tensor, int64_t keys, const at::Tensor&,
                        const DraftDraws& draws) override {
-    const int64_t rows = static_cast<int64_t>(anchors.size()), vocab = 260;
+    const auto anchors = anchor_tensor.contiguous();
+    const int64_t rows = anchors.size(0), vocab = 260;
     EXPECT_EQ(rows, rows_);
+    EXPECT_GE(keys, anchors.max().item<int64_t>() + proposals_ + 1);
     auto out = torch::zeros({rows, proposals_, vocab});
     for (int64_t b = 0; b < rows; ++b) {
       for (int64_t j = 0; j < proposals_; ++j) {
-        const int64_t position = anchors[b] + 1 + j;
+        const int64_t position = anchors[b].item<int64_t>() + 1 + j;
         const auto& seq = sequences_[b];
         int64_t token = position < static_cast<int64_t>(seq.size()) ? seq[position] : 0;
         if (wrong_(position, b)) token = (token + 1) % vocab;
