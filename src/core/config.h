@@ -10,12 +10,13 @@
 #include <type_traits>
 #include <vector>
 
+#include "core/log_level.h"
 #include "core/settings.h"
 
 namespace dspine::core {
 
-// The closed choices of the configuration (core/settings.h: Choice, to_string). A new choice is
-// one enumerator and one entry in its choices_of table.
+// The closed choices of the configuration (core/settings.h: Choice, to_string; LogLevel in
+// core/log_level.h). A new choice is one enumerator and one entry in its choices_of table.
 enum class Device { kAuto, kCpu, kCuda };
 enum class Dtype { kFp32, kBf16 };
 enum class Sharding { kNone, kZero2, kZero3 };
@@ -25,7 +26,6 @@ enum class FusedKernels { kAuto, kOn, kOff };
 enum class LrScheduler { kCosine, kConstant };
 enum class OnNonfinite { kSkip, kStop };
 enum class ProgressMode { kAuto, kOn, kOff };
-enum class LogLevel { kTrace, kDebug, kInfo, kWarn, kError };
 
 // Each table lists every enumerator, in the order the allowed values are shown.
 constexpr std::array<Choice<Device>, 3> choices_of(Device) {

@@ -8,7 +8,7 @@
 #include <string>
 #include <utility>
 
-#include "core/config.h"
+#include "core/log_level.h"
 
 namespace dspine::log {
 

@@ -8,7 +8,6 @@
 #include "core/error.h"
 #include "model/attention.h"
 #include "model/block_mask.h"
-#include "model/draft_registry.h"
 #include "model/dspine_config.h"
 #include "model/norm_mlp.h"
 #include "model/rope.h"
@@ -157,17 +156,6 @@ DSpineDraft build_placed_draft(const DSpineModelConfig& config, const torch::Dev
   DSpineDraft draft(config, use_fused_kernels(config.fused_kernels, device));
   place_draft(*draft, device, dtype);
   return draft;
-}
-
-DSpineDraft build_dspine_draft(const core::Config& config, const ResolvedDraft* draft,
-                               const torch::Device& device, torch::Dtype dtype) {
-  const ResolvedDraft resolved = draft != nullptr ? *draft : resolve_draft(config, "dspine");
-  auto module = std::dynamic_pointer_cast<DSpineDraftImpl>(
-      resolved.entry->build(config.model, *resolved.settings, device, dtype));
-  if (module == nullptr) {
-    fail("model.architecture '{}' does not build a DSpine draft", resolved.entry->name);
-  }
-  return DSpineDraft(module);
 }
 
 }  // namespace dspine::model

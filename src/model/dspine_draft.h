@@ -21,7 +21,6 @@
 
 namespace dspine::model {
 
-struct ResolvedDraft;  // model/draft_registry.h
 
 struct DraftOutput {
   at::Tensor hidden_states;   // [B, N, bs, H] final, normed
@@ -98,11 +97,5 @@ void place_draft(DSpineDraftImpl& draft, const torch::Device& device, torch::Dty
 // for `device`, then placed there.
 DSpineDraft build_placed_draft(const DSpineModelConfig& config, const torch::Device& device,
                                torch::Dtype dtype);
-
-// The DSpine draft of config.model's sizes that the registry entry of `draft` builds
-// (model/draft_registry.h; null: the dspine entry, model.dspine parsed here). Throws when `draft`
-// is another architecture's.
-DSpineDraft build_dspine_draft(const core::Config& config, const ResolvedDraft* draft,
-                               const torch::Device& device, torch::Dtype dtype);
 
 }  // namespace dspine::model

@@ -172,4 +172,13 @@ ResolvedObjective resolve_run(const core::Config& config) {
   return {&*entry, entry->settings(config), model::resolve_draft(config)};
 }
 
+BuiltModel build_model(const core::Config& config, const ResolvedObjective& objective,
+                       const data::BatchSource& source, torch::Device device, torch::Dtype dtype) {
+  BuiltModel built =
+      objective.entry->build(config, *objective.settings, objective.draft, source, device, dtype);
+  built.settings = objective.settings;
+  built.draft = objective.draft;
+  return built;
+}
+
 }  // namespace dspine::train

@@ -19,7 +19,7 @@
 #include "data/batch_source.h"
 #include "model/draft_registry.h"
 #include "objectives/dspine_settings.h"
-#include "train/builder.h"
+#include "train/built_model.h"
 
 namespace dspine::train {
 
@@ -59,6 +59,11 @@ struct ResolvedObjective {
 // registry rules the parser cannot (objective.name names an objective, which trains
 // model.architecture). Throws config errors naming the key.
 ResolvedObjective resolve_run(const core::Config& config);
+
+// Draft and objective of an objective already resolved from `config` (resolve_run). Parameters are
+// created in `dtype`; buffers keep their own dtype (e.g. fp32 transfer codes).
+BuiltModel build_model(const core::Config& config, const ResolvedObjective& objective,
+                       const data::BatchSource& source, torch::Device device, torch::Dtype dtype);
 
 // Every registered objective.name, in registry order.
 std::vector<std::string> objective_names();

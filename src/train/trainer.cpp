@@ -21,7 +21,6 @@
 #include "model/dspine_draft.h"
 #include "model/module_state.h"
 #include "model/norm_mlp.h"
-#include "train/builder.h"
 #include "train/checkpoint.h"
 #include "train/config_diff.h"
 #include "train/lr_schedule.h"

@@ -13,7 +13,6 @@
 #include "objectives/dspine_objective.h"
 #include "objectives/dspine_settings.h"
 #include "objectives/gspo_objective.h"
-#include "train/builder.h"
 #include "train/objective_registry.h"
 #include "train/run_config.h"
 

@@ -1,6 +1,5 @@
-// Composes the draft model and its objective from the configuration: the objective registry
-// (objective_registry.h) entry of objective.name builds both, so the trainer never branches on
-// either.
+// What the objective registry's entry of objective.name builds (train/objective_registry.h,
+// build_model): the draft model and its objective, so the trainer never branches on either.
 #pragma once
 
 #include <memory>
@@ -18,7 +17,6 @@
 namespace dspine::train {
 
 struct ObjectiveSettings;  // train/objective_registry.h
-struct ResolvedObjective;  // train/objective_registry.h
 
 struct BuiltModel {
   std::shared_ptr<torch::nn::Module> module;  // trainable parameters + buffers (checkpoint keys)
@@ -31,10 +29,5 @@ struct BuiltModel {
   // The draft's registry entry and settings (what built `module`; it loads trained weights).
   model::ResolvedDraft draft;
 };
-
-// Draft and objective of an objective already resolved from `config` (resolve_run). Parameters are
-// created in `dtype`; buffers keep their own dtype (e.g. fp32 transfer codes).
-BuiltModel build_model(const core::Config& config, const ResolvedObjective& objective,
-                       const data::BatchSource& source, torch::Device device, torch::Dtype dtype);
 
 }  // namespace dspine::train
