@@ -13,6 +13,7 @@
 #include "core/config_reference.h"
 #include "dist/launch.h"
 #include "dist/mpi_context.h"
+#include "objectives/acceptance.h"
 #include "train/metrics_log.h"
 #include "train/objective_registry.h"
 #include "train/run_config.h"
@@ -23,7 +24,8 @@ namespace {
 // "; its last eval/tau ..." from the metrics file of a finished run, "" when it records none.
 std::string last_tau(const std::string& metrics_file) {
   if (metrics_file.empty()) return "";
-  const auto tau = dspine::train::last_recorded(metrics_file, "eval/tau");
+  const auto tau = dspine::train::last_recorded(
+      metrics_file, dspine::train::eval_metric(dspine::objectives::kTauMetric));
   if (!tau) return "";
   return fmt::format("; its last eval/tau {:.4f} at step {} ({})", tau->value, tau->step,
                      metrics_file);

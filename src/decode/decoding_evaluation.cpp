@@ -53,8 +53,8 @@ std::map<std::string, double> decoding_metrics(const data::Qwen3Model& target,
   comm.all_reduce(counts);
   const double verifications = counts[0].item<double>();
   std::map<std::string, double> metrics;
-  metrics["decode_tau"] = verifications > 0 ? counts[1].item<double>() / verifications : 0.0;
-  metrics["decode_tokens"] = counts[1].item<double>();
+  metrics[kDecodeTauMetric] = verifications > 0 ? counts[1].item<double>() / verifications : 0.0;
+  metrics[kDecodeTokensMetric] = counts[1].item<double>();
   for (int64_t k = 0; k < slots; ++k) {
     metrics["decode_accept_" + std::to_string(k + 1)] =
         verifications > 0 ? counts[2 + k].item<double>() / verifications : 0.0;

@@ -31,5 +31,7 @@ std::map<std::string, double> decoding_metrics(const data::Qwen3Model& target,
                                                const std::vector<data::DraftBatch>& batches,
                                                const DecodingEvaluationSettings& settings,
                                                dist::Communicator& comm);
+inline constexpr const char* kDecodeTauMetric = "decode_tau";        // its keys that the trainer
+inline constexpr const char* kDecodeTokensMetric = "decode_tokens";  // logs by name
 
 }  // namespace dspine::decode

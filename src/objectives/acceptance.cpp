@@ -73,7 +73,7 @@ std::vector<double> acceptance_by_position(const std::vector<int64_t>& histogram
 
 std::map<std::string, double> acceptance_metrics(const AcceptanceStats& stats) {
   std::map<std::string, double> metrics = {{"blocks", static_cast<double>(stats.blocks)},
-                                           {"tau", stats.backbone_length},
+                                           {kTauMetric, stats.backbone_length},
                                            {"tau_refine", stats.refinement_length},
                                            {"tau_sampled", stats.sampled_length},
                                            {"accuracy", stats.accuracy}};

@@ -60,6 +60,7 @@ std::vector<double> acceptance_by_position(const std::vector<int64_t>& histogram
 // The figures as flat metric names (tau, tau_refine, tau_sampled, accuracy, accept_<k>,
 // accept_refine_<k>, blocks): the trainer logs them under eval/, dspine-eval prints them.
 std::map<std::string, double> acceptance_metrics(const AcceptanceStats& stats);
+inline constexpr const char* kTauMetric = "tau";  // its key of the backbone's τ
 
 // `samples` samples of `source` from global index `offset`, in batches of `rows`, on `device`.
 std::vector<data::DraftBatch> held_out_batches(data::BatchSource& source, int64_t offset,

@@ -67,6 +67,19 @@ enum UpdateSum : size_t {
 
 enum RolloutSum : size_t { kRolloutSegments, kRolloutReward, kRolloutAccepted, kRolloutSums };
 
+// What begin_window sums over ranks before any update: the loss's divisors and the fault flag.
+enum WindowStartSum : int64_t { kStartSegments, kStartDSpineWeights, kStartFaults, kStartSums };
+
+// What evaluate sums over ranks: the sampled rollout's and the greedy blocks' counts.
+enum EvalSum : int64_t {
+  kEvalSegments,
+  kEvalReward,
+  kEvalAccepted,
+  kEvalGreedyBlocks,
+  kEvalGreedyAccepted,
+  kEvalSums
+};
+
 // The update's policy rows and sampled tokens of one rollout.
 struct PolicyRows {
   at::Tensor logits;  // [R, C] with grad
@@ -313,14 +326,18 @@ void GspoObjective::adopt_rollouts(std::vector<GspoRollout> rollouts, StepContex
       }
     }
   }
-  auto totals = reduced({rollout_sums_[kRolloutSegments], weights, fault ? 1.0 : 0.0},
-                        *context.comm);
+  std::vector<double> start(kStartSums);
+  start[kStartSegments] = rollout_sums_[kRolloutSegments];
+  start[kStartDSpineWeights] = weights;
+  start[kStartFaults] = fault ? 1.0 : 0.0;
+  const auto totals = reduced(start, *context.comm);
+  const auto t = totals.accessor<double, 1>();
   // Every rank stops alike, before any update: the trainer saves the state before this window.
-  if (totals[2].item<double>() > 0)
+  if (t[kStartFaults] > 0)
     throw WindowFailure(fault.value_or("another rank's rollout drew a token outside the "
                                        "vocabulary"));
-  divisor_ = totals[0].item<double>();
-  dspine_denominator_ = totals[1].item<double>();
+  divisor_ = t[kStartSegments];
+  dspine_denominator_ = t[kStartDSpineWeights];
   if (!(divisor_ > 0)) fail("gspo: the window has no anchor block on any rank");
 }
 
@@ -492,19 +509,21 @@ std::map<std::string, double> GspoObjective::evaluate(const data::DraftBatch& ba
   auto greedy = gspo_greedy_tokens(p, rollout.kept, *draft_, model_.lm_head(), r).unsqueeze(1);
   auto verdict = verifier_->verify(batch, p, rollout.kept, greedy, /*with_probs=*/false);
   auto greedy_accepted = accepted_prefix(greedy, verdict.choices, rollout.supervised);
-  auto sums = reduced({static_cast<double>(rollout.rewards.numel()),
-                       rollout.rewards.sum().item<double>(),
-                       rollout.accepted.sum().item<double>(),
-                       static_cast<double>(greedy_accepted.numel()),
-                       greedy_accepted.sum().item<double>()},
-                      *context.comm);
-  auto s = sums.accessor<double, 1>();
-  const double segments = std::max(s[0], 1.0), blocks = std::max(s[3], 1.0);
+  std::vector<double> local(kEvalSums);
+  local[kEvalSegments] = static_cast<double>(rollout.rewards.numel());
+  local[kEvalReward] = rollout.rewards.sum().item<double>();
+  local[kEvalAccepted] = rollout.accepted.sum().item<double>();
+  local[kEvalGreedyBlocks] = static_cast<double>(greedy_accepted.numel());
+  local[kEvalGreedyAccepted] = greedy_accepted.sum().item<double>();
+  const auto sums = reduced(local, *context.comm);
+  const auto s = sums.accessor<double, 1>();
+  const double segments = std::max(s[kEvalSegments], 1.0);
+  const double blocks = std::max(s[kEvalGreedyBlocks], 1.0);
   return {
-      {"gspo/reward", s[1] / segments},
-      {"gspo/accepted_length", s[2] / segments + 1.0},
-      {"gspo/greedy_accepted_length", s[4] / blocks + 1.0},
-      {"gspo/blocks", s[3]},
+      {"gspo/reward", s[kEvalReward] / segments},
+      {"gspo/accepted_length", s[kEvalAccepted] / segments + 1.0},
+      {"gspo/greedy_accepted_length", s[kEvalGreedyAccepted] / blocks + 1.0},
+      {"gspo/blocks", s[kEvalGreedyBlocks]},
   };
 }
 

@@ -62,6 +62,8 @@ void MetricsLog::write(const std::map<std::string, double>& record) {
   out_.flush();
 }
 
+std::string eval_metric(const std::string& key) { return "eval/" + key; }
+
 std::optional<RecordedValue> last_recorded(const std::string& path, const std::string& key) {
   std::ifstream in(path);
   std::optional<RecordedValue> last;

@@ -35,6 +35,10 @@ struct RecordedValue {
 // the file is absent or no record holds it. Unparseable lines are skipped.
 std::optional<RecordedValue> last_recorded(const std::string& path, const std::string& key);
 
+// The metrics file's key of an evaluator's metric `key` (objectives/acceptance.h,
+// decode/decoding_evaluation.h): "eval/" + key.
+std::string eval_metric(const std::string& key);
+
 class ProgressLine {
  public:
   // logging.progress: auto shows it only when stderr is a terminal.

@@ -33,6 +33,9 @@ namespace dspine::train {
 namespace fs = std::filesystem;
 namespace {
 
+// What a window sums over ranks before its optimizer step, read back by name.
+enum WindowTotal : int64_t { kTotalLoss, kTotalTokens, kTotalStopSignals, kWindowTotals };
+
 int64_t peak_memory_bytes(const torch::Device& device) {
   if (!device.is_cuda()) return peak_rss_bytes();
   const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
@@ -337,10 +340,10 @@ std::map<std::string, double> Trainer::Run::evaluate() {
                                               eval_share, rows, s.device);
   const auto stats = s.built.acceptance->measure(batches, *s.comm, *verifier);
   std::map<std::string, double> record = {
-      {"eval/offset", static_cast<double>(eval_start)},
-      {"eval/samples", static_cast<double>(cfg.data.eval_samples)}};
+      {eval_metric("offset"), static_cast<double>(eval_start)},
+      {eval_metric("samples"), static_cast<double>(cfg.data.eval_samples)}};
   for (const auto& [name, value] : objectives::acceptance_metrics(stats)) {
-    record["eval/" + name] = value;
+    record[eval_metric(name)] = value;
   }
   if (leader) {
     log::info("step {} eval: tau {:.3f} (refinement walk {:.3f}), accuracy {:.4f} on {} blocks",
@@ -348,7 +351,7 @@ std::map<std::string, double> Trainer::Run::evaluate() {
               stats.blocks);
   }
   if (cfg.training.eval_decode_tokens > 0) {
-    for (const auto& [name, value] : evaluate_decoding(batches)) record["eval/" + name] = value;
+    for (const auto& [name, value] : evaluate_decoding(batches)) record[eval_metric(name)] = value;
   }
   return record;
 }
@@ -371,7 +374,8 @@ std::map<std::string, double> Trainer::Run::evaluate_decoding(
   s.sharded->release_all();
   if (leader) {
     log::info("step {} eval: tau in decoding {:.3f} ({} tokens, temperature {})", s.step,
-              metrics["decode_tau"], metrics["decode_tokens"], settings.temperature);
+              metrics[decode::kDecodeTauMetric], metrics[decode::kDecodeTokensMetric],
+              settings.temperature);
   }
   return metrics;
 }
@@ -541,11 +545,14 @@ Trainer::Run::Window Trainer::Run::train_window(const std::vector<data::DraftBat
   for (const auto& batch : window) local_tokens += batch.input_ids.numel();
   w.terms = s.built.objective->end_window(context);
   // Reduced before the step: a non-finite sum is some rank's non-finite loss.
-  auto totals = torch::tensor(
-      {local_loss, static_cast<double>(local_tokens), static_cast<double>(stop_signal.load())},
-      torch::kDouble);
-  s.comm->all_reduce(totals);
-  w.loss = totals[0].item<double>();
+  std::vector<double> local(kWindowTotals);
+  local[kTotalLoss] = local_loss;
+  local[kTotalTokens] = static_cast<double>(local_tokens);
+  local[kTotalStopSignals] = static_cast<double>(stop_signal.load());
+  auto reduced_totals = torch::tensor(local, torch::kDouble);
+  s.comm->all_reduce(reduced_totals);
+  const auto totals = reduced_totals.accessor<double, 1>();
+  w.loss = totals[kTotalLoss];
   const auto optimizer_start = phase("optimizer");
   apply_update(w.loss);
   const auto window_end = phase("end");
@@ -562,8 +569,8 @@ Trainer::Run::Window Trainer::Run::train_window(const std::vector<data::DraftBat
   if (terms.count(objectives::kSeamSecondsMetric)) {
     terms["time/seam_share"] = terms[objectives::kSeamSecondsMetric] / terms["time/step_s"];
   }
-  w.tokens = totals[1].item<double>();
-  w.stop_requested = totals[2].item<double>() > 0;
+  w.tokens = totals[kTotalTokens];
+  w.stop_requested = totals[kTotalStopSignals] > 0;
   return w;
 }
 
@@ -647,7 +654,7 @@ TrainResult Trainer::Run::train() {
       const auto eval_started = std::chrono::steady_clock::now();
       eval_record = evaluate();
       const auto eval_time = std::chrono::steady_clock::now() - eval_started;
-      eval_record["eval/time_s"] = std::chrono::duration<double>(eval_time).count();
+      eval_record[eval_metric("time_s")] = std::chrono::duration<double>(eval_time).count();
       window_started += eval_time;  // throughput counts training time only
     }
     log_window(w, std::move(eval_record));
