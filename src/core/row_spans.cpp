@@ -22,9 +22,8 @@ RowSpans row_spans(const at::Tensor& starts, int64_t count, int64_t keys) {
   spans.positions = starts.to(at::kLong).unsqueeze(1) + at::arange(count, longs);
   spans.rows = at::arange(batch, longs).unsqueeze(1).expand({batch, count});
   spans.keys = keys;
-  spans.visible = at::arange(keys, longs)
-                      .view({1, 1, 1, keys})
-                      .le(spans.positions.view({batch, 1, count, 1}));
+  spans.visible =
+      at::arange(keys, longs).view({1, 1, 1, keys}).le(spans.positions.view({batch, 1, count, 1}));
   return spans;
 }
 

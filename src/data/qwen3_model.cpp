@@ -499,9 +499,11 @@ Qwen3Model::Outputs Qwen3Model::run(const at::Tensor& input_ids, KvCache* cache,
   if (cache != nullptr) {
     if (cache->keys.size() != layers_.size() || cache->keys[0].size(0) != batch ||
         reach > cache->keys[0].size(2)) {
-      fail("Qwen3 model: {} ids of batch {} do not fit the KV cache (batch {}, positions up to {} "
-           "of {})", count, batch, cache->keys.empty() ? 0 : cache->keys[0].size(0), reach,
-           cache->keys.empty() ? 0 : cache->keys[0].size(2));
+      fail(
+          "Qwen3 model: {} ids of batch {} do not fit the KV cache (batch {}, positions up to {} "
+          "of {})",
+          count, batch, cache->keys.empty() ? 0 : cache->keys[0].size(0), reach,
+          cache->keys.empty() ? 0 : cache->keys[0].size(2));
     }
   }
   at::NoGradGuard no_grad;

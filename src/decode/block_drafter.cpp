@@ -41,8 +41,7 @@ bool BlockDrafter::start(int64_t batch, int64_t capacity) {
   return false;
 }
 
-void BlockDrafter::extend(const at::Tensor& target_hidden, const at::Tensor& starts,
-                          int64_t keys) {
+void BlockDrafter::extend(const at::Tensor& target_hidden, const at::Tensor& starts, int64_t keys) {
   if (!cache_) fail("decoding: the draft was handed context before start()");
   cache_->extend(target_hidden, starts, keys);
 }

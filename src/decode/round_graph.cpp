@@ -75,8 +75,10 @@ void RoundGraph::run(const std::function<void()>& round) {
       } catch (const std::exception&) {
       }
       forget();
-      fail("decoding: a round cannot be captured as a CUDA graph (--no-cuda-graphs runs it "
-           "eagerly): {}", error.what());
+      fail(
+          "decoding: a round cannot be captured as a CUDA graph (--no-cuda-graphs runs it "
+          "eagerly): {}",
+          error.what());
     }
     cuda_->graph->capture_end();
   }

@@ -114,9 +114,9 @@ class SpeculativeDecoder::Session {
   // One round: the draft's block, the target's verdict on it, each row's share.
   void round() {
     // Captured, attention reads the whole capacity (masked), so every round has one shape.
-    const int64_t keys =
-        graph_.captures() ? capacity_
-                          : *std::max_element(lengths_.begin(), lengths_.end()) + slots_ + 1;
+    const int64_t keys = graph_.captures()
+                             ? capacity_
+                             : *std::max_element(lengths_.begin(), lengths_.end()) + slots_ + 1;
     graph_.run([&] { run_round(keys); });
     record();
   }
@@ -248,7 +248,8 @@ DecodeResult SpeculativeDecoder::decode(const std::vector<std::vector<int64_t>>&
   for (size_t b = 0; b < prompts.size(); ++b) {
     if (prompts[b].empty()) fail("decoding: prompt {} is empty", b);
     for (int64_t id : prompts[b]) {
-      if (id < 0 || id >= vocab) fail("decoding: prompt {} holds id {} outside [0, {})", b, id, vocab);
+      if (id < 0 || id >= vocab)
+        fail("decoding: prompt {} holds id {} outside [0, {})", b, id, vocab);
     }
     longest = std::max(longest, static_cast<int64_t>(prompts[b].size()));
   }

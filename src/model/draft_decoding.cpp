@@ -56,8 +56,8 @@ void DraftDecodingCache::write_context(const at::Tensor& target_hidden,
 
 DraftOutput DraftDecodingCache::block(const std::vector<int64_t>& anchors,
                                       const at::Tensor& block_ids, const at::Tensor& noise) {
-  return run_block(core::row_spans(anchors, draft_.config().block_size, noise.device()),
-                   block_ids, noise);
+  return run_block(core::row_spans(anchors, draft_.config().block_size, noise.device()), block_ids,
+                   noise);
 }
 
 DraftOutput DraftDecodingCache::block(const at::Tensor& anchors, int64_t keys,

@@ -21,7 +21,6 @@
 
 namespace dspine::model {
 
-
 struct DraftOutput {
   at::Tensor hidden_states;   // [B, N, bs, H] final, normed
   at::Tensor pre_injection;   // [B, N, bs, H] last layer's decoder output before injection

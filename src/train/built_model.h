@@ -21,7 +21,7 @@ struct ObjectiveSettings;  // train/objective_registry.h
 struct BuiltModel {
   std::shared_ptr<torch::nn::Module> module;  // trainable parameters + buffers (checkpoint keys)
   std::unique_ptr<objectives::Objective> objective;
-  nlohmann::json hf_config;                   // written as config.json
+  nlohmann::json hf_config;  // written as config.json
   // Measures acceptance on held-out samples (training.eval_every); null for non-DSpine drafts.
   std::unique_ptr<objectives::AcceptanceEvaluator> acceptance;
   // The objective's settings as resolve_run found them (what built the objective).

@@ -112,10 +112,10 @@ TEST(SpeculativeDecoderGpu, GraphedGreedyRoundsGiveTheEagerTokensAndTheTargetAlo
   const auto stopped = decode(m, &m.drafter, settings, true);
   expect_same(stopped, decode(m, &m.drafter, settings, false));
   EXPECT_LE(stopped.rows[0].tokens.size(), 7u);
-  std::printf("greedy: tau %.3f over %lld verifications; with a stop token, row lengths %zu %zu %zu\n",
-              graphed.tau(), static_cast<long long>(graphed.verifications),
-              stopped.rows[0].tokens.size(), stopped.rows[1].tokens.size(),
-              stopped.rows[2].tokens.size());
+  std::printf(
+      "greedy: tau %.3f over %lld verifications; with a stop token, row lengths %zu %zu %zu\n",
+      graphed.tau(), static_cast<long long>(graphed.verifications), stopped.rows[0].tokens.size(),
+      stopped.rows[1].tokens.size(), stopped.rows[2].tokens.size());
 }
 
 TEST(SpeculativeDecoderGpu, GraphedSamplingDrawsWhatEagerSamplingDraws) {
