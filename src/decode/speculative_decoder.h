@@ -5,7 +5,7 @@
 // one of the target's own. Rows accept different numbers of tokens, so each keeps its own cache
 // length (data::Qwen3Model::step_rows). Without a draft the same code decodes the target alone,
 // one token per forward: the baseline of the speedup, and the reference of the lossless tests. On
-// CUDA every round after the first replays a CUDA graph of the first's work (round_graph.h).
+// CUDA a round's work is captured as a CUDA graph once and replayed (round_graph.h).
 #pragma once
 
 #include <cstdint>
@@ -38,7 +38,9 @@ struct DecodeResult {
   int64_t generated = 0;      // tokens those verifications produced (the prefill's first excluded)
   // accepted_by_position[k]: verifications whose first k + 1 drafted tokens were all accepted
   std::vector<int64_t> accepted_by_position;
-  double seconds = 0;  // wall time of decode(), prefill included, device synchronised
+  // wall time of decode(), prefill included (and the capture, in the first call of a batch
+  // shape), device synchronised
+  double seconds = 0;
   bool cuda_graphs = false;  // whether the rounds ran as a CUDA graph
 
   double tau() const;  // generated / verifications: tokens per target forward
