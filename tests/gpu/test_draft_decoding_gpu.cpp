@@ -7,6 +7,7 @@
 
 #include <vector>
 
+#include "common/gpu_draft_config.h"
 #include "common/parity.h"
 #include "common/require_cuda.h"
 #include "model/attention.h"
@@ -16,24 +17,9 @@
 namespace dspine::model {
 namespace {
 
-// Two layers of 4 query and 2 key/value heads of 64, a block of 8: shapes the kernels take.
 DSpineModelConfig gpu_config() {
-  DSpineModelConfig c;
-  c.architecture = "dspine";
-  c.hidden_size = 256;
-  c.intermediate_size = 512;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.head_dim = 64;
-  c.num_hidden_layers = 2;
-  c.vocab_size = 300;
-  c.block_size = 8;
-  c.mask_token_id = 299;
-  c.target_layer_ids = {1, 3};
+  auto c = testing::gpu_draft_config();
   c.fused_kernels = core::FusedKernels::kOn;
-  c.dspine.transfer_rank = 16;
-  c.dspine.message_size = 8;
-  c.dspine.top_k = 4;
   return c;
 }
 

@@ -8,6 +8,7 @@
 
 #include <vector>
 
+#include "common/gpu_draft_config.h"
 #include "common/require_cuda.h"
 #include "data/qwen3_model.h"
 #include "decode/block_drafter.h"
@@ -17,7 +18,7 @@
 namespace dspine::decode {
 namespace {
 
-constexpr int64_t kVocab = 300;
+constexpr int64_t kVocab = 300;  // testing::gpu_draft_config()'s
 
 data::Qwen3Dims target_dims() {
   data::Qwen3Dims d;
@@ -31,25 +32,6 @@ data::Qwen3Dims target_dims() {
   return d;
 }
 
-model::DSpineModelConfig draft_config() {
-  model::DSpineModelConfig c;
-  c.architecture = "dspine";
-  c.hidden_size = 256;
-  c.intermediate_size = 512;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.head_dim = 64;
-  c.num_hidden_layers = 2;
-  c.vocab_size = kVocab;
-  c.block_size = 8;
-  c.mask_token_id = kVocab - 1;
-  c.target_layer_ids = {1, 3};
-  c.dspine.transfer_rank = 16;
-  c.dspine.message_size = 8;
-  c.dspine.top_k = 4;
-  return c;
-}
-
 struct Models {
   data::Qwen3Model target;
   BlockDrafter drafter;
@@ -59,7 +41,7 @@ Models models(torch::Dtype dtype) {
   const torch::Device cuda(torch::kCUDA);
   auto target = data::Qwen3Model::random(target_dims(), 5, dtype, cuda);
   torch::manual_seed(43);
-  model::DSpineDraft draft(draft_config(), /*fused=*/dtype != torch::kFloat32);
+  model::DSpineDraft draft(testing::gpu_draft_config(), /*fused=*/dtype != torch::kFloat32);
   draft->initialize_transfer_space(target.lm_head().to(torch::kCPU, torch::kFloat32), 64);
   model::place_draft(*draft, cuda, dtype);
   BlockDrafter drafter(draft, target.embed_tokens(), target.lm_head());
