@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# dspine-decode end to end on the shipped tiny testbed target (CPU): a draft trained 40 steps
+# dspine-decode end to end on the shipped tiny testbed target (CPU): a draft trained 24 steps
 # (whose run measured τ in decoding at its end, training.eval_decode_tokens, which must agree with
 # dspine-decode's on the same prompts) decodes held-out prompts greedily (the output must equal
 # the target alone's for every prompt) and at temperature 1 (--out holds one line per prompt, its tokens the per-verification counts
@@ -15,26 +15,26 @@ rm -rf "$WORK" && mkdir -p "$WORK"
 "$PY" "$SRC/scripts/make_testbed_target.py" --corpus-only \
   --target-from "$SRC/assets/testbed-tiny/target" --out "$WORK/testbed" >/dev/null
 TARGET=$WORK/testbed/target
-# train_with_decoding_eval RUN [launcher...]: 40 steps, τ in decoding of 8 held-out prompts at the
+# train_with_decoding_eval RUN [launcher...]: 24 steps, τ in decoding of 8 held-out prompts at the
 # end, checked against dspine-decode on the run's checkpoint.
 train_with_decoding_eval() {
   local run=$1; shift
   "$@" "$BIN/dspine-train" --config "$SRC/configs/testbed-dspine.yaml" \
-    --set training.total_steps=40 --set training.eval_every=40 --set data.eval_samples=8 \
+    --set training.total_steps=24 --set training.eval_every=24 --set data.eval_samples=8 \
     --set training.eval_decode_tokens=24 --set training.eval_decode_prompt_tokens=48 \
     --set logging.progress=false --set logging.level=warn --set data.target.path="$TARGET" \
     --set data.samples="$WORK/testbed/train.jsonl" \
-    --set data.eval_samples_file="$WORK/testbed/held_out.jsonl" --set checkpoint.save_every=40 \
+    --set data.eval_samples_file="$WORK/testbed/held_out.jsonl" --set checkpoint.save_every=24 \
     --set checkpoint.dir="$WORK/$run/checkpoints" \
     --set logging.metrics_file="$WORK/$run/metrics.jsonl" --set checkpoint.resume=none "${RUN_SETTINGS[@]}"
   "$BIN/dspine-decode" --target "$TARGET" --prompts "$WORK/testbed/held_out.jsonl" --samples 8 \
     --prompt-tokens 48 --max-new-tokens 24 --ignore-eos --batch 4 \
-    --draft "$WORK/$run/checkpoints/step-000040" --no-baseline --json >"$WORK/$run/eval_prompts.json"
+    --draft "$WORK/$run/checkpoints/step-000024" --no-baseline --json >"$WORK/$run/eval_prompts.json"
   python3 - "$WORK/$run/metrics.jsonl" "$WORK/$run/eval_prompts.json" "$run" <<'PY'
 import json, sys
 record = [json.loads(line) for line in open(sys.argv[1]) if '"eval/decode_tau"' in line][-1]
 decoded = json.loads(open(sys.argv[2]).read())
-assert record["step"] == 40 and record["eval/decode_tokens"] == 8 * 23, record
+assert record["step"] == 24 and record["eval/decode_tokens"] == 8 * 23, record
 assert abs(record["eval/decode_tau"] - decoded["tau"]) <= 0.02 * decoded["tau"], (record, decoded)
 for k in (1, 2, 3):
     assert abs(record[f"eval/decode_accept_{k}"] - decoded[f"accept_{k}"]) <= 0.05, (record, decoded)
@@ -46,7 +46,7 @@ RUN_SETTINGS=()
 train_with_decoding_eval run
 RUN_SETTINGS=(--set distributed.sharding=zero3)
 train_with_decoding_eval run-np2 "$MPIEXEC" -np 2 --oversubscribe --allow-run-as-root
-DRAFT=$WORK/run/checkpoints/step-000040
+DRAFT=$WORK/run/checkpoints/step-000024
 "$BIN/dspine-data" export "$DRAFT" "$WORK/export" >/dev/null
 mkdir -p "$WORK/bare" && cp "$WORK/export/config.json" "$WORK/export/model.safetensors" "$WORK/bare/"
 decode=("$BIN/dspine-decode" --target "$TARGET" --prompts "$WORK/testbed/held_out.jsonl" --samples 6
