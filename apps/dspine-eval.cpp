@@ -85,9 +85,10 @@ nlohmann::json acceptance_report(const core::Config& config,
                                  const torch::Device& device, bool per_block_verifier) {
   auto batches = objectives::held_out_batches(source, rows.offset, rows.samples,
                                               config.training.batch_size, device);
-  objectives::AcceptanceEvaluator evaluator(config, objective.dspine_settings(), objective.draft(),
-                                            objective.training_model().embed_tokens(),
-                                            objective.training_model().lm_head());
+  objectives::AcceptanceEvaluator evaluator(
+      objective.dspine_settings(), config.data.seq_len, static_cast<uint64_t>(config.training.seed),
+      objective.draft(), objective.training_model().embed_tokens(),
+      objective.training_model().lm_head());
   auto comm = dspine::dist::make_single_process_communicator();
   std::unique_ptr<objectives::BlockVerifier> verifier;
   if (per_block_verifier) {
@@ -318,8 +319,10 @@ int main(int argc, char** argv) {
       embed = source->embed_tokens();
       head = source->lm_head();
     }
-    auto objective = objectives::make_dspine_objective(config, *resolved.settings->dspine(), embed,
-                                                       head, device, dtype, &resolved.draft);
+    auto objective = objectives::make_dspine_objective(
+        dspine::model::dspine_model_config(config.model, *resolved.draft.settings),
+        *resolved.settings->dspine(), config.training.accumulation_steps, embed, head, device,
+        dtype);
     resolved.draft.entry->load(*objective->module(), o.weights_path);
 
     if (o.acceptance) {

@@ -3,19 +3,6 @@
 #include <fmt/format.h>
 
 namespace dspine::core {
-namespace {
-
-template <typename T>
-Rule bound(const T& value, std::string allowed, bool (*ok)(T)) {
-  return rule(allowed, [&value, allowed, ok](const std::string& key) {
-    std::optional<RuleFailure> failure;
-    if (!ok(value)) failure = out_of_range(key, shown(value), allowed);
-    return failure;
-  });
-}
-
-}  // namespace
-
 std::string shown(int64_t value) { return fmt::format("{}", value); }
 
 // The shortest text that reads back to the same double; an exponent gets a mantissa with a dot
@@ -51,24 +38,19 @@ Rule rule(std::string allowed,
 Rule documented(std::string allowed) { return {std::move(allowed), nullptr}; }
 
 Rule at_least(const int64_t& value, int64_t low) {
-  const std::string allowed = fmt::format("integer >= {}", low);
-  return rule(allowed, [&value, low, allowed](const std::string& key) {
-    std::optional<RuleFailure> failure;
-    if (value < low) failure = out_of_range(key, shown(value), allowed);
-    return failure;
-  });
+  return require(value, [low](int64_t v) { return v >= low; }, fmt::format("integer >= {}", low));
 }
 
 Rule positive(const double& value) {
-  return bound<double>(value, "number > 0", [](double v) { return v > 0; });
+  return require(value, [](double v) { return v > 0; }, "number > 0");
 }
 
 Rule nonnegative(const double& value) {
-  return bound<double>(value, "number >= 0", [](double v) { return v >= 0; });
+  return require(value, [](double v) { return v >= 0; }, "number >= 0");
 }
 
 Rule fraction(const double& value) {
-  return bound<double>(value, "number in [0, 1)", [](double v) { return v >= 0 && v < 1; });
+  return require(value, [](double v) { return v >= 0 && v < 1; }, "number in [0, 1)");
 }
 
 Rule not_empty(const std::string& value) {

@@ -86,6 +86,11 @@ struct Rule {
   std::function<std::optional<RuleFailure>(const std::string& key)> check;
 };
 
+// Values as errors and to_yaml show them: shortest round-trip numbers, quoted strings.
+std::string shown(int64_t value);
+std::string shown(double value);
+std::string shown(const std::string& value);
+
 // Rule constructors over a member (read when the rule is checked). Their `allowed` texts are
 // the ones docs/config.md lists.
 Rule at_least(const int64_t& value, int64_t low);  // "integer >= low"
@@ -102,10 +107,18 @@ Rule documented(std::string allowed);
 RuleFailure out_of_range(const std::string& key, std::string value, const std::string& allowed);
 RuleFailure bad_value(const std::string& key, std::string value, const std::string& problem);
 RuleFailure broken_rule(const std::string& key, std::string value, const std::string& problem);
-// Values as errors and to_yaml show them: shortest round-trip numbers, quoted strings.
-std::string shown(int64_t value);
-std::string shown(double value);
-std::string shown(const std::string& value);
+
+// `ok(value)` must hold (value an int64_t, double or string member); otherwise
+// "<key> = <value> is out of range; allowed: <allowed>". The constructors above are its common
+// cases.
+template <typename T, typename Ok>
+Rule require(const T& value, Ok ok, std::string allowed) {
+  return rule(allowed, [&value, ok, allowed](const std::string& key) {
+    std::optional<RuleFailure> failure;
+    if (!ok(value)) failure = out_of_range(key, shown(value), allowed);
+    return failure;
+  });
+}
 
 // One setting: key, member, rule, description (the default is the member's initial value).
 struct Setting {

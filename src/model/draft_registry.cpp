@@ -127,15 +127,4 @@ DSpineModelConfig dspine_model_config(const core::ModelConfig& model,
   return {model, *settings.dspine()};
 }
 
-DSpineDraft build_dspine_draft(const core::Config& config, const ResolvedDraft* draft,
-                               const torch::Device& device, torch::Dtype dtype) {
-  const ResolvedDraft resolved = draft != nullptr ? *draft : resolve_draft(config, "dspine");
-  auto module = std::dynamic_pointer_cast<DSpineDraftImpl>(
-      resolved.entry->build(config.model, *resolved.settings, device, dtype));
-  if (module == nullptr) {
-    fail("model.architecture '{}' does not build a DSpine draft", resolved.entry->name);
-  }
-  return DSpineDraft(module);
-}
-
 }  // namespace dspine::model

@@ -24,8 +24,6 @@ class Module;
 
 namespace dspine::model {
 
-class DSpineDraft;  // model/dspine_draft.h
-
 // An architecture's settings as its entry's parse made them. Each entry has its own subclass
 // (draft_registry.cpp); callers outside the registry ask what they need through the accessors.
 struct DraftSettings {
@@ -73,10 +71,5 @@ ResolvedDraft resolve_draft(const core::Config& config, const std::string& name 
 // Throws when `settings` are another architecture's.
 DSpineModelConfig dspine_model_config(const core::ModelConfig& model,
                                       const DraftSettings& settings);
-
-// The DSpine draft of config.model's sizes that the registry entry of `draft` builds (null: the
-// dspine entry, model.dspine parsed here). Throws when `draft` is another architecture's.
-DSpineDraft build_dspine_draft(const core::Config& config, const ResolvedDraft* draft,
-                               const c10::Device& device, c10::ScalarType dtype);
 
 }  // namespace dspine::model

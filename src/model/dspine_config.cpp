@@ -110,20 +110,6 @@ int64_t resolved_mask_token_id(const core::ModelConfig& config) {
   return config.mask_token_id < 0 ? config.vocab_size - 1 : config.mask_token_id;
 }
 
-HfConfigContext hf_config_context(const core::Config& run, const nlohmann::json& training_settings) {
-  HfConfigContext context;
-  context.dtype = run.training.dtype;
-  context.training_settings = training_settings;
-  // The trainer resolves the depth from the data source (data/target_depth.h); a configuration
-  // used without it records the least depth holding every target layer id.
-  const auto& ids = run.model.target_layer_ids;
-  context.num_target_layers = run.model.num_target_layers > 0 || ids.empty()
-                                  ? run.model.num_target_layers
-                                  : *std::max_element(ids.begin(), ids.end()) + 1;
-  context.max_position_embeddings = run.data.seq_len;
-  return context;
-}
-
 nlohmann::json dspine_hf_config(const DSpineModelConfig& c, const HfConfigContext& context) {
   const auto& d = c.dspine;
   nlohmann::json dspine = context.training_settings;

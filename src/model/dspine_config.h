@@ -51,11 +51,6 @@ struct HfConfigContext {
   nlohmann::json bos_token_id, eos_token_id;
 };
 
-// The context of a training run: training.dtype, data.seq_len, and the target depth
-// (model.num_target_layers, which the trainer resolves from the data source; unresolved, the least
-// depth holding every target layer id).
-HfConfigContext hf_config_context(const core::Config& run, const nlohmann::json& training_settings);
-
 // The Qwen3Config-style config.json of the draft (docs/model.md#configjson): every key of the
 // reference draft config, with the complete dspine_config.
 nlohmann::json dspine_hf_config(const DSpineModelConfig& config, const HfConfigContext& context);

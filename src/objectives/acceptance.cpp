@@ -34,8 +34,8 @@ std::vector<int64_t> to_vector(const at::Tensor& counts) {
   return {cpu.data_ptr<int64_t>(), cpu.data_ptr<int64_t>() + cpu.numel()};
 }
 
-DSpineSettings every_anchor(DSpineSettings settings, const core::Config& config) {
-  settings.num_anchors = config.data.seq_len;
+DSpineSettings every_anchor(DSpineSettings settings, int64_t row_length) {
+  settings.num_anchors = row_length;
   return settings;
 }
 
@@ -95,14 +95,14 @@ std::vector<data::DraftBatch> held_out_batches(data::BatchSource& source, int64_
   return batches;
 }
 
-AcceptanceEvaluator::AcceptanceEvaluator(const core::Config& config, DSpineSettings settings,
-                                         model::DSpineDraft draft, at::Tensor embed_tokens,
-                                         at::Tensor lm_head)
-    : model_(config, every_anchor(settings, config), std::move(draft), std::move(embed_tokens),
+AcceptanceEvaluator::AcceptanceEvaluator(DSpineSettings settings, int64_t row_length,
+                                         uint64_t seed, model::DSpineDraft draft,
+                                         at::Tensor embed_tokens, at::Tensor lm_head)
+    : model_(every_anchor(settings, row_length), std::move(draft), std::move(embed_tokens),
              std::move(lm_head)),
       top_k_(model_.draft()->config().dspine.top_k),
       chunk_blocks_(settings.objective_chunk_blocks),
-      seed_(static_cast<uint64_t>(config.training.seed)) {}
+      seed_(seed) {}
 
 AcceptanceStats AcceptanceEvaluator::measure(const std::vector<data::DraftBatch>& batches,
                                              dist::Communicator& comm,

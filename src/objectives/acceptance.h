@@ -20,7 +20,6 @@
 #include <string>
 #include <vector>
 
-#include "core/config.h"
 #include "data/batch.h"
 #include "data/batch_source.h"
 #include "data/qwen3_model.h"
@@ -68,13 +67,14 @@ std::vector<data::DraftBatch> held_out_batches(data::BatchSource& source, int64_
                                                const c10::Device& device);
 
 // Measures a draft it shares with the trained objective (and the placed target tables), from
-// every valid anchor of a row (num_anchors = data.seq_len). Taking every valid anchor leaves
-// nothing to chance: the anchors' row streams (row_streams.h, training.seed, step 0, the rows of
-// `batches` in order) only order the draws, so the trainer, dspine-eval and any split of the
-// samples over ranks measure the same blocks, and no training draw depends on a measurement.
+// every valid anchor of a row of `row_length` tokens (num_anchors = data.seq_len). Taking every
+// valid anchor leaves nothing to chance: the anchors' row streams (row_streams.h, `seed` =
+// training.seed, step 0, the rows of `batches` in order) only order the draws, so the trainer,
+// dspine-eval and any split of the samples over ranks measure the same blocks, and no training
+// draw depends on a measurement.
 class AcceptanceEvaluator {
  public:
-  AcceptanceEvaluator(const core::Config& config, DSpineSettings settings,
+  AcceptanceEvaluator(DSpineSettings settings, int64_t row_length, uint64_t seed,
                       model::DSpineDraft draft, at::Tensor embed_tokens, at::Tensor lm_head);
 
   // Every valid anchor of `batches`, reduced over `comm` (collective: every rank calls it, with

@@ -89,13 +89,12 @@ at::Tensor teacher_hidden(const DraftPass& pass, const at::Tensor& blocks) {
       .view({positions.size(0), positions.size(1), pass.teacher_states.size(1)});
 }
 
-DSpineTrainingModel::DSpineTrainingModel(const core::Config& config,
-                                         const DSpineSettings& settings, model::DSpineDraft draft,
+DSpineTrainingModel::DSpineTrainingModel(const DSpineSettings& settings, model::DSpineDraft draft,
                                          at::Tensor embed_tokens, at::Tensor lm_head)
     : model_config_(draft->config()),
       settings_(settings),
       draft_(std::move(draft)),
-      mask_token_id_(model::resolved_mask_token_id(config.model)) {
+      mask_token_id_(model::resolved_mask_token_id(model_config_)) {
   // objective.dspine's ranges were checked where the section was parsed (dspine_settings.cpp).
   const auto& weight = draft_->fc->weight;
   auto place = [&](const at::Tensor& t, const char* name) {

@@ -11,7 +11,6 @@
 #include <utility>
 #include <vector>
 
-#include "core/config.h"
 #include "data/batch.h"
 #include "dist/communicator.h"
 #include "model/dspine_draft.h"
@@ -100,8 +99,8 @@ class DSpineTrainingModel {
  public:
   // embed_tokens / lm_head: the target's [V, H] tables, moved to the draft's device and dtype
   // and never given gradients.
-  DSpineTrainingModel(const core::Config& config, const DSpineSettings& settings,
-                      model::DSpineDraft draft, at::Tensor embed_tokens, at::Tensor lm_head);
+  DSpineTrainingModel(const DSpineSettings& settings, model::DSpineDraft draft,
+                      at::Tensor embed_tokens, at::Tensor lm_head);
 
   // Draws anchors (and the replacement mask when training and p > 0) from the rows' streams,
   // unless overridden.

@@ -39,13 +39,13 @@ at::Tensor share_of(const at::Tensor& numerator, const at::Tensor& denominator) 
 
 }  // namespace
 
-DSpineObjective::DSpineObjective(const core::Config& config, const DSpineSettings& settings,
+DSpineObjective::DSpineObjective(const DSpineSettings& settings, int64_t accumulation_steps,
                                  model::DSpineDraft draft, at::Tensor embed_tokens,
                                  at::Tensor lm_head)
-    : config_(config),
-      settings_(settings),
+    : settings_(settings),
+      accumulation_steps_(accumulation_steps),
       draft_(std::move(draft)),
-      model_(config, settings, draft_, std::move(embed_tokens), std::move(lm_head)) {}
+      model_(settings, draft_, std::move(embed_tokens), std::move(lm_head)) {}
 
 std::string DSpineObjective::on_fresh_start(const std::string& init_from) {
   if (init_from.empty()) draft_->initialize_transfer_space(model_.lm_head());
@@ -88,7 +88,7 @@ void DSpineObjective::accumulate(const DSpineOutput& out) {
 
 void DSpineObjective::begin_window(const std::vector<data::DraftBatch>& micro_batches,
                                    StepContext& context) {
-  const int64_t expected = config_.training.accumulation_steps;
+  const int64_t expected = accumulation_steps_;
   window_.begin(static_cast<int64_t>(micro_batches.size()), expected);
   window_sums_ = at::Tensor();
   kept_.reset();
@@ -226,14 +226,13 @@ std::map<std::string, double> DSpineObjective::evaluate(const data::DraftBatch& 
   return reduced_metrics(output_sums(out), *context.comm, out);
 }
 
-std::unique_ptr<DSpineObjective> make_dspine_objective(const core::Config& config,
-                                                       const DSpineSettings& settings,
-                                                       at::Tensor embed_tokens, at::Tensor lm_head,
-                                                       torch::Device device, torch::Dtype dtype,
-                                                       const model::ResolvedDraft* draft) {
-  return std::make_unique<DSpineObjective>(config, settings,
-                                           model::build_dspine_draft(config, draft, device, dtype),
-                                           std::move(embed_tokens), std::move(lm_head));
+std::unique_ptr<DSpineObjective> make_dspine_objective(
+    const model::DSpineModelConfig& draft_config, const DSpineSettings& settings,
+    int64_t accumulation_steps, at::Tensor embed_tokens, at::Tensor lm_head, torch::Device device,
+    torch::Dtype dtype) {
+  return std::make_unique<DSpineObjective>(
+      settings, accumulation_steps, model::build_placed_draft(draft_config, device, dtype),
+      std::move(embed_tokens), std::move(lm_head));
 }
 
 }  // namespace dspine::objectives

@@ -1,11 +1,10 @@
 // The DSpine objective as the trainer drives it (objective.name: dspine; docs/model.md, "The
 // supervised objective").
 //
-// Trainer usage:
-//   const auto& settings = config.section<DSpineSettings>("objective.dspine");
-//   auto objective = make_dspine_objective(config, settings, source.embed_tokens(),
-//                                          source.lm_head(), device, dtype,
-//                                          &draft);  // model::resolve_draft(config)
+// Trainer usage (train/objective_registry.cpp hands each part over):
+//   auto objective = make_dspine_objective(draft_config, settings, accumulation_steps,
+//                                          source.embed_tokens(), source.lm_head(), device,
+//                                          dtype);  // model.* + model.dspine, objective.dspine
 //   auto module = objective->module();        // trainable draft: optimizer, sharding, checkpoints
 //   fresh run:  objective->on_fresh_start("");  // transfer space from the frozen lm_head (§6)
 //   resume:     load the checkpoint's parameters AND buffers into module (transfer_codes [V, r]
@@ -35,8 +34,7 @@
 #include <optional>
 #include <nlohmann/json.hpp>
 
-#include "core/config.h"
-#include "model/draft_registry.h"
+#include "model/dspine_config.h"
 #include "model/dspine_draft.h"
 #include "objectives/dspine_forward.h"
 #include "objectives/dspine_settings.h"
@@ -47,8 +45,8 @@ namespace dspine::objectives {
 
 class DSpineObjective final : public Objective {
  public:
-  // Trains `draft`, as the draft registry built it (make_dspine_objective).
-  DSpineObjective(const core::Config& config, const DSpineSettings& settings,
+  // Trains `draft` in windows of `accumulation_steps` micro-batches (training.accumulation_steps).
+  DSpineObjective(const DSpineSettings& settings, int64_t accumulation_steps,
                   model::DSpineDraft draft, at::Tensor embed_tokens, at::Tensor lm_head);
 
   std::string name() const override { return "dspine"; }
@@ -83,8 +81,8 @@ class DSpineObjective final : public Objective {
   std::map<std::string, double> reduced_metrics(at::Tensor sums, dist::Communicator& comm,
                                                 const DSpineOutput& last) const;
 
-  core::Config config_;
   DSpineSettings settings_;
+  int64_t accumulation_steps_;
   model::DSpineDraft draft_;
   DSpineTrainingModel model_;
   WindowReplay window_;
@@ -100,12 +98,12 @@ class DSpineObjective final : public Objective {
   int64_t kept_index_ = -1;
 };
 
-// The trainer's entry point for objective.name = dspine (see the usage above). The draft is built
-// by the registry entry of `draft` (model.architecture as parsed; null: model.dspine parsed here)
-// on CPU fp32 from the global torch RNG (seed it first), then placed on (device, dtype).
+// The trainer's entry point for objective.name = dspine (see the usage above). The draft of
+// `draft_config` is built on CPU fp32 from the global torch RNG (seed it first), then placed on
+// (device, dtype).
 std::unique_ptr<DSpineObjective> make_dspine_objective(
-    const core::Config& config, const DSpineSettings& settings, at::Tensor embed_tokens,
-    at::Tensor lm_head, torch::Device device, torch::Dtype dtype,
-    const model::ResolvedDraft* draft = nullptr);
+    const model::DSpineModelConfig& draft_config, const DSpineSettings& settings,
+    int64_t accumulation_steps, at::Tensor embed_tokens, at::Tensor lm_head, torch::Device device,
+    torch::Dtype dtype);
 
 }  // namespace dspine::objectives

@@ -1,7 +1,5 @@
 #include "objectives/dspine_settings.h"
 
-#include "objectives/setting_rules.h"
-
 namespace dspine::objectives {
 
 core::Settings settings_of(DSpineSettings& s, const core::Config&) {
@@ -10,46 +8,45 @@ core::Settings settings_of(DSpineSettings& s, const core::Config&) {
       "DSpine requires 0 <= replacement_hold_ratio < replacement_end_ratio <= 1";
   return {
       {"num_anchors", &s.num_anchors,
-       require<int64_t>(
-           s.num_anchors, [](int64_t v) { return v >= 1; }, "integer >= 1"),
+       core::at_least(s.num_anchors, 1),
        "most anchor blocks sampled per row"},
       {"loss_decay_gamma", &s.loss_decay_gamma,
        core::documented("any number; <= 0 disables the decay"),
        "gamma of the loss decay over block positions"},
       {"objective_chunk_blocks", &s.objective_chunk_blocks,
-       require<int64_t>(
+       core::require(
            s.objective_chunk_blocks, [](int64_t v) { return v >= 0; },
            "integer >= 0 (0 = no chunking)"),
        "blocks per checkpointed objective chunk"},
       {"ce_weight", &s.ce_weight,
-       require<double>(
+       core::require(
            s.ce_weight, [](double v) { return v >= 0 && v <= 1; }, weights_rule),
        "refinement term: weight of its CE against its L1"},
       {"alignment_weight", &s.alignment_weight,
-       require<double>(
+       core::require(
            s.alignment_weight, [](double v) { return v >= 0; }, weights_rule),
        "final weight of the alignment term"},
       {"alignment_warmup_steps", &s.alignment_warmup_steps,
-       require<int64_t>(
+       core::require(
            s.alignment_warmup_steps, [](int64_t v) { return v >= 0; },
            "DSpine warmup steps must be nonnegative"),
        "steps over which the alignment weight ramps up"},
       {"replacement_probability", &s.replacement_probability,
-       require<double>(
+       core::require(
            s.replacement_probability, [](double v) { return v >= 0 && v <= 1; },
            "DSpine replacement_probability must be in [0, 1]"),
        "start chance a block's predecessors are true codes"},
       {"replacement_hold_ratio", &s.replacement_hold_ratio,
-       require<double>(
+       core::require(
            s.replacement_hold_ratio,
            [end = &s.replacement_end_ratio](double v) { return v >= 0 && v < *end; }, ratio_rule),
        "progress at which replacement starts to fade"},
       {"replacement_end_ratio", &s.replacement_end_ratio,
-       require<double>(
+       core::require(
            s.replacement_end_ratio, [](double v) { return v <= 1; }, ratio_rule),
        "progress at which replacement has faded out"},
       {"candidate_mass_threshold", &s.candidate_mass_threshold,
-       require<double>(
+       core::require(
            s.candidate_mass_threshold, [](double v) { return v >= 0 && v < 1; },
            "DSpine candidate_mass_threshold must be in [0, 1)"),
        "teacher mass the top-k needs for the refinement L1"},

@@ -7,13 +7,13 @@
 #include <chrono>
 #include <optional>
 
+#include "core/config.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "model/dspine_config.h"
 #include "model/draft_loading.h"
 #include "objectives/dspine_terms.h"
 #include "objectives/gspo_policy_loss.h"
-#include "objectives/setting_rules.h"
 #include "ops/vocab_objective_ops.h"
 
 namespace dspine::objectives {
@@ -180,13 +180,12 @@ core::Settings settings_of(GspoSettings& s, const core::Config& run) {
                  });
   return {
       {"group_size", &r.group_size,
-       require(
+       core::require(
            r.group_size, [](int64_t v) { return v >= 2; },
            "integer >= 2 (advantages compare the blocks of a group)"),
        "blocks sampled per kept anchor (G)"},
       {"temperature", &r.temperature,
-       require(
-           r.temperature, [](double v) { return v > 0; }, "number > 0"),
+       core::positive(r.temperature),
        "sampling temperature of the rollout"},
       {"sampling",
        core::choice_target(&r.sampling),
@@ -205,39 +204,34 @@ core::Settings settings_of(GspoSettings& s, const core::Config& run) {
        {},
        "rewards minus the group mean (group_std: then over the std)"},
       {"eps_low", &s.eps_low,
-       require(
-           s.eps_low, [](double v) { return v >= 0 && v < 1; }, "number in [0, 1)"),
+       core::fraction(s.eps_low),
        "clip range below 1 of the segment ratio"},
       {"eps_high", &s.eps_high,
-       require(
-           s.eps_high, [](double v) { return v >= 0; }, "number >= 0"),
+       core::nonnegative(s.eps_high),
        "clip range above 1 of the segment ratio"},
       {"logits_scale", &r.logits_scale,
-       require(
-           r.logits_scale, [](double v) { return v > 0; }, "number > 0"),
+       core::positive(r.logits_scale),
        "multiplies the logits of the policy"},
       {"updates_per_rollout", &s.updates_per_rollout,
-       require(
-           s.updates_per_rollout, [](int64_t v) { return v >= 1; }, "integer >= 1"),
+       core::at_least(s.updates_per_rollout, 1),
        "optimizer updates per rollout"},
       {"ce_weight", &s.ce_weight,
-       require(
-           s.ce_weight, [](double v) { return v >= 0; }, "number >= 0"),
+       core::nonnegative(s.ce_weight),
        "weight of the supervised DSpine loss beside RL"},
       {"init_from", &s.init_from, init_rule,
        "older name of training.init_from: checkpoint, export or weights to start from"},
   };
 }
 
-GspoObjective::GspoObjective(const core::Config& config, const DSpineSettings& dspine,
-                             const GspoSettings& settings, model::DSpineDraft draft,
+GspoObjective::GspoObjective(const DSpineSettings& dspine, const GspoSettings& settings,
+                             int64_t accumulation_steps, model::DSpineDraft draft,
                              at::Tensor embed_tokens, at::Tensor lm_head,
                              const data::Qwen3Model* online_target)
-    : config_(config),
-      dspine_(dspine),
+    : dspine_(dspine),
       settings_(settings),
+      accumulation_steps_(accumulation_steps),
       draft_(std::move(draft)),
-      model_(config, dspine, draft_, std::move(embed_tokens), std::move(lm_head)) {
+      model_(dspine, draft_, std::move(embed_tokens), std::move(lm_head)) {
   settings_.rollout.top_k = draft_->config().dspine.top_k;
   settings_.rollout.chunk_blocks = dspine.objective_chunk_blocks;
   verifier_ = make_reward_verifier(settings_.reward_source, online_target, model_.lm_head(),
@@ -270,9 +264,9 @@ GspoRolloutSettings GspoObjective::rollout_settings() const {
 
 void GspoObjective::begin_window(const std::vector<data::DraftBatch>& micro_batches,
                                  StepContext& context) {
-  if (static_cast<int64_t>(micro_batches.size()) != config_.training.accumulation_steps)
+  if (static_cast<int64_t>(micro_batches.size()) != accumulation_steps_)
     fail("gspo: the window has {} micro-batches, training.accumulation_steps is {}",
-         micro_batches.size(), config_.training.accumulation_steps);
+         micro_batches.size(), accumulation_steps_);
   torch::NoGradGuard no_grad;
   const auto r = rollout_settings();
   const bool full = r.sampling == GspoSampling::kRefinement || verifier_->needs_teacher_states();
@@ -528,11 +522,12 @@ std::map<std::string, double> GspoObjective::evaluate(const data::DraftBatch& ba
 }
 
 std::unique_ptr<GspoObjective> make_gspo_objective(
-    const core::Config& config, const DSpineSettings& dspine, const GspoSettings& settings,
-    at::Tensor embed_tokens, at::Tensor lm_head, torch::Device device, torch::Dtype dtype,
-    const data::Qwen3Model* online_target, const model::ResolvedDraft* draft) {
+    const model::DSpineModelConfig& draft_config, const DSpineSettings& dspine,
+    const GspoSettings& settings, int64_t accumulation_steps, at::Tensor embed_tokens,
+    at::Tensor lm_head, torch::Device device, torch::Dtype dtype,
+    const data::Qwen3Model* online_target) {
   return std::make_unique<GspoObjective>(
-      config, dspine, settings, model::build_dspine_draft(config, draft, device, dtype),
+      dspine, settings, accumulation_steps, model::build_placed_draft(draft_config, device, dtype),
       std::move(embed_tokens), std::move(lm_head), online_target);
 }
 

@@ -20,9 +20,9 @@
 #include <string>
 #include <vector>
 
-#include "core/config.h"
+#include "core/settings.h"
 #include "data/qwen3_model.h"
-#include "model/draft_registry.h"
+#include "model/dspine_config.h"
 #include "model/dspine_draft.h"
 #include "objectives/block_verifier.h"
 #include "objectives/dspine_forward.h"
@@ -50,11 +50,11 @@ core::Settings settings_of(GspoSettings& settings, const core::Config& run);
 
 class GspoObjective final : public Objective {
  public:
-  // Trains `draft`, as the draft registry built it (make_gspo_objective); the rollout's
-  // refinement candidates are the draft's model.dspine.top_k. `online_target` (may be null)
-  // verifies the rollouts when reward_source is target.
-  GspoObjective(const core::Config& config, const DSpineSettings& dspine,
-                const GspoSettings& settings, model::DSpineDraft draft, at::Tensor embed_tokens,
+  // Trains `draft` (make_gspo_objective) in windows of `accumulation_steps` micro-batches; the
+  // rollout's refinement candidates are the draft's model.dspine.top_k. `online_target` (may be
+  // null) verifies the rollouts when reward_source is target.
+  GspoObjective(const DSpineSettings& dspine, const GspoSettings& settings,
+                int64_t accumulation_steps, model::DSpineDraft draft, at::Tensor embed_tokens,
                 at::Tensor lm_head, const data::Qwen3Model* online_target = nullptr);
 
   std::string name() const override { return "gspo"; }
@@ -107,9 +107,9 @@ class GspoObjective final : public Objective {
   Update separate_seam_update(const DraftPass& pass, const GspoRollout& rollout,
                               const DSpineForwardOptions& options);
 
-  core::Config config_;
   DSpineSettings dspine_;
   GspoSettings settings_;
+  int64_t accumulation_steps_;
   model::DSpineDraft draft_;
   DSpineTrainingModel model_;
   std::unique_ptr<BlockVerifier> verifier_;  // scores the rollouts
@@ -123,11 +123,12 @@ class GspoObjective final : public Objective {
   std::vector<std::function<double()>> seam_times_;
 };
 
-// The trainer's entry point for objective.name = gspo; the draft is built as by
-// make_dspine_objective (objectives/dspine_objective.h), from `draft` or, when null, `config`.
+// The trainer's entry point for objective.name = gspo; the draft of `draft_config` is built as by
+// make_dspine_objective (objectives/dspine_objective.h).
 std::unique_ptr<GspoObjective> make_gspo_objective(
-    const core::Config& config, const DSpineSettings& dspine, const GspoSettings& settings,
-    at::Tensor embed_tokens, at::Tensor lm_head, torch::Device device, torch::Dtype dtype,
-    const data::Qwen3Model* online_target = nullptr, const model::ResolvedDraft* draft = nullptr);
+    const model::DSpineModelConfig& draft_config, const DSpineSettings& dspine,
+    const GspoSettings& settings, int64_t accumulation_steps, at::Tensor embed_tokens,
+    at::Tensor lm_head, torch::Device device, torch::Dtype dtype,
+    const data::Qwen3Model* online_target = nullptr);
 
 }  // namespace dspine::objectives

@@ -21,7 +21,7 @@ namespace {
 // the target's special token ids.
 nlohmann::json hf_config_of(const core::Config& config, const model::ResolvedDraft& draft,
                             const nlohmann::json& training_settings) {
-  auto context = model::hf_config_context(config, training_settings);
+  auto context = hf_config_context(config, training_settings);
   const auto ids = data::data_source_entry(config.data.source).target_token_ids(config);
   context.bos_token_id = ids.bos_token_id;
   context.eos_token_id = ids.eos_token_id;
@@ -68,7 +68,8 @@ BuiltModel built_from(const core::Config& config, const model::ResolvedDraft& dr
       hf_config_of(config, draft, objectives::dspine_settings_json(objective->dspine_settings()));
   auto& model = objective->training_model();
   built.acceptance = std::make_unique<objectives::AcceptanceEvaluator>(
-      config, objective->dspine_settings(), objective->draft(), model.embed_tokens(),
+      objective->dspine_settings(), config.data.seq_len,
+      static_cast<uint64_t>(config.training.seed), objective->draft(), model.embed_tokens(),
       model.lm_head());
   built.objective = std::move(objective);
   return built;
@@ -93,8 +94,10 @@ BuiltModel build_dspine(const core::Config& config, const ObjectiveSettings& set
                         torch::Device device, torch::Dtype dtype) {
   const auto& s = settings_of<DSpineObjectiveSettings>(settings);
   return built_from(config, draft,
-                    objectives::make_dspine_objective(config, s.anchors, source.embed_tokens(),
-                                                      source.lm_head(), device, dtype, &draft));
+                    objectives::make_dspine_objective(
+                        model::dspine_model_config(config.model, *draft.settings), s.anchors,
+                        config.training.accumulation_steps, source.embed_tokens(),
+                        source.lm_head(), device, dtype));
 }
 
 // GSPO samples its anchor blocks as the DSpine objective does: it reads both sections.
@@ -116,9 +119,10 @@ BuiltModel build_gspo(const core::Config& config, const ObjectiveSettings& setti
                       torch::Device device, torch::Dtype dtype) {
   const auto& s = settings_of<GspoObjectiveSettings>(settings);
   return built_from(config, draft,
-                    objectives::make_gspo_objective(config, s.anchors, s.gspo,
-                                                    source.embed_tokens(), source.lm_head(), device,
-                                                    dtype, source.online_target(), &draft));
+                    objectives::make_gspo_objective(
+                        model::dspine_model_config(config.model, *draft.settings), s.anchors,
+                        s.gspo, config.training.accumulation_steps, source.embed_tokens(),
+                        source.lm_head(), device, dtype, source.online_target()));
 }
 
 const std::vector<ObjectiveEntry>& registry() {
@@ -139,6 +143,21 @@ std::string join(const std::vector<std::string>& names) {
 }
 
 }  // namespace
+
+model::HfConfigContext hf_config_context(const core::Config& run,
+                                         const nlohmann::json& training_settings) {
+  model::HfConfigContext context;
+  context.dtype = run.training.dtype;
+  context.training_settings = training_settings;
+  // The trainer resolves the depth from the data source (data/target_depth.h); a configuration
+  // used without it records the least depth holding every target layer id.
+  const auto& ids = run.model.target_layer_ids;
+  context.num_target_layers = run.model.num_target_layers > 0 || ids.empty()
+                                  ? run.model.num_target_layers
+                                  : *std::max_element(ids.begin(), ids.end()) + 1;
+  context.max_position_embeddings = run.data.seq_len;
+  return context;
+}
 
 std::vector<std::string> objective_names() {
   std::vector<std::string> names;

@@ -46,6 +46,11 @@ inline core::Config tiny_config(int64_t accumulation = 1) {
   return c;
 }
 
+// The draft configuration (model.* with model.dspine) of a run's configuration.
+inline model::DSpineModelConfig draft_config(const core::Config& config) {
+  return {config.model, config.section<model::DSpineConfig>("model.dspine")};
+}
+
 // The training side of §12: num_anchors 4, γ = 7.
 inline objectives::DSpineSettings tiny_settings(int64_t chunk_blocks = 0) {
   objectives::DSpineSettings s;
@@ -61,8 +66,10 @@ inline std::unique_ptr<objectives::DSpineObjective> training_objective(
   torch::manual_seed(17);
   auto head = torch::randn({32, 16});
   auto embed = torch::randn({32, 16});
-  auto objective = objectives::make_dspine_objective(config, settings, embed, head, torch::kCPU,
-                                                     torch::kFloat32);
+  auto objective =
+      objectives::make_dspine_objective(draft_config(config), settings,
+                                        config.training.accumulation_steps, embed, head,
+                                        torch::kCPU, torch::kFloat32);
   objective->on_fresh_start("");
   torch::NoGradGuard no_grad;
   for (auto& w : objective->draft()->injection->write_layers) w->weight.normal_(0.0, 0.05);

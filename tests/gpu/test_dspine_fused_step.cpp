@@ -13,6 +13,7 @@
 #include <cstdlib>
 
 #include "common/choice_named.h"
+#include "common/dspine_tiny.h"
 #include "core/config.h"
 #include "data/random_source.h"
 #include "dist/communicator.h"
@@ -80,8 +81,10 @@ WindowResult run_window(const std::string& fused, bool kernel_heads, torch::Dtyp
   objectives::DSpineSettings settings;
   settings.num_anchors = 8;
   settings.objective_chunk_blocks = 4;
-  auto objective = objectives::make_dspine_objective(step_config(fused, kernel_heads), settings,
-                                                     embed, head, device, dtype);
+  const auto config = step_config(fused, kernel_heads);
+  auto objective = objectives::make_dspine_objective(testing::draft_config(config), settings,
+                                                     config.training.accumulation_steps, embed,
+                                                     head, device, dtype);
   objective->on_fresh_start("");
   auto comm = dist::make_single_process_communicator();
   objectives::StepContext context;
@@ -155,8 +158,9 @@ WindowResult recipe_window(const std::string& fused, double input_scale = 1.0,
   data::RandomSource source(config, device);
   torch::manual_seed(7);
   auto objective = objectives::make_dspine_objective(
-      config, config.section<objectives::DSpineSettings>("objective.dspine"), source.embed_tokens(),
-      source.lm_head(), device, torch::kBFloat16);
+      testing::draft_config(config), config.section<objectives::DSpineSettings>("objective.dspine"),
+      config.training.accumulation_steps, source.embed_tokens(), source.lm_head(), device,
+      torch::kBFloat16);
   objective->on_fresh_start("");
   objective->training_model().pin_candidates(candidates);
   auto comm = dist::make_single_process_communicator();

@@ -160,8 +160,9 @@ std::unique_ptr<objectives::GspoObjective> tiny_policy(objectives::GspoSampling 
   torch::manual_seed(17);
   auto head = torch::randn({32, 16});
   auto embed = torch::randn({32, 16});
-  auto objective = objectives::make_gspo_objective(config, testing::tiny_settings(), settings, embed,
-                                                   head, torch::kCPU, torch::kFloat32);
+  auto objective = objectives::make_gspo_objective(
+      testing::draft_config(config), testing::tiny_settings(), settings,
+      config.training.accumulation_steps, embed, head, torch::kCPU, torch::kFloat32);
   objective->on_fresh_start("");
   return objective;
 }

@@ -109,7 +109,10 @@ class EchoVerifier final : public BlockVerifier {
 struct TinyEvaluation {
   core::Config config = tiny_config();
   std::unique_ptr<DSpineObjective> objective = testing::training_objective(config, tiny_settings());
-  AcceptanceEvaluator evaluator{config, tiny_settings(), objective->draft(),
+  AcceptanceEvaluator evaluator{tiny_settings(),
+                                config.data.seq_len,
+                                static_cast<uint64_t>(config.training.seed),
+                                objective->draft(),
                                 objective->training_model().embed_tokens(),
                                 objective->training_model().lm_head()};
   // Row 0 supervised from position 2 to the end, row 1 from 1 to 8 of 12.

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "model/draft_registry.h"
 #include "objectives/chunking.h"
 #include "objectives/dspine_blocks.h"
 #include "objectives/dspine_forward.h"
@@ -27,9 +28,11 @@ namespace {
 // A world of one that counts the collectives it is asked for.
 using CountingCommunicator = dist::SingleProcessCommunicator;
 
+using testing::draft_config;
 using testing::mask_rows;
 using testing::random_batch;
 using testing::tiny_config;
+using testing::tiny_model_config;
 using testing::tiny_settings;
 using testing::training_objective;
 
@@ -106,7 +109,8 @@ TEST(DSpineObjective, HfConfigCarriesTheFullDSpineConfig) {
   settings.ce_weight = 0.25;
   const auto config = tiny_config();
   const auto draft = dspine::model::resolve_draft(config);
-  const auto context = dspine::model::hf_config_context(config, dspine_settings_json(settings));
+  dspine::model::HfConfigContext context;
+  context.training_settings = dspine_settings_json(settings);
   const auto json = draft.entry->hf_config(config.model, *draft.settings, context)["dspine_config"];
   for (const char* key :
        {"transfer_rank", "message_size", "top_k", "ce_weight", "alignment_weight",
@@ -717,8 +721,10 @@ TEST(DSpineObjective, Bf16DraftKeepsFp32CodesAndTrainsWithFiniteGradients) {
       torch::manual_seed(17);
       auto head = torch::randn({32, 16});
       auto embed = torch::randn({32, 16});
-      auto objective = make_dspine_objective(config, tiny_settings(3), embed, head, device,
-                                             torch::kBFloat16);
+      auto objective =
+          make_dspine_objective(draft_config(config), tiny_settings(3),
+                                config.training.accumulation_steps, embed, head, device,
+                                torch::kBFloat16);
       objective->on_fresh_start("");
       auto draft = objective->draft();
       EXPECT_EQ(draft->fc->weight.scalar_type(), torch::kBFloat16);
@@ -755,8 +761,9 @@ TEST(DSpineWindow, AReplayOfAnotherBatchIsNamedByTheWindowsEnd) {
       auto settings = tiny_settings();
       settings.prepass = prepass;
       torch::manual_seed(17);
-      auto objective = make_dspine_objective(tiny_config(2), settings, torch::randn({32, 16}),
-                                             torch::randn({32, 16}), device, torch::kFloat32);
+      auto objective = make_dspine_objective(tiny_model_config(), settings, /*accumulation=*/2,
+                                             torch::randn({32, 16}), torch::randn({32, 16}),
+                                             device, torch::kFloat32);
       objective->on_fresh_start("");
       CountingCommunicator comm;
       auto ctx = context(comm, 3, 300);
@@ -790,7 +797,8 @@ TEST(DSpineBlocks, EveryDeviceDrawsTheBlocksOfTheHost) {
   for (const auto& device : devices()) {
     SCOPED_TRACE(device.str());
     torch::manual_seed(17);
-    auto objective = make_dspine_objective(tiny_config(), tiny_settings(), torch::randn({32, 16}),
+    auto objective = make_dspine_objective(tiny_model_config(), tiny_settings(),
+                                           /*accumulation=*/1, torch::randn({32, 16}),
                                            torch::randn({32, 16}), device, torch::kFloat32);
     const auto moved = batch.to(device);
     EXPECT_EQ(moved.host_loss_mask.defined(), device.is_cuda());

@@ -20,6 +20,7 @@
 namespace dspine::objectives {
 namespace {
 
+using testing::draft_config;
 using testing::mask_rows;
 using testing::random_batch;
 using testing::tiny_config;
@@ -223,7 +224,8 @@ struct TinyPolicy {
     torch::manual_seed(17);
     auto head = torch::randn({32, 16});
     auto embed = torch::randn({32, 16});
-    objective = make_gspo_objective(config, tiny_settings(2), settings, embed, head, torch::kCPU,
+    objective = make_gspo_objective(draft_config(config), tiny_settings(2), settings,
+                                    config.training.accumulation_steps, embed, head, torch::kCPU,
                                     torch::kFloat32);
     objective->on_fresh_start("");
     batch = random_batch(mask_rows({{0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1},
@@ -233,7 +235,7 @@ struct TinyPolicy {
 
   DraftPass pass(const RowStreams& streams) { return pass(streams, batch); }
   DraftPass pass(const RowStreams& streams, const data::DraftBatch& rows) {
-    DSpineTrainingModel model(config, tiny_settings(2), objective->draft(), torch::randn({32, 16}),
+    DSpineTrainingModel model(tiny_settings(2), objective->draft(), torch::randn({32, 16}),
                               torch::randn({32, 16}));
     DSpineForwardOptions options;
     options.training = false;
@@ -381,9 +383,10 @@ TEST(GspoObjective, FirstUpdateIsOnPolicyAndLaterUpdatesClip) {
     // A random draft matches almost no label: expected acceptance still ranks the samples.
     TinyPolicy policy(sampling, GspoReward::kExpectedAcceptance);
     policy.settings.updates_per_rollout = 2;
-    policy.objective = make_gspo_objective(policy.config, tiny_settings(2), policy.settings,
-                                           torch::randn({32, 16}),
-                                           torch::randn({32, 16}), torch::kCPU, torch::kFloat32);
+    policy.objective = make_gspo_objective(
+        draft_config(policy.config), tiny_settings(2), policy.settings,
+        policy.config.training.accumulation_steps, torch::randn({32, 16}), torch::randn({32, 16}),
+        torch::kCPU, torch::kFloat32);
     policy.objective->on_fresh_start("");
     auto metrics = run_window(policy, 2).metrics;
     // The first update is on-policy (ratio 1, nothing clipped, KL 0); the second sees the moved
@@ -526,9 +529,10 @@ TEST(GspoObjective, RowPassUpdateMatchesTheSeparateSeam) {
       policy.settings.ce_weight = ce_weight;
       policy.settings.updates_per_rollout = 2;
       torch::manual_seed(5);
-      policy.objective = make_gspo_objective(policy.config, tiny_settings(2), policy.settings,
-                                             torch::randn({32, 16}), torch::randn({32, 16}),
-                                             torch::kCPU, torch::kFloat32);
+      policy.objective = make_gspo_objective(
+          draft_config(policy.config), tiny_settings(2), policy.settings,
+          policy.config.training.accumulation_steps, torch::randn({32, 16}),
+          torch::randn({32, 16}), torch::kCPU, torch::kFloat32);
       policy.objective->on_fresh_start("");
       policy.objective->training_model().use_fused_vocabulary(row_pass);
       auto window = run_window(policy, 2);

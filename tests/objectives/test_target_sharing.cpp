@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "common/dspine_tiny.h"
 #include "data/target_source.h"
 #include "objectives/dspine_objective.h"
 #include "objectives/dspine_settings.h"
@@ -29,8 +30,10 @@ TEST(TargetSharing, DraftFreezesTheTargetsOwnTables) {
   c.data.target.random = true;  // random token ids: no samples file needed
   data::TargetSource source(c, torch::kCPU);
   auto objective =
-      make_dspine_objective(c, c.section<objectives::DSpineSettings>("objective.dspine"),
-                            source.embed_tokens(), source.lm_head(), torch::kCPU, torch::kFloat);
+      make_dspine_objective(testing::draft_config(c),
+                            c.section<objectives::DSpineSettings>("objective.dspine"),
+                            c.training.accumulation_steps, source.embed_tokens(),
+                            source.lm_head(), torch::kCPU, torch::kFloat);
   EXPECT_EQ(objective->training_model().embed_tokens().data_ptr(),
             source.model().embed_tokens().data_ptr());
   EXPECT_EQ(objective->training_model().lm_head().data_ptr(), source.model().lm_head().data_ptr());

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "common/dspine_tiny.h"
 #include "common/expect_error.h"
 #include "common/fresh_dir.h"
 #include "common/small_run.h"
@@ -58,8 +59,10 @@ std::vector<at::Tensor> forward_outputs(const Config& config,
   auto source = dspine::data::make_batch_source(config, torch::kCPU);
   torch::manual_seed(99);  // the draft's initialisation, overwritten by the load
   auto objective = dspine::objectives::make_dspine_objective(
-      config, config.section<dspine::objectives::DSpineSettings>("objective.dspine"),
-      source->embed_tokens(), source->lm_head(), torch::kCPU, torch::kFloat32);
+      dspine::testing::draft_config(config),
+      config.section<dspine::objectives::DSpineSettings>("objective.dspine"),
+      config.training.accumulation_steps, source->embed_tokens(), source->lm_head(), torch::kCPU,
+      torch::kFloat32);
   load(*objective->draft());
   source->seek(5000);
   const auto batch = source->next(2);

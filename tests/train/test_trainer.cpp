@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "common/dspine_tiny.h"
 #include "core/checksum.h"
 #include "core/config.h"
 #include "core/error.h"
@@ -320,8 +321,10 @@ TEST(Trainer, FreshStartInitialisationReachesTheMasters) {
   torch::manual_seed(static_cast<uint64_t>(config.training.seed));  // as the trainer builds it
   auto source = dspine::data::make_batch_source(config, torch::kCPU);
   auto initialised = dspine::objectives::make_dspine_objective(
-      config, config.section<dspine::objectives::DSpineSettings>("objective.dspine"),
-      source->embed_tokens(), source->lm_head(), torch::kCPU, torch::kFloat);
+      dspine::testing::draft_config(config),
+      config.section<dspine::objectives::DSpineSettings>("objective.dspine"),
+      config.training.accumulation_steps, source->embed_tokens(), source->lm_head(), torch::kCPU,
+      torch::kFloat);
   const std::string readout = "injection.readouts.0.weight";
   const auto random_init = initialised->module()->named_parameters()[readout].clone();
   initialised->on_fresh_start("");

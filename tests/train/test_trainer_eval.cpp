@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include "common/dspine_tiny.h"
 #include "common/nonfinite.h"
 #include "core/config.h"
 #include "core/error.h"
@@ -97,15 +98,17 @@ TEST(TrainerEval, FinalMetricsEqualADirectMeasurement) {
 
   auto source = dspine::data::make_batch_source(config, torch::kCPU);
   auto objective = dspine::objectives::make_dspine_objective(
-      config, config.section<dspine::objectives::DSpineSettings>("objective.dspine"),
-      source->embed_tokens(), source->lm_head(), torch::kCPU, torch::kFloat32);
+      dspine::testing::draft_config(config),
+      config.section<dspine::objectives::DSpineSettings>("objective.dspine"),
+      config.training.accumulation_steps, source->embed_tokens(), source->lm_head(), torch::kCPU,
+      torch::kFloat32);
   dspine::model::load_module_state(
       *objective->module(),
       dspine::core::load_safetensors(dspine::model::weights_file(checkpoint)));
   dspine::objectives::AcceptanceEvaluator evaluator(
-      config, config.section<dspine::objectives::DSpineSettings>("objective.dspine"),
-      objective->draft(), objective->training_model().embed_tokens(),
-      objective->training_model().lm_head());
+      config.section<dspine::objectives::DSpineSettings>("objective.dspine"), config.data.seq_len,
+      static_cast<uint64_t>(config.training.seed), objective->draft(),
+      objective->training_model().embed_tokens(), objective->training_model().lm_head());
   auto batches = dspine::objectives::held_out_batches(
       *source, dspine::core::eval_offset(config, 1), config.data.eval_samples,
       config.training.batch_size, torch::kCPU);
