@@ -69,17 +69,19 @@ void generate(GenerateArgs args, const dspine::dist::MpiContext& mpi) {
   const auto layout = dspine::dist::rank_layout();
   const auto device = dspine::dist::training_device(config.training.device, layout.local_rank);
   const auto source = data::make_batch_source(config, device);
+  const data::ShardLayout shapes = data::shard_layout(config.data, config.model);
   if (layout.world_size == 1) {
-    data::write_shards(*source, config, args.out_dir, args.options);
+    data::write_shards(*source, config.data, shapes, args.out_dir, args.options);
   } else {
     const auto comm = dspine::dist::make_communicator(config.distributed, c10::kCPU);
     const std::string partial = data::partial_dir(args.out_dir);
     if (layout.rank == 0) data::start_shards(*source, args.out_dir, args.options);
     comm->barrier();
-    data::write_rank_shards(*source, data::layout_from_config(config), partial, args.options,
-                            layout.rank, layout.world_size);
+    data::write_rank_shards(*source, shapes, partial, args.options, layout.rank, layout.world_size);
     comm->barrier();
-    if (layout.rank == 0) data::finish_shards(config, partial, args.out_dir, args.options);
+    if (layout.rank == 0) {
+      data::finish_shards(config.data, shapes, partial, args.out_dir, args.options);
+    }
   }
   if (layout.rank != 0) return;
   fmt::print(
@@ -130,7 +132,7 @@ struct CheckArgs {
 // the bytes of the files checked once each.
 void check(const CheckArgs& args) {
   const core::Config config = dspine::train::load_run_config(args.config_path, args.overrides);
-  data::ShardLayout layout = data::layout_from_config(config);
+  data::ShardLayout layout = data::shard_layout(config.data, config.model);
   if (args.vocab_size > 0) layout.vocab_size = args.vocab_size;
   for (const std::string& path : args.paths) {
     const auto start = std::chrono::steady_clock::now();

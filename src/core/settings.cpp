@@ -38,19 +38,23 @@ Rule rule(std::string allowed,
 Rule documented(std::string allowed) { return {std::move(allowed), nullptr}; }
 
 Rule at_least(const int64_t& value, int64_t low) {
-  return require(value, [low](int64_t v) { return v >= low; }, fmt::format("integer >= {}", low));
+  return require(
+      value, [low](int64_t v) { return v >= low; }, fmt::format("integer >= {}", low));
 }
 
 Rule positive(const double& value) {
-  return require(value, [](double v) { return v > 0; }, "number > 0");
+  return require(
+      value, [](double v) { return v > 0; }, "number > 0");
 }
 
 Rule nonnegative(const double& value) {
-  return require(value, [](double v) { return v >= 0; }, "number >= 0");
+  return require(
+      value, [](double v) { return v >= 0; }, "number >= 0");
 }
 
 Rule fraction(const double& value) {
-  return require(value, [](double v) { return v >= 0 && v < 1; }, "number in [0, 1)");
+  return require(
+      value, [](double v) { return v >= 0 && v < 1; }, "number in [0, 1)");
 }
 
 Rule not_empty(const std::string& value) {

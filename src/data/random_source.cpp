@@ -25,15 +25,16 @@ at::Generator generator_on(const c10::Device& device, uint64_t seed) {
 
 }  // namespace
 
-RandomSource::RandomSource(const core::Config& config, const c10::Device& device)
+RandomSource::RandomSource(const core::DataConfig& data, const core::ModelConfig& draft,
+                           const c10::Device& device)
     : device_(device),
-      seed_(config.data.synthetic.seed),
-      seq_len_(config.data.seq_len),
-      prompt_length_(config.data.synthetic.prompt_length),
-      vocab_(config.model.vocab_size),
-      hidden_(config.model.hidden_size),
-      features_(static_cast<int64_t>(config.model.target_layer_ids.size()) * hidden_),
-      mask_id_(config.model.mask_token_id < 0 ? vocab_ - 1 : config.model.mask_token_id) {
+      seed_(data.synthetic.seed),
+      seq_len_(data.seq_len),
+      prompt_length_(data.synthetic.prompt_length),
+      vocab_(draft.vocab_size),
+      hidden_(draft.hidden_size),
+      features_(static_cast<int64_t>(draft.target_layer_ids.size()) * hidden_),
+      mask_id_(draft.mask_token_id < 0 ? vocab_ - 1 : draft.mask_token_id) {
   if (vocab_ < 2) fail("random source: model.vocab_size must be >= 2 (got {})", vocab_);
 }
 

@@ -7,6 +7,7 @@
 
 #include <c10/core/Device.h>
 
+#include "core/config.h"
 #include "data/batch_source.h"
 
 namespace dspine::data {
@@ -22,7 +23,9 @@ class RandomSource : public BatchSource {
   // At H = 4096 this gives logits of std ~1.3 for unit-normal final states.
   static constexpr double kWeightStd = 0.02;
 
-  RandomSource(const core::Config& config, const c10::Device& device);
+  // data.seq_len and data.synthetic's seed and prompt length; the shapes from `draft` (model.*).
+  RandomSource(const core::DataConfig& data, const core::ModelConfig& draft,
+               const c10::Device& device);
 
   DraftBatch next(int64_t rows) override;
   int64_t cursor() const override { return cursor_; }

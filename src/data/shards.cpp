@@ -179,9 +179,8 @@ void check_shard_tensors(const core::SafetensorsFile& file, const ShardIndex& in
 
 }  // namespace
 
-ShardLayout layout_from_config(const core::Config& config) {
-  return ShardLayout{config.data.seq_len, config.model.hidden_size, config.model.vocab_size,
-                     config.model.target_layer_ids};
+ShardLayout shard_layout(const core::DataConfig& data, const core::ModelConfig& draft) {
+  return ShardLayout{data.seq_len, draft.hidden_size, draft.vocab_size, draft.target_layer_ids};
 }
 
 ShardIndex read_shard_index(const std::string& dir) {
@@ -306,9 +305,9 @@ void write_rank_shards(BatchSource& source, const ShardLayout& layout, const std
   }
 }
 
-void finish_shards(const core::Config& config, const std::string& partial,
-                   const std::string& out_dir, const ShardWriteOptions& options) {
-  const ShardLayout layout = layout_from_config(config);
+void finish_shards(const core::DataConfig& data, const ShardLayout& layout,
+                   const std::string& partial, const std::string& out_dir,
+                   const ShardWriteOptions& options) {
   nlohmann::json shards = nlohmann::json::array();
   for (int64_t first = 0; first < options.num_samples; first += options.samples_per_shard) {
     const int64_t count = std::min(options.samples_per_shard, options.num_samples - first);
@@ -326,29 +325,29 @@ void finish_shards(const core::Config& config, const std::string& partial,
       {"target_layer_ids", layout.target_layer_ids},
       {"dtype", options.dtype},
       {"num_samples", options.num_samples},
-      {"source", core::to_string(config.data.source)},
+      {"source", core::to_string(data.source)},
       {"target", digest_json(core::digest_file((fs::path(partial) / kTargetFile).string()))},
       {"shards", shards}};
   // Where the samples came from, for people reading the index.
-  if (config.data.source == core::DataSource::kSynthetic) {
-    index["synthetic_seed"] = config.data.synthetic.seed;
+  if (data.source == core::DataSource::kSynthetic) {
+    index["synthetic_seed"] = data.synthetic.seed;
   }
-  if (config.data.source == core::DataSource::kTarget) {
-    index["target_path"] = config.data.target.path;
-    index["samples_file"] = config.data.samples;
+  if (data.source == core::DataSource::kTarget) {
+    index["target_path"] = data.target.path;
+    index["samples_file"] = data.samples;
   }
   std::ofstream((fs::path(partial) / kIndexFile).string()) << index.dump(2) << "\n";
   fs::rename(partial, fs::path(out_dir).lexically_normal());
 }
 
-void write_shards(BatchSource& source, const core::Config& config, const std::string& out_dir,
-                  const ShardWriteOptions& options) {
+void write_shards(BatchSource& source, const core::DataConfig& data, const ShardLayout& layout,
+                  const std::string& out_dir, const ShardWriteOptions& options) {
   const std::string partial = partial_dir(out_dir);
   if (fs::exists(out_dir)) fail("{}: output directory already exists; choose a new one", out_dir);
   try {
     start_shards(source, out_dir, options);
-    write_rank_shards(source, layout_from_config(config), partial, options, 0, 1);
-    finish_shards(config, partial, out_dir, options);
+    write_rank_shards(source, layout, partial, options, 0, 1);
+    finish_shards(data, layout, partial, out_dir, options);
   } catch (...) {
     try {
       core::remove_tree(partial);

@@ -30,7 +30,8 @@ struct ShardLayout {
   int64_t vocab_size = 0;
   std::vector<int64_t> target_layer_ids;  // K = size()
 };
-ShardLayout layout_from_config(const core::Config& config);
+// data.seq_len with the draft's sizes and target layers (model.*).
+ShardLayout shard_layout(const core::DataConfig& data, const core::ModelConfig& draft);
 
 struct ShardEntry {
   std::string file;          // name inside the directory
@@ -69,12 +70,13 @@ struct ShardWriteOptions {
   std::string dtype = "fp32";  // fp32 | bf16
 };
 
-// Samples 0..num_samples-1 of `source` (built from `config` by make_batch_source: the synthetic
-// target, or a real one with data.source target) written into `out_dir`, which must not exist
-// yet. Everything goes to the sibling `out_dir`.partial first, renamed to `out_dir` only when
-// complete. Several ranks share the work through the three steps below.
-void write_shards(BatchSource& source, const core::Config& config, const std::string& out_dir,
-                  const ShardWriteOptions& options);
+// Samples 0..num_samples-1 of `source` (built by make_batch_source from `data`: the synthetic
+// target, or a real one with data.source target), of shapes `layout`, written into `out_dir`,
+// which must not exist yet; the index records where they came from (data.source and its keys).
+// Everything goes to the sibling `out_dir`.partial first, renamed to `out_dir` only when complete.
+// Several ranks share the work through the three steps below.
+void write_shards(BatchSource& source, const core::DataConfig& data, const ShardLayout& layout,
+                  const std::string& out_dir, const ShardWriteOptions& options);
 
 // The steps of write_shards, for ranks sharing the work (dspine-data generate under mpirun):
 // rank 0 starts (checks `out_dir`, makes the .partial directory with target.safetensors, returns
@@ -84,8 +86,9 @@ std::string start_shards(const BatchSource& source, const std::string& out_dir,
                          const ShardWriteOptions& options);
 void write_rank_shards(BatchSource& source, const ShardLayout& layout, const std::string& partial,
                        const ShardWriteOptions& options, int rank, int world_size);
-void finish_shards(const core::Config& config, const std::string& partial,
-                   const std::string& out_dir, const ShardWriteOptions& options);
+void finish_shards(const core::DataConfig& data, const ShardLayout& layout,
+                   const std::string& partial, const std::string& out_dir,
+                   const ShardWriteOptions& options);
 // The .partial sibling of `out_dir` that start_shards makes (errors: empty name).
 std::string partial_dir(const std::string& out_dir);
 

@@ -20,16 +20,17 @@ namespace dspine::data {
 namespace {
 
 std::unique_ptr<BatchSource> make_synthetic(const core::Config& config, const c10::Device&) {
-  return std::make_unique<SyntheticSource>(config);
+  return std::make_unique<SyntheticSource>(config.data, config.model);
 }
 
 std::unique_ptr<BatchSource> make_random(const core::Config& config, const c10::Device& device) {
-  return std::make_unique<RandomSource>(config, device);
+  return std::make_unique<RandomSource>(config.data, config.model, device);
 }
 
 std::unique_ptr<BatchSource> make_shards(const core::Config& config, const c10::Device&) {
   if (config.data.shards_dir.empty()) fail("data.source is 'shards' but data.shards_dir is empty");
-  return std::make_unique<ShardReader>(config.data.shards_dir, layout_from_config(config));
+  return std::make_unique<ShardReader>(config.data.shards_dir,
+                                       shard_layout(config.data, config.model));
 }
 
 // The testbed directory (data/testbed-<size>, a size of scripts/make_testbed_target.py) that
@@ -60,12 +61,13 @@ std::unique_ptr<BatchSource> make_target(const core::Config& config, const c10::
   require_data_path("data.target.path", data.target.path, kTargetMadeBy);
   require_data_path("data.samples", data.samples, kSamplesMadeBy);
   require_data_path("data.eval_samples_file", data.eval_samples_file, kSamplesMadeBy);
-  return std::make_unique<TargetSource>(config, device);
+  return std::make_unique<TargetSource>(config.data, config.model,
+                                        target_dtype(config.training.dtype, device), device);
 }
 
 std::unique_ptr<BatchSource> make_specforge(const core::Config& config, const c10::Device&) {
   require_data_path("data.target.path", config.data.target.path, kTargetMadeBy);
-  return std::make_unique<SpecforgeSource>(config);
+  return std::make_unique<SpecforgeSource>(config.data, config.model);
 }
 
 std::unique_ptr<BatchSource> held_out_samples(const core::Config& config, BatchSource& training) {
@@ -83,7 +85,8 @@ std::unique_ptr<BatchSource> held_out_specforge(const core::Config& config, Batc
 std::unique_ptr<BatchSource> held_out_shards(const core::Config& config, BatchSource& training) {
   const auto& data = config.data;
   if (data.eval_shards_dir.empty()) return nullptr;
-  auto held_out = std::make_unique<ShardReader>(data.eval_shards_dir, layout_from_config(config));
+  auto held_out =
+      std::make_unique<ShardReader>(data.eval_shards_dir, shard_layout(config.data, config.model));
   // Shards of another target would be judged against the wrong tables.
   if (!held_out->embed_tokens().equal(training.embed_tokens()) ||
       !held_out->lm_head().equal(training.lm_head())) {

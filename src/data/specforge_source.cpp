@@ -165,11 +165,11 @@ std::pair<at::Tensor, at::Tensor> read_hf_head_weights(const std::string& dir,
   return {embed, head_weight(core::load_safetensors(head_file), kHeadKey, layout)};
 }
 
-SpecforgeSource::SpecforgeSource(const core::Config& config)
-    : dir_(config.data.specforge_dir),
-      layout_(layout_from_config(config)),
+SpecforgeSource::SpecforgeSource(const core::DataConfig& data, const core::ModelConfig& draft)
+    : dir_(data.specforge_dir),
+      layout_(shard_layout(data, draft)),
       files_(list_specforge_samples(dir_)) {
-  std::tie(embed_tokens_, lm_head_) = read_hf_head_weights(config.data.target.path, layout_);
+  std::tie(embed_tokens_, lm_head_) = read_hf_head_weights(data.target.path, layout_);
   check_specforge_samples(files_, layout_);
 }
 

@@ -40,7 +40,9 @@ std::pair<at::Tensor, at::Tensor> read_hf_head_weights(const std::string& dir,
 // run before training; next() reads the files again as their samples are asked for.
 class SpecforgeSource : public BatchSource {
  public:
-  explicit SpecforgeSource(const core::Config& config);
+  // data.specforge_dir, with the target's tables from data.target.path; the samples' shapes
+  // from shard_layout(data, draft).
+  SpecforgeSource(const core::DataConfig& data, const core::ModelConfig& draft);
   // The same target's tables over another sample directory: the held-out source of
   // data.eval_specforge_dir.
   SpecforgeSource(const SpecforgeSource& training, const std::string& dir);

@@ -8,8 +8,8 @@
 
 namespace dspine::data {
 
-SyntheticSource::SyntheticSource(const core::Config& config)
-    : target_(config.model, config.data.synthetic), seq_len_(config.data.seq_len) {}
+SyntheticSource::SyntheticSource(const core::DataConfig& data, const core::ModelConfig& draft)
+    : target_(draft, data.synthetic), seq_len_(data.seq_len) {}
 
 DraftBatch SyntheticSource::next(int64_t rows) {
   if (rows < 1) fail("synthetic source: rows must be >= 1 (got {})", rows);

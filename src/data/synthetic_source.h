@@ -13,7 +13,8 @@ namespace dspine::data {
 
 class SyntheticSource : public BatchSource {
  public:
-  explicit SyntheticSource(const core::Config& config);
+  // data.seq_len and data.synthetic; the draft's shapes from `draft` (model.*).
+  SyntheticSource(const core::DataConfig& data, const core::ModelConfig& draft);
 
   DraftBatch next(int64_t rows) override;
   int64_t cursor() const override { return cursor_; }

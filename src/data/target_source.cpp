@@ -23,52 +23,53 @@ constexpr size_t kMaxPrefetched = 16;
 
 }  // namespace
 
-at::ScalarType target_dtype(const core::Config& config, const c10::Device& device) {
-  return device.is_cuda() && config.training.dtype == core::Dtype::kBf16 ? at::kBFloat16
-                                                                         : at::kFloat;
+at::ScalarType target_dtype(core::Dtype training_dtype, const c10::Device& device) {
+  return device.is_cuda() && training_dtype == core::Dtype::kBf16 ? at::kBFloat16 : at::kFloat;
 }
 
-Qwen3Model load_target(const core::Config& config, at::ScalarType dtype, const c10::Device& device) {
-  const std::string& dir = config.data.target.path;
+Qwen3Model load_target(const core::TargetModelConfig& target, const core::ModelConfig& draft,
+                       at::ScalarType dtype, const c10::Device& device) {
+  const std::string& dir = target.path;
   const std::string config_json = (fs::path(dir) / "config.json").string();
-  Qwen3Model model =
-      config.data.target.random
-          ? Qwen3Model::random(read_qwen3_config(config_json),
-                               static_cast<uint64_t>(config.data.target.seed), dtype, device)
-          : Qwen3Model::load_hf(dir, dtype, device);
+  Qwen3Model model = target.random
+                         ? Qwen3Model::random(read_qwen3_config(config_json),
+                                              static_cast<uint64_t>(target.seed), dtype, device)
+                         : Qwen3Model::load_hf(dir, dtype, device);
   // model.fused_kernels=false keeps the target on HF's ATen composition as well as the draft.
-  if (config.model.fused_kernels == core::FusedKernels::kOff) model.use_fused_kernels(false);
+  if (draft.fused_kernels == core::FusedKernels::kOff) model.use_fused_kernels(false);
   const Qwen3Dims& dims = model.dims();
   const auto mismatch = [&](const char* what, int64_t have, const char* key, int64_t want) {
     fail("{}: the target has {} {}, but the config has {} = {}", config_json, what, have, key, want);
   };
-  if (dims.hidden_size != config.model.hidden_size) {
-    mismatch("hidden_size", dims.hidden_size, "model.hidden_size", config.model.hidden_size);
+  if (dims.hidden_size != draft.hidden_size) {
+    mismatch("hidden_size", dims.hidden_size, "model.hidden_size", draft.hidden_size);
   }
-  if (dims.vocab_size != config.model.vocab_size) {
-    mismatch("vocab_size", dims.vocab_size, "model.vocab_size", config.model.vocab_size);
+  if (dims.vocab_size != draft.vocab_size) {
+    mismatch("vocab_size", dims.vocab_size, "model.vocab_size", draft.vocab_size);
   }
-  for (int64_t id : config.model.target_layer_ids) {
+  for (int64_t id : draft.target_layer_ids) {
     if (id >= dims.num_hidden_layers) {
-      fail("{}: model.target_layer_ids [{}] must be layers of the target, in [0, "
-           "num_hidden_layers = {})", config_json, fmt::join(config.model.target_layer_ids, ", "),
-           dims.num_hidden_layers);
+      fail(
+          "{}: model.target_layer_ids [{}] must be layers of the target, in [0, "
+          "num_hidden_layers = {})",
+          config_json, fmt::join(draft.target_layer_ids, ", "), dims.num_hidden_layers);
     }
   }
   return model;
 }
 
-TargetSource::TargetSource(const core::Config& config, const c10::Device& device)
+TargetSource::TargetSource(const core::DataConfig& data, const core::ModelConfig& draft,
+                           at::ScalarType dtype, const c10::Device& device)
     : device_(device),
-      model_(load_target(config, target_dtype(config, device), device)),
-      layer_ids_(config.model.target_layer_ids),
-      seq_len_(config.data.seq_len),
-      seed_(config.data.target.seed),
-      prompt_length_(config.data.synthetic.prompt_length),
-      vocab_(config.model.vocab_size),
-      mask_id_(config.model.mask_token_id < 0 ? vocab_ - 1 : config.model.mask_token_id),
-      prefetch_(config.data.target.prefetch) {
-  if (!config.data.samples.empty()) samples_.emplace(config.data.samples, vocab_, "data.samples");
+      model_(load_target(data.target, draft, dtype, device)),
+      layer_ids_(draft.target_layer_ids),
+      seq_len_(data.seq_len),
+      seed_(data.target.seed),
+      prompt_length_(data.synthetic.prompt_length),
+      vocab_(draft.vocab_size),
+      mask_id_(draft.mask_token_id < 0 ? vocab_ - 1 : draft.mask_token_id),
+      prefetch_(data.target.prefetch) {
+  if (!data.samples.empty()) samples_.emplace(data.samples, vocab_, "data.samples");
 }
 
 TargetSource::TargetSource(const TargetSource& training, const std::string& samples_path)

@@ -20,12 +20,13 @@ namespace dspine::data {
 
 // The dtype the target runs in: bf16 on CUDA when training.dtype is bf16, else fp32 — the
 // draft's own dtype, so the embedding and lm_head it freezes are the target's tensors.
-at::ScalarType target_dtype(const core::Config& config, const c10::Device& device);
+at::ScalarType target_dtype(core::Dtype training_dtype, const c10::Device& device);
 
 // data.target.path loaded (or, with data.target.random, seeded from data.target.seed in the shape
-// of its config.json) in `dtype` on `device`, checked against model.hidden_size, model.vocab_size
-// and model.target_layer_ids (errors name config.json and the key).
-Qwen3Model load_target(const core::Config& config, at::ScalarType dtype, const c10::Device& device);
+// of its config.json) in `dtype` on `device`, checked against the draft's model.hidden_size,
+// model.vocab_size and model.target_layer_ids (errors name config.json and the key).
+Qwen3Model load_target(const core::TargetModelConfig& target, const core::ModelConfig& draft,
+                       at::ScalarType dtype, const c10::Device& device);
 
 // Sample i: row i of data.samples (wrapping around: epochs), cut to data.seq_len or padded with
 // token 0 and loss 0; without a samples file, seeded random token ids (a pure function of
@@ -35,7 +36,10 @@ Qwen3Model load_target(const core::Config& config, at::ScalarType dtype, const c
 // the target ahead (on CUDA on a stream of its own; docs/data.md, "Online target").
 class TargetSource : public BatchSource {
  public:
-  TargetSource(const core::Config& config, const c10::Device& device);
+  // The target of data.target in `dtype` (target_dtype) on `device`, serving data.samples as
+  // above; the draft's shapes and target layers from `draft` (model.*).
+  TargetSource(const core::DataConfig& data, const core::ModelConfig& draft, at::ScalarType dtype,
+               const c10::Device& device);
   // The same target (shared weights, no second load) over another token-sample file: the
   // held-out source of data.eval_samples_file.
   TargetSource(const TargetSource& training, const std::string& samples_path);

@@ -95,9 +95,9 @@ std::vector<data::DraftBatch> held_out_batches(data::BatchSource& source, int64_
   return batches;
 }
 
-AcceptanceEvaluator::AcceptanceEvaluator(DSpineSettings settings, int64_t row_length,
-                                         uint64_t seed, model::DSpineDraft draft,
-                                         at::Tensor embed_tokens, at::Tensor lm_head)
+AcceptanceEvaluator::AcceptanceEvaluator(DSpineSettings settings, int64_t row_length, uint64_t seed,
+                                         model::DSpineDraft draft, at::Tensor embed_tokens,
+                                         at::Tensor lm_head)
     : model_(every_anchor(settings, row_length), std::move(draft), std::move(embed_tokens),
              std::move(lm_head)),
       top_k_(model_.draft()->config().dspine.top_k),

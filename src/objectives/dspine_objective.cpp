@@ -226,13 +226,14 @@ std::map<std::string, double> DSpineObjective::evaluate(const data::DraftBatch& 
   return reduced_metrics(output_sums(out), *context.comm, out);
 }
 
-std::unique_ptr<DSpineObjective> make_dspine_objective(
-    const model::DSpineModelConfig& draft_config, const DSpineSettings& settings,
-    int64_t accumulation_steps, at::Tensor embed_tokens, at::Tensor lm_head, torch::Device device,
-    torch::Dtype dtype) {
-  return std::make_unique<DSpineObjective>(
-      settings, accumulation_steps, model::build_placed_draft(draft_config, device, dtype),
-      std::move(embed_tokens), std::move(lm_head));
+std::unique_ptr<DSpineObjective> make_dspine_objective(const model::DSpineModelConfig& draft_config,
+                                                       const DSpineSettings& settings,
+                                                       int64_t accumulation_steps,
+                                                       at::Tensor embed_tokens, at::Tensor lm_head,
+                                                       torch::Device device, torch::Dtype dtype) {
+  return std::make_unique<DSpineObjective>(settings, accumulation_steps,
+                                           model::build_placed_draft(draft_config, device, dtype),
+                                           std::move(embed_tokens), std::move(lm_head));
 }
 
 }  // namespace dspine::objectives

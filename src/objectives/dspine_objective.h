@@ -101,9 +101,10 @@ class DSpineObjective final : public Objective {
 // The trainer's entry point for objective.name = dspine (see the usage above). The draft of
 // `draft_config` is built on CPU fp32 from the global torch RNG (seed it first), then placed on
 // (device, dtype).
-std::unique_ptr<DSpineObjective> make_dspine_objective(
-    const model::DSpineModelConfig& draft_config, const DSpineSettings& settings,
-    int64_t accumulation_steps, at::Tensor embed_tokens, at::Tensor lm_head, torch::Device device,
-    torch::Dtype dtype);
+std::unique_ptr<DSpineObjective> make_dspine_objective(const model::DSpineModelConfig& draft_config,
+                                                       const DSpineSettings& settings,
+                                                       int64_t accumulation_steps,
+                                                       at::Tensor embed_tokens, at::Tensor lm_head,
+                                                       torch::Device device, torch::Dtype dtype);
 
 }  // namespace dspine::objectives

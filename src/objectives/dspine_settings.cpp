@@ -7,8 +7,7 @@ core::Settings settings_of(DSpineSettings& s, const core::Config&) {
   const std::string ratio_rule =
       "DSpine requires 0 <= replacement_hold_ratio < replacement_end_ratio <= 1";
   return {
-      {"num_anchors", &s.num_anchors,
-       core::at_least(s.num_anchors, 1),
+      {"num_anchors", &s.num_anchors, core::at_least(s.num_anchors, 1),
        "most anchor blocks sampled per row"},
       {"loss_decay_gamma", &s.loss_decay_gamma,
        core::documented("any number; <= 0 disables the decay"),

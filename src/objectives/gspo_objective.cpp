@@ -184,8 +184,7 @@ core::Settings settings_of(GspoSettings& s, const core::Config& run) {
            r.group_size, [](int64_t v) { return v >= 2; },
            "integer >= 2 (advantages compare the blocks of a group)"),
        "blocks sampled per kept anchor (G)"},
-      {"temperature", &r.temperature,
-       core::positive(r.temperature),
+      {"temperature", &r.temperature, core::positive(r.temperature),
        "sampling temperature of the rollout"},
       {"sampling",
        core::choice_target(&r.sampling),
@@ -203,20 +202,14 @@ core::Settings settings_of(GspoSettings& s, const core::Config& run) {
        core::choice_target(&r.advantage_norm),
        {},
        "rewards minus the group mean (group_std: then over the std)"},
-      {"eps_low", &s.eps_low,
-       core::fraction(s.eps_low),
-       "clip range below 1 of the segment ratio"},
-      {"eps_high", &s.eps_high,
-       core::nonnegative(s.eps_high),
+      {"eps_low", &s.eps_low, core::fraction(s.eps_low), "clip range below 1 of the segment ratio"},
+      {"eps_high", &s.eps_high, core::nonnegative(s.eps_high),
        "clip range above 1 of the segment ratio"},
-      {"logits_scale", &r.logits_scale,
-       core::positive(r.logits_scale),
+      {"logits_scale", &r.logits_scale, core::positive(r.logits_scale),
        "multiplies the logits of the policy"},
-      {"updates_per_rollout", &s.updates_per_rollout,
-       core::at_least(s.updates_per_rollout, 1),
+      {"updates_per_rollout", &s.updates_per_rollout, core::at_least(s.updates_per_rollout, 1),
        "optimizer updates per rollout"},
-      {"ce_weight", &s.ce_weight,
-       core::nonnegative(s.ce_weight),
+      {"ce_weight", &s.ce_weight, core::nonnegative(s.ce_weight),
        "weight of the supervised DSpine loss beside RL"},
       {"init_from", &s.init_from, init_rule,
        "older name of training.init_from: checkpoint, export or weights to start from"},
@@ -521,11 +514,13 @@ std::map<std::string, double> GspoObjective::evaluate(const data::DraftBatch& ba
   };
 }
 
-std::unique_ptr<GspoObjective> make_gspo_objective(
-    const model::DSpineModelConfig& draft_config, const DSpineSettings& dspine,
-    const GspoSettings& settings, int64_t accumulation_steps, at::Tensor embed_tokens,
-    at::Tensor lm_head, torch::Device device, torch::Dtype dtype,
-    const data::Qwen3Model* online_target) {
+std::unique_ptr<GspoObjective> make_gspo_objective(const model::DSpineModelConfig& draft_config,
+                                                   const DSpineSettings& dspine,
+                                                   const GspoSettings& settings,
+                                                   int64_t accumulation_steps,
+                                                   at::Tensor embed_tokens, at::Tensor lm_head,
+                                                   torch::Device device, torch::Dtype dtype,
+                                                   const data::Qwen3Model* online_target) {
   return std::make_unique<GspoObjective>(
       dspine, settings, accumulation_steps, model::build_placed_draft(draft_config, device, dtype),
       std::move(embed_tokens), std::move(lm_head), online_target);

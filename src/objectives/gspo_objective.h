@@ -125,10 +125,12 @@ class GspoObjective final : public Objective {
 
 // The trainer's entry point for objective.name = gspo; the draft of `draft_config` is built as by
 // make_dspine_objective (objectives/dspine_objective.h).
-std::unique_ptr<GspoObjective> make_gspo_objective(
-    const model::DSpineModelConfig& draft_config, const DSpineSettings& dspine,
-    const GspoSettings& settings, int64_t accumulation_steps, at::Tensor embed_tokens,
-    at::Tensor lm_head, torch::Device device, torch::Dtype dtype,
-    const data::Qwen3Model* online_target = nullptr);
+std::unique_ptr<GspoObjective> make_gspo_objective(const model::DSpineModelConfig& draft_config,
+                                                   const DSpineSettings& dspine,
+                                                   const GspoSettings& settings,
+                                                   int64_t accumulation_steps,
+                                                   at::Tensor embed_tokens, at::Tensor lm_head,
+                                                   torch::Device device, torch::Dtype dtype,
+                                                   const data::Qwen3Model* online_target = nullptr);
 
 }  // namespace dspine::objectives

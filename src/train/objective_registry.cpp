@@ -93,11 +93,11 @@ BuiltModel build_dspine(const core::Config& config, const ObjectiveSettings& set
                         const model::ResolvedDraft& draft, const data::BatchSource& source,
                         torch::Device device, torch::Dtype dtype) {
   const auto& s = settings_of<DSpineObjectiveSettings>(settings);
-  return built_from(config, draft,
-                    objectives::make_dspine_objective(
-                        model::dspine_model_config(config.model, *draft.settings), s.anchors,
-                        config.training.accumulation_steps, source.embed_tokens(),
-                        source.lm_head(), device, dtype));
+  return built_from(
+      config, draft,
+      objectives::make_dspine_objective(model::dspine_model_config(config.model, *draft.settings),
+                                        s.anchors, config.training.accumulation_steps,
+                                        source.embed_tokens(), source.lm_head(), device, dtype));
 }
 
 // GSPO samples its anchor blocks as the DSpine objective does: it reads both sections.

@@ -66,10 +66,9 @@ inline std::unique_ptr<objectives::DSpineObjective> training_objective(
   torch::manual_seed(17);
   auto head = torch::randn({32, 16});
   auto embed = torch::randn({32, 16});
-  auto objective =
-      objectives::make_dspine_objective(draft_config(config), settings,
-                                        config.training.accumulation_steps, embed, head,
-                                        torch::kCPU, torch::kFloat32);
+  auto objective = objectives::make_dspine_objective(draft_config(config), settings,
+                                                     config.training.accumulation_steps, embed,
+                                                     head, torch::kCPU, torch::kFloat32);
   objective->on_fresh_start("");
   torch::NoGradGuard no_grad;
   for (auto& w : objective->draft()->injection->write_layers) w->weight.normal_(0.0, 0.05);

@@ -33,7 +33,7 @@ void expect_batches_equal(const DraftBatch& a, const DraftBatch& b) {
 }
 
 TEST(RandomSource, ShapesDtypesAndValueRanges) {
-  RandomSource source(small_config(), torch::kCPU);
+  RandomSource source(small_config().data, small_config().model, torch::kCPU);
   const DraftBatch batch = source.next(64);
   EXPECT_EQ(batch.input_ids.sizes(), torch::IntArrayRef({64, 12}));
   EXPECT_EQ(batch.loss_mask.sizes(), torch::IntArrayRef({64, 12}));
@@ -61,11 +61,11 @@ TEST(RandomSource, ShapesDtypesAndValueRanges) {
 }
 
 TEST(RandomSource, SampleDependsOnlyOnItsCursor) {
-  RandomSource together(small_config(), torch::kCPU);
+  RandomSource together(small_config().data, small_config().model, torch::kCPU);
   const DraftBatch rows = together.next(4);
   EXPECT_EQ(together.cursor(), 4);
 
-  RandomSource single(small_config(), torch::kCPU);
+  RandomSource single(small_config().data, small_config().model, torch::kCPU);
   single.seek(2);
   expect_batches_equal(single.next(1), rows.slice_rows(2, 3));
   expect_batches_equal(single.next(1), rows.slice_rows(3, 4));
@@ -84,15 +84,15 @@ TEST(RandomSource, SampleDependsOnlyOnItsCursor) {
 
 TEST(RandomSource, SeedChangesTheValues) {
   auto config = small_config();
-  const DraftBatch a = RandomSource(config, torch::kCPU).next(1);
+  const DraftBatch a = RandomSource(config.data, config.model, torch::kCPU).next(1);
   config.data.synthetic.seed = 6;
-  const DraftBatch b = RandomSource(config, torch::kCPU).next(1);
+  const DraftBatch b = RandomSource(config.data, config.model, torch::kCPU).next(1);
   EXPECT_FALSE(torch::equal(a.hidden_states, b.hidden_states));
   EXPECT_FALSE(torch::equal(a.input_ids, b.input_ids));
 }
 
 TEST(RandomSource, WeightsAreSeededScaledAndDistinct) {
-  RandomSource source(small_config(), torch::kCPU);
+  RandomSource source(small_config().data, small_config().model, torch::kCPU);
   const auto embed = source.embed_tokens(), head = source.lm_head();
   EXPECT_EQ(embed.sizes(), torch::IntArrayRef({40, 16}));
   EXPECT_EQ(head.sizes(), torch::IntArrayRef({40, 16}));
@@ -101,12 +101,13 @@ TEST(RandomSource, WeightsAreSeededScaledAndDistinct) {
   EXPECT_NEAR(head.std().item<double>(), RandomSource::kWeightStd, 0.003);
   EXPECT_FALSE(torch::equal(embed, head));
   EXPECT_TRUE(torch::equal(embed, source.embed_tokens()));
-  EXPECT_TRUE(torch::equal(head, RandomSource(small_config(), torch::kCPU).lm_head()));
+  EXPECT_TRUE(torch::equal(
+      head, RandomSource(small_config().data, small_config().model, torch::kCPU).lm_head()));
 }
 
 TEST(RandomSource, MakeBatchSourceBuildsItOnTheGivenDevice) {
   auto source = make_batch_source(small_config(), torch::kCPU);
-  RandomSource direct(small_config(), torch::kCPU);
+  RandomSource direct(small_config().data, small_config().model, torch::kCPU);
   source->seek(3);
   direct.seek(3);
   expect_batches_equal(source->next(2), direct.next(2));
@@ -114,7 +115,8 @@ TEST(RandomSource, MakeBatchSourceBuildsItOnTheGivenDevice) {
   auto config = small_config();
   config.model.vocab_size = 1;
   config.model.mask_token_id = -1;
-  expect_error_mentioning([&] { RandomSource(config, torch::kCPU); }, {"model.vocab_size", "1"});
+  expect_error_mentioning([&] { RandomSource(config.data, config.model, torch::kCPU); },
+                          {"model.vocab_size", "1"});
 }
 
 }  // namespace

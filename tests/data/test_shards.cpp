@@ -60,7 +60,8 @@ class Shards : public ::testing::Test {
 
   static void write_into(const std::string& dir, const ShardWriteOptions& options) {
     const auto config = small_config();
-    write_shards(*make_batch_source(config, torch::kCPU), config, dir, options);
+    write_shards(*make_batch_source(config, torch::kCPU), config.data,
+                 shard_layout(config.data, config.model), dir, options);
   }
 
   fs::path root_;
@@ -95,7 +96,7 @@ TEST_F(Shards, WrittenShardsReadBackAsTheLiveSamples) {
   EXPECT_EQ(shard.metadata.at("sample_offset"), "2");
   EXPECT_EQ(shard.metadata.at("num_target_layers"), "2");
 
-  ShardReader reader(dir, layout_from_config(small_config()));
+  ShardReader reader(dir, shard_layout(small_config().data, small_config().model));
   expect_batches_equal(reader.next(5), live_samples({0, 1, 2, 3, 4}));
   const auto config = small_config();
   const SyntheticTarget target(config.model, config.data.synthetic);
@@ -104,7 +105,7 @@ TEST_F(Shards, WrittenShardsReadBackAsTheLiveSamples) {
 }
 
 TEST_F(Shards, ReaderWrapsAroundEpochsAndSeeks) {
-  ShardReader reader(write(), layout_from_config(small_config()));
+  ShardReader reader(write(), shard_layout(small_config().data, small_config().model));
   reader.next(3);
   EXPECT_EQ(reader.cursor(), 3);
   expect_batches_equal(reader.next(3), live_samples({3, 4, 0}));  // crosses the epoch boundary
@@ -115,7 +116,7 @@ TEST_F(Shards, ReaderWrapsAroundEpochsAndSeeks) {
 }
 
 TEST_F(Shards, Bf16ShardsServeFp32HiddenStates) {
-  ShardReader reader(write("bf16"), layout_from_config(small_config()));
+  ShardReader reader(write("bf16"), shard_layout(small_config().data, small_config().model));
   const DraftBatch read = reader.next(5), live = live_samples({0, 1, 2, 3, 4});
   EXPECT_EQ(read.hidden_states.scalar_type(), torch::kFloat);
   EXPECT_TRUE(torch::equal(read.input_ids, live.input_ids));
@@ -145,8 +146,9 @@ TEST_F(Shards, MakeBatchSourceServesEitherSourceByCursor) {
 TEST_F(Shards, MissingShardFileIsNamed) {
   const std::string dir = write();
   fs::remove(fs::path(dir) / "shard-00001.safetensors");
-  expect_error_mentioning([&] { ShardReader(dir, layout_from_config(small_config())); },
-                          {"shard-00001.safetensors", "missing"});
+  expect_error_mentioning(
+      [&] { ShardReader(dir, shard_layout(small_config().data, small_config().model)); },
+      {"shard-00001.safetensors", "missing"});
 }
 
 TEST_F(Shards, IndexRecordsEveryFilesSizeAndSha256) {
@@ -168,8 +170,9 @@ TEST_F(Shards, TruncatedShardStopsTheReaderBeforeTraining) {
   const std::string dir = write();
   const fs::path shard = fs::path(dir) / "shard-00002.safetensors";
   fs::resize_file(shard, fs::file_size(shard) / 2);
-  expect_error_mentioning([&] { ShardReader(dir, layout_from_config(small_config())); },
-                          {"shard-00002.safetensors", "truncated"});
+  expect_error_mentioning(
+      [&] { ShardReader(dir, shard_layout(small_config().data, small_config().model)); },
+      {"shard-00002.safetensors", "truncated"});
 }
 
 TEST_F(Shards, CorruptShardOrTargetStopsTheReaderBeforeTraining) {
@@ -180,13 +183,15 @@ TEST_F(Shards, CorruptShardOrTargetStopsTheReaderBeforeTraining) {
     file.put('\x7f');
   };
   flip_byte(fs::path(dir) / "shard-00001.safetensors");
-  expect_error_mentioning([&] { ShardReader(dir, layout_from_config(small_config())); },
-                          {"shard-00001.safetensors", "SHA-256", "corrupt"});
+  expect_error_mentioning(
+      [&] { ShardReader(dir, shard_layout(small_config().data, small_config().model)); },
+      {"shard-00001.safetensors", "SHA-256", "corrupt"});
   const std::string other = (root_ / "other").string();
   write_into(other, ShardWriteOptions{5, 2, "fp32"});
   flip_byte(fs::path(other) / "target.safetensors");
-  expect_error_mentioning([&] { ShardReader(other, layout_from_config(small_config())); },
-                          {"target.safetensors", "corrupt"});
+  expect_error_mentioning(
+      [&] { ShardReader(other, shard_layout(small_config().data, small_config().model)); },
+      {"target.safetensors", "corrupt"});
 }
 
 TEST_F(Shards, Version1IndexWithoutChecksumsIsReadUnverified) {
@@ -200,7 +205,7 @@ TEST_F(Shards, Version1IndexWithoutChecksumsIsReadUnverified) {
     shard.erase("sha256");
   }
   std::ofstream(index_path) << json.dump();
-  ShardReader reader(dir, layout_from_config(small_config()));
+  ShardReader reader(dir, shard_layout(small_config().data, small_config().model));
   EXPECT_FALSE(reader.index().target_digest.has_value());
   expect_batches_equal(reader.next(5), live_samples({0, 1, 2, 3, 4}));
 
@@ -257,8 +262,9 @@ TEST_F(Shards, BadTensorInAnyShardStopsTheReaderBeforeTheFirstBatch) {
     replace_tensor(dir, "shard-00002.safetensors", name, value);
     std::vector<std::string> expected = words;
     expected.push_back("shard-00002.safetensors");
-    expect_error_mentioning([&] { ShardReader(dir, layout_from_config(small_config())); },
-                            expected);
+    expect_error_mentioning(
+        [&] { ShardReader(dir, shard_layout(small_config().data, small_config().model)); },
+        expected);
   }
 }
 
@@ -270,17 +276,18 @@ TEST_F(Shards, BadTensorStopsTheReaderOfAVersion1IndexToo) {
   auto json = nlohmann::json::parse(std::ifstream(index_path));
   json["version"] = 1;
   std::ofstream(index_path) << json.dump();
-  expect_error_mentioning([&] { ShardReader(dir, layout_from_config(small_config())); },
-                          {"shard-00001.safetensors", "input_ids", "vocabulary"});
+  expect_error_mentioning(
+      [&] { ShardReader(dir, shard_layout(small_config().data, small_config().model)); },
+      {"shard-00001.safetensors", "input_ids", "vocabulary"});
 }
 
 TEST_F(Shards, MismatchedConfigIsRejected) {
   const std::string dir = write();
-  auto layout = layout_from_config(small_config());
+  auto layout = shard_layout(small_config().data, small_config().model);
   layout.hidden_size = 32;
   expect_error_mentioning([&] { ShardReader(dir, layout); },
                           {"index.json", "hidden_size 16", "model.hidden_size = 32"});
-  layout = layout_from_config(small_config());
+  layout = shard_layout(small_config().data, small_config().model);
   layout.target_layer_ids = {0, 1};
   expect_error_mentioning([&] { ShardReader(dir, layout); }, {"target_layer_ids"});
 }

@@ -103,8 +103,9 @@ TEST_F(Specforge, BadSamplesAreNamedWithFileAndKey) {
   expect_error_mentioning([&] { list_specforge_samples(root_ + "/target"); }, {"no SpecForge samples"});
   auto c = config();
   c.model.hidden_size = 8;
-  expect_error_mentioning([&] { SpecforgeSource{c}; },
-                          {"model.safetensors", "model.embed_tokens.weight", "model.hidden_size = 8"});
+  expect_error_mentioning(
+      [&] { SpecforgeSource(c.data, c.model); },
+      {"model.safetensors", "model.embed_tokens.weight", "model.hidden_size = 8"});
 }
 
 TEST_F(Specforge, BadSampleFileStopsTheSourceAtConstruction) {
@@ -112,14 +113,15 @@ TEST_F(Specforge, BadSampleFileStopsTheSourceAtConstruction) {
   // before its second sample.
   auto c = config();
   c.data.specforge_dir = root_ + "/bad_token";
-  expect_error_mentioning([&] { SpecforgeSource{c}; },
+  expect_error_mentioning([&] { SpecforgeSource(c.data, c.model); },
                           {"bad_token/data_1.ckpt", "'input_ids'", "vocabulary"});
   c.data.specforge_dir = root_ + "/missing_key";
-  expect_error_mentioning([&] { SpecforgeSource{c}; },
+  expect_error_mentioning([&] { SpecforgeSource(c.data, c.model); },
                           {"missing_key/data_0.ckpt", "aux_hidden_state"});
 
   // The held-out source over another directory checks its files too.
-  const SpecforgeSource training(config());
+  const core::Config fresh = config();
+  const SpecforgeSource training(fresh.data, fresh.model);
   expect_error_mentioning([&] { SpecforgeSource(training, root_ + "/wrong_shape"); },
                           {"wrong_shape/data_0.ckpt", "hidden_state", "[5, 5]"});
   EXPECT_EQ(SpecforgeSource(training, root_ + "/samples").distinct_samples(), 3);

@@ -89,12 +89,12 @@ TEST_F(Target, LongSamplesAreCutAndShortOnesPaddedWithoutLoss) {
   const auto expected = core::load_safetensors((kModels / "untied-single" / "expected.safetensors").string());
   auto c = config("untied-single", 6);
   c.data.samples = write_samples(expected.at("input_ids"));
-  TargetSource cut(c, torch::kCPU);
+  TargetSource cut(c.data, c.model, at::kFloat, torch::kCPU);
   const DraftBatch a = cut.next(1);
   EXPECT_TRUE(torch::allclose(a.hidden_states[0], expected.at("hidden_states")[0].narrow(0, 0, 6),
                               1e-4, 1e-4));  // causal: the first 6 positions do not see the rest
   c.data.seq_len = 16;
-  TargetSource padded(c, torch::kCPU);
+  TargetSource padded(c.data, c.model, at::kFloat, torch::kCPU);
   const DraftBatch b = padded.next(1);
   EXPECT_EQ(b.input_ids.narrow(1, 11, 5).abs().sum().item<int64_t>(), 0);
   EXPECT_EQ(b.loss_mask.narrow(1, 11, 5).sum().item<int64_t>(), 0);
@@ -107,7 +107,7 @@ TEST_F(Target, EmbeddingAndLmHeadAreTheTargetsTensors) {
     auto c = config(model, 8);
     c.data.target.random = false;
     c.data.samples = write_samples(torch::arange(8).view({1, 8}));
-    TargetSource source(c, torch::kCPU);
+    TargetSource source(c.data, c.model, at::kFloat, torch::kCPU);
     EXPECT_EQ(source.embed_tokens().data_ptr(), source.model().embed_tokens().data_ptr()) << model;
     EXPECT_EQ(source.lm_head().data_ptr(), source.model().lm_head().data_ptr()) << model;
     EXPECT_EQ(source.online_target(), &source.model()) << model;  // it verifies drafted blocks
@@ -123,7 +123,7 @@ TEST_F(Target, RandomTargetFromConfigJsonAndRandomTokensAreSeeded) {
   c.data.target.path = dir_.string();  // config.json only
   c.data.target.random = true;
   c.data.target.seed = 5;
-  TargetSource source(c, torch::kCPU);
+  TargetSource source(c.data, c.model, at::kFloat, torch::kCPU);
   const DraftBatch first = source.next(3);
   EXPECT_EQ(first.hidden_states.sizes(), torch::IntArrayRef({3, 12, 96}));
   EXPECT_EQ(first.loss_mask.narrow(1, 0, 2).sum().item<int64_t>(), 0);
@@ -142,9 +142,9 @@ TEST_F(Target, BatchesComputedAheadAreTheBatchesReadLater) {
   auto c = config("untied-single", 12);
   c.data.target.path = dir_.string();
   c.data.target.random = true;
-  TargetSource ahead(c, torch::kCPU);
+  TargetSource ahead(c.data, c.model, at::kFloat, torch::kCPU);
   c.data.target.prefetch = false;
-  TargetSource plain(c, torch::kCPU);
+  TargetSource plain(c.data, c.model, at::kFloat, torch::kCPU);
   ahead.prefetch(4, 2);
   ahead.prefetch(0, 3);
   plain.prefetch(4, 2);  // prefetch: false ignores it
@@ -176,19 +176,21 @@ TEST_F(Target, DimensionsThatDisagreeWithTheConfigAreNamed) {
   auto c = config("untied-single", 8);
   c.data.samples = write_samples(torch::arange(8).view({1, 8}));
   c.model.hidden_size = 64;
-  expect_error_mentioning([&] { TargetSource(c, torch::kCPU); },
+  expect_error_mentioning([&] { TargetSource(c.data, c.model, at::kFloat, torch::kCPU); },
                           {"config.json", "hidden_size 32", "model.hidden_size = 64"});
   c = config("untied-single", 8);
   c.data.samples = write_samples(torch::arange(8).view({1, 8}));
   c.model.vocab_size = 100;
-  expect_error_mentioning([&] { TargetSource(c, torch::kCPU); }, {"vocab_size 96", "model.vocab_size"});
+  expect_error_mentioning([&] { TargetSource(c.data, c.model, at::kFloat, torch::kCPU); },
+                          {"vocab_size 96", "model.vocab_size"});
   c.model.vocab_size = 96;
   c.model.target_layer_ids = {0, 4};
-  expect_error_mentioning([&] { TargetSource(c, torch::kCPU); },
+  expect_error_mentioning([&] { TargetSource(c.data, c.model, at::kFloat, torch::kCPU); },
                           {"config.json", "model.target_layer_ids", "num_hidden_layers = 4"});
   c.model.target_layer_ids = {0};
   c.data.samples = (dir_ / "missing.jsonl").string();
-  expect_error_mentioning([&] { TargetSource(c, torch::kCPU); }, {"missing.jsonl"});
+  expect_error_mentioning([&] { TargetSource(c.data, c.model, at::kFloat, torch::kCPU); },
+                          {"missing.jsonl"});
 }
 
 }  // namespace

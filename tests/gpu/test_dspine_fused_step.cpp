@@ -155,7 +155,7 @@ WindowResult recipe_window(const std::string& fused, double input_scale = 1.0,
       {"data.source=random", "training.accumulation_steps=1", "model.fused_kernels=" + fused,
        // The reference objective holds fp32 logits per chunk; both sides chunk alike.
        "objective.dspine.objective_chunk_blocks=128"});
-  data::RandomSource source(config, device);
+  data::RandomSource source(config.data, config.model, device);
   torch::manual_seed(7);
   auto objective = objectives::make_dspine_objective(
       testing::draft_config(config), config.section<objectives::DSpineSettings>("objective.dspine"),

@@ -208,9 +208,9 @@ TEST(Qwen3ModelGpu, TargetBatchesComputedAheadOnTheirStreamAreTheSameBits) {
   c.data.target.path = dir.string();
   c.data.target.random = true;
   const torch::Device cuda(torch::kCUDA, 0);
-  TargetSource ahead(c, cuda);
+  TargetSource ahead(c.data, c.model, target_dtype(c.training.dtype, cuda), cuda);
   c.data.target.prefetch = false;
-  TargetSource plain(c, cuda);
+  TargetSource plain(c.data, c.model, target_dtype(c.training.dtype, cuda), cuda);
   const int64_t rows = 2;
   ahead.prefetch(0, rows);
   for (int64_t step = 0; step < 6; ++step) {

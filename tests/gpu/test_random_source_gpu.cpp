@@ -22,7 +22,7 @@ core::Config small_config() {
 TEST(RandomSourceGpu, BatchesLiveOnTheDeviceAndDependOnlyOnTheCursor) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   const torch::Device cuda(torch::kCUDA, 0);
-  RandomSource together(small_config(), cuda);
+  RandomSource together(small_config().data, small_config().model, cuda);
   const DraftBatch rows = together.next(4);
   for (const auto& field : {rows.input_ids, rows.loss_mask, rows.hidden_states,
                             rows.target_last_hidden_states}) {
@@ -40,7 +40,7 @@ TEST(RandomSourceGpu, BatchesLiveOnTheDeviceAndDependOnlyOnTheCursor) {
   EXPECT_TRUE(together.lm_head().device() == cuda);
   EXPECT_TRUE(torch::equal(together.lm_head(), together.lm_head()));
 
-  RandomSource single(small_config(), cuda);
+  RandomSource single(small_config().data, small_config().model, cuda);
   single.seek(1);
   for (int64_t r = 1; r < 4; ++r) {
     const DraftBatch one = single.next(1);

@@ -721,10 +721,9 @@ TEST(DSpineObjective, Bf16DraftKeepsFp32CodesAndTrainsWithFiniteGradients) {
       torch::manual_seed(17);
       auto head = torch::randn({32, 16});
       auto embed = torch::randn({32, 16});
-      auto objective =
-          make_dspine_objective(draft_config(config), tiny_settings(3),
-                                config.training.accumulation_steps, embed, head, device,
-                                torch::kBFloat16);
+      auto objective = make_dspine_objective(draft_config(config), tiny_settings(3),
+                                             config.training.accumulation_steps, embed, head,
+                                             device, torch::kBFloat16);
       objective->on_fresh_start("");
       auto draft = objective->draft();
       EXPECT_EQ(draft->fc->weight.scalar_type(), torch::kBFloat16);
@@ -762,8 +761,8 @@ TEST(DSpineWindow, AReplayOfAnotherBatchIsNamedByTheWindowsEnd) {
       settings.prepass = prepass;
       torch::manual_seed(17);
       auto objective = make_dspine_objective(tiny_model_config(), settings, /*accumulation=*/2,
-                                             torch::randn({32, 16}), torch::randn({32, 16}),
-                                             device, torch::kFloat32);
+                                             torch::randn({32, 16}), torch::randn({32, 16}), device,
+                                             torch::kFloat32);
       objective->on_fresh_start("");
       CountingCommunicator comm;
       auto ctx = context(comm, 3, 300);

@@ -383,10 +383,10 @@ TEST(GspoObjective, FirstUpdateIsOnPolicyAndLaterUpdatesClip) {
     // A random draft matches almost no label: expected acceptance still ranks the samples.
     TinyPolicy policy(sampling, GspoReward::kExpectedAcceptance);
     policy.settings.updates_per_rollout = 2;
-    policy.objective = make_gspo_objective(
-        draft_config(policy.config), tiny_settings(2), policy.settings,
-        policy.config.training.accumulation_steps, torch::randn({32, 16}), torch::randn({32, 16}),
-        torch::kCPU, torch::kFloat32);
+    policy.objective =
+        make_gspo_objective(draft_config(policy.config), tiny_settings(2), policy.settings,
+                            policy.config.training.accumulation_steps, torch::randn({32, 16}),
+                            torch::randn({32, 16}), torch::kCPU, torch::kFloat32);
     policy.objective->on_fresh_start("");
     auto metrics = run_window(policy, 2).metrics;
     // The first update is on-policy (ratio 1, nothing clipped, KL 0); the second sees the moved
@@ -529,10 +529,10 @@ TEST(GspoObjective, RowPassUpdateMatchesTheSeparateSeam) {
       policy.settings.ce_weight = ce_weight;
       policy.settings.updates_per_rollout = 2;
       torch::manual_seed(5);
-      policy.objective = make_gspo_objective(
-          draft_config(policy.config), tiny_settings(2), policy.settings,
-          policy.config.training.accumulation_steps, torch::randn({32, 16}),
-          torch::randn({32, 16}), torch::kCPU, torch::kFloat32);
+      policy.objective =
+          make_gspo_objective(draft_config(policy.config), tiny_settings(2), policy.settings,
+                              policy.config.training.accumulation_steps, torch::randn({32, 16}),
+                              torch::randn({32, 16}), torch::kCPU, torch::kFloat32);
       policy.objective->on_fresh_start("");
       policy.objective->training_model().use_fused_vocabulary(row_pass);
       auto window = run_window(policy, 2);

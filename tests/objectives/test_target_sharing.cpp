@@ -28,12 +28,11 @@ TEST(TargetSharing, DraftFreezesTheTargetsOwnTables) {
   c.data.seq_len = 8;
   c.data.target.path = model.string();
   c.data.target.random = true;  // random token ids: no samples file needed
-  data::TargetSource source(c, torch::kCPU);
-  auto objective =
-      make_dspine_objective(testing::draft_config(c),
-                            c.section<objectives::DSpineSettings>("objective.dspine"),
-                            c.training.accumulation_steps, source.embed_tokens(),
-                            source.lm_head(), torch::kCPU, torch::kFloat);
+  data::TargetSource source(c.data, c.model, at::kFloat, torch::kCPU);
+  auto objective = make_dspine_objective(testing::draft_config(c),
+                                         c.section<objectives::DSpineSettings>("objective.dspine"),
+                                         c.training.accumulation_steps, source.embed_tokens(),
+                                         source.lm_head(), torch::kCPU, torch::kFloat);
   EXPECT_EQ(objective->training_model().embed_tokens().data_ptr(),
             source.model().embed_tokens().data_ptr());
   EXPECT_EQ(objective->training_model().lm_head().data_ptr(), source.model().lm_head().data_ptr());
