@@ -17,6 +17,24 @@
 namespace dspine::train {
 namespace {
 
+// What a training run adds to its draft's config.json: training.dtype, data.seq_len, and the
+// target depth (model.num_target_layers, which the trainer resolves from the data source;
+// unresolved, the least depth holding every target layer id).
+model::HfConfigContext hf_config_context(const core::Config& run,
+                                         const nlohmann::json& training_settings) {
+  model::HfConfigContext context;
+  context.dtype = run.training.dtype;
+  context.training_settings = training_settings;
+  // The trainer resolves the depth from the data source (data/target_depth.h); a configuration
+  // used without it records the least depth holding every target layer id.
+  const auto& ids = run.model.target_layer_ids;
+  context.num_target_layers = run.model.num_target_layers > 0 || ids.empty()
+                                  ? run.model.num_target_layers
+                                  : *std::max_element(ids.begin(), ids.end()) + 1;
+  context.max_position_embeddings = run.data.seq_len;
+  return context;
+}
+
 // config.json: the draft's, from its registry entry, with the objective's training settings and
 // the target's special token ids.
 nlohmann::json hf_config_of(const core::Config& config, const model::ResolvedDraft& draft,
@@ -143,21 +161,6 @@ std::string join(const std::vector<std::string>& names) {
 }
 
 }  // namespace
-
-model::HfConfigContext hf_config_context(const core::Config& run,
-                                         const nlohmann::json& training_settings) {
-  model::HfConfigContext context;
-  context.dtype = run.training.dtype;
-  context.training_settings = training_settings;
-  // The trainer resolves the depth from the data source (data/target_depth.h); a configuration
-  // used without it records the least depth holding every target layer id.
-  const auto& ids = run.model.target_layer_ids;
-  context.num_target_layers = run.model.num_target_layers > 0 || ids.empty()
-                                  ? run.model.num_target_layers
-                                  : *std::max_element(ids.begin(), ids.end()) + 1;
-  context.max_position_embeddings = run.data.seq_len;
-  return context;
-}
 
 std::vector<std::string> objective_names() {
   std::vector<std::string> names;

@@ -65,12 +65,6 @@ ResolvedObjective resolve_run(const core::Config& config);
 BuiltModel build_model(const core::Config& config, const ResolvedObjective& objective,
                        const data::BatchSource& source, torch::Device device, torch::Dtype dtype);
 
-// What a training run adds to its draft's config.json: training.dtype, data.seq_len, and the
-// target depth (model.num_target_layers, which the trainer resolves from the data source;
-// unresolved, the least depth holding every target layer id).
-model::HfConfigContext hf_config_context(const core::Config& run,
-                                         const nlohmann::json& training_settings);
-
 // Every registered objective.name, in registry order.
 std::vector<std::string> objective_names();
 

@@ -8,6 +8,7 @@
 
 #include "core/config.h"
 #include "data/batch.h"
+#include "model/draft_registry.h"
 #include "model/dspine_config.h"
 #include "objectives/dspine_objective.h"
 #include "objectives/dspine_settings.h"
@@ -46,9 +47,10 @@ inline core::Config tiny_config(int64_t accumulation = 1) {
   return c;
 }
 
-// The draft configuration (model.* with model.dspine) of a run's configuration.
+// The draft configuration (model.* with model.dspine) of a run's configuration, resolved as the
+// trainer's objective registry resolves it.
 inline model::DSpineModelConfig draft_config(const core::Config& config) {
-  return {config.model, config.section<model::DSpineConfig>("model.dspine")};
+  return model::dspine_model_config(config.model, *model::resolve_draft(config, "dspine").settings);
 }
 
 // The training side of §12: num_anchors 4, γ = 7.

@@ -18,7 +18,7 @@
 namespace dspine::decode {
 namespace {
 
-constexpr int64_t kVocab = 300;  // testing::gpu_draft_config()'s
+const int64_t kVocab = testing::gpu_draft_config().vocab_size;
 
 data::Qwen3Dims target_dims() {
   data::Qwen3Dims d;
