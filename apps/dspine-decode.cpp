@@ -40,6 +40,7 @@ using dspine::fail;
 
 struct Options {
   std::string target, draft, prompts, out, device = "auto", dtype = "auto", walk = "backbone";
+  std::string profile_trace;
   int64_t prompt_tokens = 0, samples = 0, offset = 0, batch = 1, max_new_tokens = 128;
   double temperature = 0.0;
   uint64_t seed = 0;
@@ -67,7 +68,7 @@ dspine::model::DSpineDraft load_draft(const std::string& path, const torch::Devi
 
 struct Run {
   std::vector<decode::DecodedRow> rows;
-  int64_t verifications = 0, generated = 0, tokens = 0;
+  int64_t verifications = 0, generated = 0, tokens = 0, rounds = 0;
   std::vector<int64_t> accepted_by_position;
   std::vector<double> seconds;
   bool cuda_graphs = false;
@@ -82,6 +83,7 @@ Run decode_all(decode::SpeculativeDecoder& decoder,
     auto result = decoder.decode({prompts.begin() + begin, prompts.begin() + end});
     run.verifications += result.verifications;
     run.generated += result.generated;
+    run.rounds += result.rounds;
     run.seconds.push_back(result.seconds);
     run.cuda_graphs = result.cuda_graphs;
     run.accepted_by_position.resize(result.accepted_by_position.size(), 0);
@@ -216,10 +218,18 @@ void run_decode(const Options& o) {
   const Run run = decode_all(speculative, prompts, o.batch);
   if (o.profile) {
     // Where a round's time goes: the device's kernels against the wall (the gap is the host).
-    auto profile = dspine::bench::stop_kernel_profile();
+    auto profile = dspine::bench::stop_kernel_profile(o.profile_trace);
     profile.scope = "speculative decoding of every prompt";
     profile.wall_ms = 1e3 * std::accumulate(run.seconds.begin(), run.seconds.end(), 0.0);
-    dspine::bench::print_kernel_profile(profile, stderr, 25);
+    dspine::bench::print_kernel_profile(profile, stderr, 0);
+    int64_t kernels = 0;
+    for (const auto& row : profile.rows) kernels += row.calls;
+    if (profile.device && run.rounds > 0) {
+      std::fprintf(stderr,
+                   "%.1f kernels per round, prefills included (%lld kernels, %lld rounds)\n",
+                   static_cast<double>(kernels) / static_cast<double>(run.rounds),
+                   static_cast<long long>(kernels), static_cast<long long>(run.rounds));
+    }
   }
   std::unique_ptr<Run> baseline;
   if (drafter != nullptr && !o.no_baseline) {
@@ -285,6 +295,9 @@ int main(int argc, char** argv) {
                "captured round");
   app.add_flag("--profile", o.profile,
                "print the speculative run's kernels against its wall time to stderr (Kineto)");
+  app.add_option("--profile-trace", o.profile_trace,
+                 "with --profile: also save its Chrome trace (kernels linked to the operators "
+                 "that launched them) to this file");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -66,7 +66,7 @@ echo
 "$BUILD/bin/dspine-decode" --target "$TESTBED/target" --draft "$draft" --prompts \
   "$TESTBED/held_out.jsonl" --samples 8 --prompt-tokens "$PROMPT" --max-new-tokens "$NEW" \
   --ignore-eos --batch 1 --dtype "$DTYPE" --seed 1 --no-baseline --profile 2>&1 >/dev/null |
-  { grep -v '^\[' || true; } | head -45 || true  # the profile, without the log's lines
+  { grep -v '^\[' || true; } || true  # the profile (every kernel, then the kernels per round), without the log's lines
 
 # Regeneration: the target alone, batched, against reading every weight once per forward.
 echo

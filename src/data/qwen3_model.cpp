@@ -93,7 +93,7 @@ struct Positions {
   // [count, head_dim] in the model's dtype; rows at their own positions: [B, 1, count, head_dim]
   at::Tensor cos, sin;
   // [count, past + count] bool: only for count > 1 after a cache; rows at their own positions:
-  // [B, 1, count, keys]
+  // the spans' additive bias [B, 1, count, keys]
   std::optional<at::Tensor> mask;
   bool causal = false;
   at::Tensor batch_cos, batch_sin;  // fused runs: [B, count, head_dim], the q/k kernel's tables
@@ -129,21 +129,15 @@ Positions make_positions(int64_t past, int64_t count, const at::Tensor& inv_freq
   return out;
 }
 
-// Row b's tokens at positions lengths[b] .. lengths[b] + count - 1 (lengths [B] on the device),
-// each seeing its row's first lengths[b] cached positions and its own tokens up to itself, out of
-// the first `keys`.
-Positions make_row_positions(const at::Tensor& lengths, int64_t count, int64_t keys,
-                             const at::Tensor& inv_freq, const Qwen3Rope& rope,
-                             const at::TensorOptions& options) {
+// Rows at their own places (`spans`): RoPE's tables gathered from the cache's per-position ones.
+Positions make_row_positions(const core::RowSpans& spans, const Qwen3Model::KvCache& cache) {
   Positions out;
-  out.spans = core::row_spans(lengths, count, keys);
-  auto [cos, sin] = rope_tables(out.spans->positions.to(at::kFloat), inv_freq, rope,
-                                options.dtype().toScalarType());
-  out.batch_cos = cos.contiguous();
-  out.batch_sin = sin.contiguous();
+  out.spans = spans;
+  out.batch_cos = core::rows_at(cache.rope_cos, spans.positions);
+  out.batch_sin = core::rows_at(cache.rope_sin, spans.positions);
   out.cos = out.batch_cos.unsqueeze(1);
   out.sin = out.batch_sin.unsqueeze(1);
-  out.mask = out.spans->visible;
+  out.mask = spans.bias.to(cache.rope_cos.scalar_type());  // the same tensor when the dtypes agree
   return out;
 }
 
@@ -335,6 +329,9 @@ Qwen3Model::KvCache Qwen3Model::new_cache(int64_t batch, int64_t capacity) const
                                 embed_tokens_.options()));
     }
   }
+  std::tie(cache.rope_cos, cache.rope_sin) =
+      rope_tables(at::arange(capacity, embed_tokens_.options().dtype(at::kFloat)), inv_freq_,
+                  dims_.rope, embed_tokens_.scalar_type());
   return cache;
 }
 
@@ -481,7 +478,7 @@ at::Tensor branch_attention(const at::Tensor& q, const at::Tensor& k, const at::
 
 Qwen3Model::Outputs Qwen3Model::run(const at::Tensor& input_ids, KvCache* cache,
                                     const std::vector<int64_t>& layer_ids,
-                                    const at::Tensor& row_lengths, int64_t keys) const {
+                                    const core::RowSpans* spans) const {
   for (int64_t id : layer_ids) {
     if (id < 0 || id >= dims_.num_hidden_layers) {
       fail("Qwen3 model: layer id {} is outside the model's decoder layers [0, {})", id,
@@ -489,13 +486,13 @@ Qwen3Model::Outputs Qwen3Model::run(const at::Tensor& input_ids, KvCache* cache,
     }
   }
   const int64_t batch = input_ids.size(0), count = input_ids.size(1);
-  const bool rows = row_lengths.defined();
-  if (rows && (row_lengths.dim() != 1 || row_lengths.size(0) != batch)) {
-    fail("Qwen3 model: row lengths [{}] for a batch of {}", fmt::join(row_lengths.sizes(), ", "),
-         batch);
+  if (spans != nullptr && spans->positions.sizes() != at::IntArrayRef({batch, count})) {
+    fail("Qwen3 model: row spans of [{}] positions for ids of [{}]",
+         fmt::join(spans->positions.sizes(), ", "), fmt::join(input_ids.sizes(), ", "));
   }
   // The positions attention reads.
-  const int64_t reach = rows ? keys : (cache != nullptr ? cache->length : 0) + count;
+  const int64_t reach =
+      spans != nullptr ? spans->keys : (cache != nullptr ? cache->length : 0) + count;
   if (cache != nullptr) {
     if (cache->keys.size() != layers_.size() || cache->keys[0].size(0) != batch ||
         reach > cache->keys[0].size(2)) {
@@ -507,11 +504,10 @@ Qwen3Model::Outputs Qwen3Model::run(const at::Tensor& input_ids, KvCache* cache,
     }
   }
   at::NoGradGuard no_grad;
-  Positions positions =
-      rows ? make_row_positions(row_lengths, count, keys, inv_freq_, dims_.rope,
-                                embed_tokens_.options())
-           : make_positions(reach - count, count, inv_freq_, dims_.rope, embed_tokens_.options());
-  if (fused_ && !rows) {  // the q/k kernel takes a table per row (shared here)
+  Positions positions = spans != nullptr ? make_row_positions(*spans, *cache)
+                                         : make_positions(reach - count, count, inv_freq_,
+                                                          dims_.rope, embed_tokens_.options());
+  if (fused_ && spans == nullptr) {  // the q/k kernel takes a table per row (shared here)
     positions.batch_cos = positions.cos.unsqueeze(0).expand({batch, count, -1}).contiguous();
     positions.batch_sin = positions.sin.unsqueeze(0).expand({batch, count, -1}).contiguous();
   }
@@ -523,7 +519,7 @@ Qwen3Model::Outputs Qwen3Model::run(const at::Tensor& input_ids, KvCache* cache,
       if (layer_ids[i] == static_cast<int64_t>(l)) captured[i] = x;
     }
   }
-  if (cache != nullptr && !rows) cache->length += count;
+  if (cache != nullptr && spans == nullptr) cache->length += count;
   Outputs out;
   if (!captured.empty()) out.hidden_states = at::cat(captured, -1);
   out.last_hidden_state = rms_norm(x, final_norm_, dims_.rms_norm_eps, fused_);
@@ -552,16 +548,15 @@ Qwen3Model::Outputs Qwen3Model::step_rows(const at::Tensor& input_ids, KvCache& 
   if (*std::min_element(row_lengths.begin(), row_lengths.end()) < 0) {
     fail("Qwen3 model: a row length is negative");
   }
-  const int64_t keys =
-      *std::max_element(row_lengths.begin(), row_lengths.end()) + input_ids.size(1);
-  return run(input_ids, &cache, layer_ids,
-             at::tensor(row_lengths, at::kLong).to(embed_tokens_.device()), keys);
+  const auto spans = core::row_spans(row_lengths, input_ids.size(1), embed_tokens_.device(),
+                                     embed_tokens_.scalar_type());
+  return run(input_ids, &cache, layer_ids, &spans);
 }
 
 Qwen3Model::Outputs Qwen3Model::step_rows(const at::Tensor& input_ids, KvCache& cache,
-                                          const at::Tensor& row_lengths, int64_t keys,
+                                          const core::RowSpans& spans,
                                           const std::vector<int64_t>& layer_ids) const {
-  return run(input_ids, &cache, layer_ids, row_lengths, keys);
+  return run(input_ids, &cache, layer_ids, &spans);
 }
 
 at::Tensor Qwen3Model::branch(const at::Tensor& ids, const at::Tensor& context_length,

@@ -13,6 +13,8 @@
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
 
+#include "core/row_spans.h"
+
 namespace dspine::data {
 
 // The rotary position embedding of a Qwen3 model as transformers 5 computes it
@@ -93,9 +95,12 @@ class Qwen3Model {
   // decoder layer layer_ids[i] (0-based; HF's output_hidden_states[layer_ids[i] + 1]).
   Outputs forward(const at::Tensor& input_ids, const std::vector<int64_t>& layer_ids) const;
 
-  // Keys and values of the positions run so far, per layer [B, kv_heads, capacity, head_dim].
+  // Keys and values of the positions run so far, per layer [B, kv_heads, capacity, head_dim],
+  // and RoPE's cos and sin of every position of the capacity [capacity, head_dim] (a step with
+  // rows at their own places gathers its rows' instead of computing them).
   struct KvCache {
     std::vector<at::Tensor> keys, values;
+    at::Tensor rope_cos, rope_sin;
     int64_t length = 0;  // positions filled
   };
   KvCache new_cache(int64_t batch, int64_t capacity) const;
@@ -115,12 +120,13 @@ class Qwen3Model {
                     const std::vector<int64_t>& row_lengths,
                     const std::vector<int64_t>& layer_ids = {}) const;
 
-  // step_rows with the row lengths [B] int64 on the model's device and attention over the first
-  // `keys` cached positions (at least every length + T, at most the capacity). Nothing is read
-  // back from the device and the ids are not checked (the caller's own choices), so a CUDA graph
-  // can capture it (docs/decoding.md, "CUDA graphs"); a fixed `keys` gives fixed shapes.
-  Outputs step_rows(const at::Tensor& input_ids, KvCache& cache, const at::Tensor& row_lengths,
-                    int64_t keys, const std::vector<int64_t>& layer_ids = {}) const;
+  // step_rows at `spans` (core::row_spans of the row lengths [B] on the model's device, T
+  // positions each, its bias in the model's dtype), attention over the first spans.keys cached
+  // positions (at most the capacity). Nothing is read back from the device and the ids are not
+  // checked (the caller's own choices), so a CUDA graph can capture it (docs/decoding.md, "CUDA
+  // graphs"); fixed spans.keys give fixed shapes.
+  Outputs step_rows(const at::Tensor& input_ids, KvCache& cache, const core::RowSpans& spans,
+                    const std::vector<int64_t>& layer_ids = {}) const;
 
   // Many continuations of a cached context, none appended to it: block n of row b holds the
   // tokens ids[b, n, :] at positions context_length[b, n] .. context_length[b, n] + L - 1, and
@@ -159,10 +165,10 @@ class Qwen3Model {
   Qwen3Model() = default;
   std::vector<Slot> slots();  // every weight of dims_ (lm_head only when untied)
   void pack_projections();    // fills qkv_proj / gate_up_proj, the separate weights their views
-  // row_lengths undefined: every row at the cache's shared length; else [B] on the device, with
-  // attention over the first `keys` cached positions. The ids are checked by the callers.
+  // spans null: every row at the cache's shared length; else each row at its own place. The ids
+  // are checked by the callers.
   Outputs run(const at::Tensor& input_ids, KvCache* cache, const std::vector<int64_t>& layer_ids,
-              const at::Tensor& row_lengths = {}, int64_t keys = 0) const;
+              const core::RowSpans* spans = nullptr) const;
 
   Qwen3Dims dims_;
   at::Tensor inv_freq_;  // [head_dim / 2] fp32 on the model's device, from dims_' RoPE

@@ -24,7 +24,7 @@ int64_t target_depth(const core::Config& config) {
     depth = key;
     origin = "model.num_target_layers";
   }
-  const int64_t least = ids.empty() ? 1 : *std::max_element(ids.begin(), ids.end()) + 1;
+  const int64_t least = least_target_depth(ids);
   if (depth == 0 && source.stands_in_for_any_target) return least;
   if (depth == 0) {
     log::warn(
@@ -39,6 +39,12 @@ int64_t target_depth(const core::Config& config) {
          fmt::join(ids, ", "), least - 1, depth, origin);
   }
   return depth;
+}
+
+int64_t least_target_depth(const std::vector<int64_t>& target_layer_ids) {
+  return target_layer_ids.empty()
+             ? 1
+             : *std::max_element(target_layer_ids.begin(), target_layer_ids.end()) + 1;
 }
 
 }  // namespace dspine::data

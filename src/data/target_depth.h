@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "core/config.h"
 
@@ -15,5 +16,9 @@ namespace dspine::data {
 // shards). A set key that contradicts the target, or
 // a target layer id at or past the depth, is an error naming both.
 int64_t target_depth(const core::Config& config);
+
+// The least depth holding every target layer id (1 for none): the depth recorded where the
+// target's own is not known.
+int64_t least_target_depth(const std::vector<int64_t>& target_layer_ids);
 
 }  // namespace dspine::data

@@ -10,6 +10,7 @@
 namespace dspine::decode {
 
 DraftedBlock draw_from_logits(const at::Tensor& logits, const DraftDraws& draws) {
+  // In the logits' own dtype: widening to fp32 is exact, so the argmax is the same.
   if (draws.temperature == 0.0) return {logits.argmax(-1), at::Tensor()};
   const int64_t rows = logits.size(0), slots = logits.size(1), vocab = logits.size(2);
   auto probs = torch::softmax(logits.to(torch::kFloat32) / draws.temperature, -1);
@@ -35,36 +36,43 @@ BlockDrafter::BlockDrafter(model::DSpineDraft draft, at::Tensor embed_tokens, at
 }
 
 bool BlockDrafter::start(int64_t batch, int64_t capacity) {
-  if (cache_ && cache_->batch() == batch && cache_->capacity() == capacity) return true;
+  if (cache_ && cache_->batch() == batch && cache_->capacity() == capacity) {
+    cache_->refresh_weights();  // the draft may have trained since
+    return true;
+  }
   cache_.reset();  // its memory first
   cache_ = std::make_unique<model::DraftDecodingCache>(*draft_, batch, capacity);
+  block_ids_ = torch::full({batch, config().block_size}, mask_token_id_,
+                           torch::TensorOptions().dtype(torch::kInt64).device(lm_head_.device()));
   return false;
 }
 
-void BlockDrafter::extend(const at::Tensor& target_hidden, const at::Tensor& starts, int64_t keys) {
+void BlockDrafter::extend(const at::Tensor& target_hidden, const core::RowSpans& spans) {
   if (!cache_) fail("decoding: the draft was handed context before start()");
-  cache_->extend(target_hidden, starts, keys);
+  cache_->extend(target_hidden, spans);
 }
 
-DraftedBlock BlockDrafter::propose(const at::Tensor& anchors, int64_t keys,
-                                   const at::Tensor& anchor_tokens, const DraftDraws& draws) {
+DraftedBlock BlockDrafter::propose(const core::RowSpans& block, const at::Tensor& anchor_tokens,
+                                   const DraftDraws& draws) {
   torch::NoGradGuard no_grad;
   if (!cache_) fail("decoding: the draft was asked for a block before start()");
-  const int64_t rows = anchors.size(0), bs = config().block_size;
-  if (anchor_tokens.numel() != rows) {
-    fail("decoding: {} anchors and {} anchor tokens", rows, anchor_tokens.numel());
+  const int64_t rows = block.positions.size(0), bs = config().block_size;
+  if (anchor_tokens.numel() != rows || rows != block_ids_.size(0) ||
+      block.positions.size(1) != bs) {
+    fail("decoding: {} anchor tokens and block positions [{}] for {} rows of block size {}",
+         anchor_tokens.numel(), c10::str(block.positions.sizes()), block_ids_.size(0), bs);
   }
-  const auto device = lm_head_.device();
-  // Slot 0: the anchor's token; the proposals' slots: the mask token.
-  auto block_ids = torch::full({rows, bs}, mask_token_id_,
-                               torch::TensorOptions().dtype(torch::kInt64).device(device));
-  block_ids.select(1, 0).copy_(anchor_tokens.view({rows}));
-  const auto out =
-      cache_->block(anchors, keys, block_ids, torch::embedding(embed_tokens_, block_ids));
-  const auto hidden = out.hidden_states.select(1, 0).slice(1, 1);  // [B, T, H]
-  const auto logits = torch::matmul(hidden, lm_head_.t()).to(torch::kFloat32);
+  // Slot 0: the anchor's token; the proposals' slots keep the mask token.
+  block_ids_.select(1, 0).copy_(anchor_tokens.view({rows}));
+  const auto out = cache_->block(block, block_ids_, torch::embedding(embed_tokens_, block_ids_));
+  // Every slot's logits in one GEMM over the contiguous states; the proposals are slots 1..T.
+  const int64_t hidden = config().hidden_size;
+  const auto logits =
+      torch::nn::functional::linear(out.hidden_states.view({rows * bs, hidden}), lm_head_)
+          .view({rows, bs, -1})
+          .narrow(1, 1, bs - 1);
   if (walk_ == DraftWalk::kBackbone) return draw_from_logits(logits, draws);
-  return refinement_walk(out, logits, anchor_tokens.view({rows}).to(device), draws);
+  return refinement_walk(out, logits, anchor_tokens.view({rows}).to(lm_head_.device()), draws);
 }
 
 DraftedBlock BlockDrafter::refinement_walk(const model::DraftOutput& out, const at::Tensor& logits,

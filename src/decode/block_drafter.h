@@ -11,6 +11,7 @@
 #include <memory>
 #include <vector>
 
+#include "core/row_spans.h"
 #include "model/draft_decoding.h"
 #include "model/dspine_draft.h"
 
@@ -30,16 +31,16 @@ struct DraftDraws {
   at::Generator generator;
 };
 
-// Per-slot choices from per-slot logits [B, T, V], independently.
+// Per-slot choices from per-slot logits [B, T, V] (of any floating dtype), independently.
 DraftedBlock draw_from_logits(const at::Tensor& logits, const DraftDraws& draws);
 
 // What the decoding loop asks of a draft (tests plug in drafts of known quality). A draft sees
 // each context position once: start() opens a batch, extend() hands it the target's hidden states
-// of new positions, propose() drafts at each row's next position. Row positions come as [B] int64
-// tensors on the draft's device with `keys`, the cached positions attention may read (at least
-// every start + count, at most the capacity): on CUDA the decoder captures its rounds in a CUDA
-// graph (docs/decoding.md, "CUDA graphs"), so extend() and propose() must not read the device
-// back, and their shapes may depend on `keys` but not on the positions' values.
+// of new positions, propose() drafts at each row's next position. Positions come as
+// core::RowSpans on the draft's device (a round builds them once for the draft and the target),
+// with `keys`, the cached positions attention may read: on CUDA the decoder captures its rounds in
+// a CUDA graph (docs/decoding.md, "CUDA graphs"), so extend() and propose() must not read the
+// device back, and their shapes may depend on spans.keys but not on the positions' values.
 class Drafter {
  public:
   virtual ~Drafter() = default;
@@ -49,13 +50,13 @@ class Drafter {
   // when it kept the buffers of its previous start (same batch and capacity): a captured round
   // that holds their addresses stays valid, and what they hold is overwritten before it is read.
   virtual bool start(int64_t batch, int64_t capacity) = 0;
-  // The target's hidden states [B, n, K·H] of row b's positions starts[b] .. starts[b] + n - 1.
+  // The target's hidden states [B, n, K·H] of row b's positions spans.positions[b] (n each).
   // Positions handed again (those of rejected drafts) replace what was there.
-  virtual void extend(const at::Tensor& target_hidden, const at::Tensor& starts, int64_t keys) = 0;
-  // Row b's block at position anchors[b] (its token anchor_tokens[b], [B] int64), from the row's
-  // first anchors[b] positions.
-  virtual DraftedBlock propose(const at::Tensor& anchors, int64_t keys,
-                               const at::Tensor& anchor_tokens, const DraftDraws& draws) = 0;
+  virtual void extend(const at::Tensor& target_hidden, const core::RowSpans& spans) = 0;
+  // Row b's block at positions block.positions[b] (T + 1 of them: the anchor, then the slots),
+  // from the row's positions before the anchor; anchor_tokens [B] int64, the anchors' tokens.
+  virtual DraftedBlock propose(const core::RowSpans& block, const at::Tensor& anchor_tokens,
+                               const DraftDraws& draws) = 0;
 };
 
 // How a DSpine draft fills its block: every slot from the backbone's own logits (the parallel
@@ -72,8 +73,8 @@ class BlockDrafter : public Drafter {
   int64_t proposals() const override { return config().block_size - 1; }
   std::vector<int64_t> target_layer_ids() const override { return config().target_layer_ids; }
   bool start(int64_t batch, int64_t capacity) override;
-  void extend(const at::Tensor& target_hidden, const at::Tensor& starts, int64_t keys) override;
-  DraftedBlock propose(const at::Tensor& anchors, int64_t keys, const at::Tensor& anchor_tokens,
+  void extend(const at::Tensor& target_hidden, const core::RowSpans& spans) override;
+  DraftedBlock propose(const core::RowSpans& block, const at::Tensor& anchor_tokens,
                        const DraftDraws& draws) override;
   const model::DSpineModelConfig& config() const { return draft_->config(); }
 
@@ -86,6 +87,7 @@ class BlockDrafter : public Drafter {
   int64_t mask_token_id_;
   DraftWalk walk_;
   std::unique_ptr<model::DraftDecodingCache> cache_;
+  at::Tensor block_ids_;  // [B, bs]: the mask token, slot 0 overwritten by each round's anchors
 };
 
 }  // namespace dspine::decode

@@ -14,6 +14,7 @@ namespace dspine::decode {
 struct RoundGraph::Cuda {
   Cuda(c10::DeviceIndex device, at::Generator generator)
       : stream(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device)),
+        side(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device)),
         generator(std::move(generator)) {}
 
   // A fresh graph, the generator registered with it.
@@ -23,6 +24,7 @@ struct RoundGraph::Cuda {
   }
 
   c10::cuda::CUDAStream stream;
+  c10::cuda::CUDAStream side;                   // beside()'s second branch
   std::optional<c10::cuda::CUDAStream> caller;  // while on the graph's stream
   at::Generator generator;
   std::unique_ptr<at::cuda::CUDAGraph> graph;
@@ -83,6 +85,29 @@ void RoundGraph::run(const std::function<void()>& round) {
     cuda_->graph->capture_end();
   }
   cuda_->graph->replay();
+}
+
+void RoundGraph::beside(const std::function<void()>& work, const std::function<void()>& meanwhile) {
+  if (cuda_ == nullptr) {
+    work();
+    meanwhile();
+    return;
+  }
+  const auto round = c10::cuda::getCurrentCUDAStream(cuda_->side.device_index());
+  at::cuda::CUDAEvent forked, joined;
+  forked.record(round);
+  forked.block(cuda_->side);
+  c10::cuda::setCurrentCUDAStream(cuda_->side);
+  try {
+    work();
+  } catch (...) {
+    c10::cuda::setCurrentCUDAStream(round);
+    throw;
+  }
+  joined.record(cuda_->side);
+  c10::cuda::setCurrentCUDAStream(round);
+  meanwhile();
+  joined.block(round);
 }
 
 void RoundGraph::forget() {

@@ -44,6 +44,11 @@ class RoundGraph {
   // every time, on tensors it updates in place and whose addresses do not change.
   void run(const std::function<void()>& round);
 
+  // Inside a round: `work` and `meanwhile`, which need each other's results only after both, run
+  // side by side on CUDA (`work` on a second stream forked from the round's and joined back, two
+  // branches of the captured graph), one after the other elsewhere.
+  void beside(const std::function<void()>& work, const std::function<void()>& meanwhile);
+
   // Drops the captured round (its tensors moved): the next run starts over with an eager one.
   void forget();
 

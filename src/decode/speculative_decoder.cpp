@@ -10,6 +10,7 @@
 
 #include "core/device_generator.h"
 #include "core/error.h"
+#include "core/row_spans.h"
 #include "decode/round_graph.h"
 #include "decode/verification.h"
 
@@ -57,6 +58,7 @@ class SpeculativeDecoder::Session {
         drafter_(drafter),
         settings_(settings),
         device_(target.embed_tokens().device()),
+        dtype_(target.embed_tokens().scalar_type()),
         vocab_(target.dims().vocab_size),
         slots_(drafter != nullptr ? drafter->proposals() : 0),
         batch_(batch),
@@ -94,7 +96,8 @@ class SpeculativeDecoder::Session {
         target_.step_rows(ids.to(device_), cache_, std::vector<int64_t>(batch_, 0), layer_ids_);
     if (drafter_ != nullptr) {
       if (!drafter_->start(batch_, capacity_)) graph_.forget();  // its buffers moved
-      drafter_->extend(out.hidden_states, at::zeros_like(device_lengths_), longest);
+      drafter_->extend(out.hidden_states,
+                       core::row_spans(std::vector<int64_t>(batch_, 0), longest, device_, dtype_));
     }
     device_lengths_.copy_(at::tensor(lengths_, at::kLong));
     const auto last = device_lengths_.sub(1);
@@ -118,6 +121,7 @@ class SpeculativeDecoder::Session {
                              ? capacity_
                              : *std::max_element(lengths_.begin(), lengths_.end()) + slots_ + 1;
     graph_.run([&] { run_round(keys); });
+    result_->rounds += 1;
     record();
   }
 
@@ -131,26 +135,36 @@ class SpeculativeDecoder::Session {
   }
 
   // A round's device work, attention over the first `keys` cached positions: it updates the
-  // rows' lengths and pending tokens in place and writes the round's outcome_.
+  // rows' lengths and pending tokens in place and writes the round's outcome_. The block's
+  // positions (the pending token's, then the drafts') serve the draft, the target's verification
+  // and the draft's new context alike.
   void run_round(int64_t keys) {
     const int64_t batch = batch_;
-    const auto drafted = drafter_ != nullptr ? draft(keys) : DraftedBlock();
+    const auto spans = core::row_spans(device_lengths_, slots_ + 1, keys, dtype_);
+    const auto drafted = drafter_ != nullptr ? draft(spans) : DraftedBlock();
     const auto block = drafter_ != nullptr
                            ? at::cat({pending_.view({batch, 1}), drafted.tokens}, 1)
                            : pending_.view({batch, 1});
-    const auto out = target_.step_rows(block, cache_, device_lengths_, keys, layer_ids_);
-    const auto logits = target_.logits(out.last_hidden_state);  // [B, T + 1, V]
+    const auto out = target_.step_rows(block, cache_, spans, layer_ids_);
     Verdict verdict;
+    const auto judge = [&] {
+      const auto logits = target_.logits(out.last_hidden_state);  // [B, T + 1, V]
+      if (drafter_ == nullptr) {
+        verdict.accepted = at::zeros({batch}, at::TensorOptions().dtype(at::kLong).device(device_));
+        verdict.tokens = choose(logits.select(1, 0)).view({batch, 1});
+      } else if (greedy()) {
+        verdict = verify_greedy(logits, drafted.tokens);
+      } else {
+        verdict = verify_sampled(probs(logits), drafted.probs, drafted.tokens, draws_.generator);
+      }
+    };
     if (drafter_ == nullptr) {
-      verdict.accepted = at::zeros({batch}, at::TensorOptions().dtype(at::kLong).device(device_));
-      verdict.tokens = choose(logits.select(1, 0)).view({batch, 1});
-    } else if (greedy()) {
-      verdict = verify_greedy(logits, drafted.tokens);
+      judge();
     } else {
-      verdict = verify_sampled(probs(logits), drafted.probs, drafted.tokens, draws_.generator);
+      // The whole block's hidden states go into the draft's cache (those of rejected drafts are
+      // written over next round) beside the verdict: both need only the verification's forward.
+      graph_.beside([&] { drafter_->extend(out.hidden_states, spans); }, judge);
     }
-    // The whole block's hidden states: those of rejected drafts are written over next round.
-    if (drafter_ != nullptr) drafter_->extend(out.hidden_states, device_lengths_, keys);
     // The pending token and the accepted drafts are now cached; the target's own token is next.
     // A row that ended keeps its length (its later rounds write past what it reads).
     device_lengths_.add_(verdict.accepted.add(1).mul_(device_active_));
@@ -160,9 +174,9 @@ class SpeculativeDecoder::Session {
   }
 
   // The drafted block, its shapes checked.
-  DraftedBlock draft(int64_t keys) {
+  DraftedBlock draft(const core::RowSpans& spans) {
     const int64_t batch = batch_;
-    auto block = drafter_->propose(device_lengths_, keys, pending_, draws_);
+    auto block = drafter_->propose(spans, pending_, draws_);
     const bool fits = block.tokens.sizes() == at::IntArrayRef({batch, slots_}) &&
                       (greedy() || block.probs.sizes() == at::IntArrayRef({batch, slots_, vocab_}));
     if (!fits) {
@@ -221,6 +235,7 @@ class SpeculativeDecoder::Session {
   const DecodeSettings& settings_;
   DecodeResult* result_ = nullptr;  // the call's
   c10::Device device_;
+  at::ScalarType dtype_;  // the target's, the spans' bias
   int64_t vocab_, slots_, batch_, capacity_;
   DraftDraws draws_;  // the draft's and the verification's draws share one generator
   RoundGraph graph_;

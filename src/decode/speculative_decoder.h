@@ -36,6 +36,7 @@ struct DecodeResult {
   std::vector<DecodedRow> rows;
   int64_t verifications = 0;  // target forwards after the prefill, summed over rows
   int64_t generated = 0;      // tokens those verifications produced (the prefill's first excluded)
+  int64_t rounds = 0;         // rounds of the whole batch (one target forward each)
   // accepted_by_position[k]: verifications whose first k + 1 drafted tokens were all accepted
   std::vector<int64_t> accepted_by_position;
   // wall time of decode(), prefill included (and the capture, in the first call of a batch

@@ -9,18 +9,13 @@
 #include "ops/qk_norm_rope_ops.h"
 
 namespace dspine::model {
-namespace {
 
-// The per-head norm then RoPE: one fused kernel each way when the norm was built fused and the
-// kernels take the inputs (docs/kernels.md, "Query/key norm and RoPE"), else the two modules.
 torch::Tensor norm_then_rope(RMSNorm& norm, const torch::Tensor& x, const RopeTables& rope) {
   if (norm->fused && ops::qk_norm_rope_fusable(x, norm->weight, rope.cos, rope.sin)) {
     return ops::qk_norm_rope(x, norm->weight, norm->eps, rope.cos, rope.sin);
   }
   return apply_rope(norm(x), rope);
 }
-
-}  // namespace
 
 DSpineAttentionImpl::DSpineAttentionImpl(const core::ModelConfig& c, bool fused)
     : heads_(c.num_attention_heads), kv_heads_(c.num_key_value_heads), head_dim_(c.head_dim) {
@@ -55,31 +50,6 @@ torch::Tensor DSpineAttentionImpl::forward(const torch::Tensor& x, const torch::
                           : ops::block_attention(q, k, v, mask.anchors, mask.keep,
                                                  mask.block_size, scale);
   return o_proj(out.reshape({rows, queries, heads_ * head_dim_}));
-}
-
-std::pair<torch::Tensor, torch::Tensor> DSpineAttentionImpl::context_kv(
-    const torch::Tensor& context, const RopeTables& rope) {
-  const int64_t rows = context.size(0), positions = context.size(1);
-  auto k = norm_then_rope(k_norm, k_proj(context).view({rows, positions, kv_heads_, head_dim_}),
-                          rope);
-  auto v = v_proj(context).view({rows, positions, kv_heads_, head_dim_});
-  return {k, v};
-}
-
-torch::Tensor DSpineAttentionImpl::forward_cached(const torch::Tensor& x, const torch::Tensor& keys,
-                                                  const torch::Tensor& values,
-                                                  const core::RowSpans& spans,
-                                                  const RopeTables& rope) {
-  const int64_t rows = x.size(0), queries = x.size(1);
-  auto q = norm_then_rope(q_norm, q_proj(x).view({rows, queries, heads_, head_dim_}), rope);
-  auto [k, v] = context_kv(x, rope);
-  core::write_spans(keys.transpose(1, 2), k, spans);
-  core::write_spans(values.transpose(1, 2), v, spans);
-  const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim_));
-  auto out = at::scaled_dot_product_attention(
-      q.transpose(1, 2), keys.narrow(2, 0, spans.keys), values.narrow(2, 0, spans.keys),
-      spans.visible, 0.0, false, scale, /*enable_gqa=*/true);
-  return o_proj(out.transpose(1, 2).reshape({rows, queries, heads_ * head_dim_}));
 }
 
 torch::Tensor masked_attention(const torch::Tensor& q, const torch::Tensor& k,

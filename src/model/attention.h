@@ -10,7 +10,6 @@
 #include <utility>
 
 #include "core/config.h"
-#include "core/row_spans.h"
 #include "model/block_mask.h"
 #include "model/norm_mlp.h"
 #include "model/rope.h"
@@ -26,18 +25,6 @@ class DSpineAttentionImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& context,
                         const AttentionMask& mask, const RopeTables& rope);
 
-  // Decoding (docs/decoding.md, "The draft's cache"). The keys and values [B, n, kv heads, D] of
-  // normed context states [B, n, H] at the positions of `rope`.
-  std::pair<torch::Tensor, torch::Tensor> context_kv(const torch::Tensor& context,
-                                                     const RopeTables& rope);
-  // One block per row against a cache [B, kv heads, C, D]: x [B, bs, H] (normed block tokens at
-  // the spans' positions, rope for those) writes its keys and values into the cache at the spans,
-  // and each query sees the cached keys the spans make visible (its row's context before the
-  // anchor, and the block causally).
-  torch::Tensor forward_cached(const torch::Tensor& x, const torch::Tensor& keys,
-                               const torch::Tensor& values, const core::RowSpans& spans,
-                               const RopeTables& rope);
-
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
   RMSNorm q_norm{nullptr}, k_norm{nullptr};
 
@@ -45,6 +32,11 @@ class DSpineAttentionImpl : public torch::nn::Module {
   int64_t heads_, kv_heads_, head_dim_;
 };
 TORCH_MODULE(DSpineAttention);
+
+// The per-head norm then RoPE of x [B, P, heads, D] (tables for its P positions): one fused kernel
+// when the norm was built fused and the kernel takes the inputs (docs/kernels.md, "Query/key norm
+// and RoPE"), else the two modules.
+torch::Tensor norm_then_rope(RMSNorm& norm, const torch::Tensor& x, const RopeTables& rope);
 
 // The dense reference: q [B, Q, H, D], k/v [B, S+Q, KVH, D] (kv heads repeated), SDPA with the
 // dense mask, dropped rows zeroed; returns [B, Q, H, D].

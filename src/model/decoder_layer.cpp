@@ -31,14 +31,4 @@ torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& x, const torch::Ten
   return mlp->forward_add(normed, h);
 }
 
-torch::Tensor DecoderLayerImpl::forward_cached(const torch::Tensor& x, const torch::Tensor& keys,
-                                               const torch::Tensor& values,
-                                               const core::RowSpans& spans,
-                                               const RopeTables& rope) {
-  auto [residual, normed_input] = input_layernorm->forward_residual(x);
-  auto attended = self_attn->forward_cached(normed_input, keys, values, spans, rope);
-  auto [h, normed] = post_attention_layernorm->forward_add(attended, residual);
-  return mlp->forward_add(normed, h);
-}
-
 }  // namespace dspine::model

@@ -15,10 +15,6 @@ class DecoderLayerImpl : public torch::nn::Module {
   DecoderLayerImpl(const core::ModelConfig& config, bool fused);
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& context,
                         const AttentionMask& mask, const RopeTables& rope);
-  // Decoding: one block per row against the layer's cache (DSpineAttentionImpl::forward_cached).
-  torch::Tensor forward_cached(const torch::Tensor& x, const torch::Tensor& keys,
-                               const torch::Tensor& values, const core::RowSpans& spans,
-                               const RopeTables& rope);
 
   DSpineAttention self_attn{nullptr};
   SwiGLUMLP mlp{nullptr};

@@ -2,9 +2,15 @@
 
 #include <torch/torch.h>
 
+#include <cmath>
+
 #include "core/error.h"
 #include "core/row_spans.h"
+#include "model/attention.h"
 #include "model/rope.h"
+#include "ops/injection_pairs_ops.h"
+#include "ops/injection_residual_ops.h"
+#include "ops/swiglu_ops.h"
 
 namespace dspine::model {
 
@@ -13,80 +19,176 @@ DraftDecodingCache::DraftDecodingCache(DSpineDraftImpl& draft, int64_t batch, in
   if (!draft.transfer_ready()) {
     fail("Initialize or load the DSpine transfer space before use (transfer_ready is false)");
   }
+  torch::NoGradGuard no_grad;
   const auto& c = draft.config();
   const auto options = draft.fc->weight.options();
-  inv_freq_ = rope_inv_freq(c.head_dim, c.rope_theta).to(options.device());
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     // Zeros, not garbage: attention multiplies masked keys by zero weights, and NaN · 0 is NaN.
     keys_.push_back(torch::zeros({batch, c.num_key_value_heads, capacity, c.head_dim}, options));
     values_.push_back(torch::zeros_like(keys_.back()));
   }
+  // The tables of training's RoPE (model/rope.h) at every position: a round gathers its rows'.
+  const auto tables = rope_tables(
+      torch::arange(capacity, options.dtype(torch::kLong)).view({1, -1}),
+      rope_inv_freq(c.head_dim, c.rope_theta).to(options.device()), options.dtype().toScalarType());
+  rope_cos_ = tables.cos.view({capacity, c.head_dim});
+  rope_sin_ = tables.sin.view({capacity, c.head_dim});
+  refresh_weights();
+}
+
+void DraftDecodingCache::refresh_weights() {
+  torch::NoGradGuard no_grad;
+  const auto pack = [](at::Tensor& packed, const std::vector<at::Tensor>& parts) {
+    auto fresh = torch::cat(parts, 0);
+    if (packed.defined()) {
+      packed.copy_(fresh);
+    } else {
+      packed = std::move(fresh);
+    }
+  };
+  const size_t layers = draft_.layer_modules.size();
+  qkv_.resize(layers);
+  gate_up_.resize(layers);
+  std::vector<at::Tensor> context_kv;
+  for (size_t i = 0; i < layers; ++i) {
+    const auto& attention = *draft_.layer_modules[i]->self_attn;
+    const auto& mlp = *draft_.layer_modules[i]->mlp;
+    pack(qkv_[i], {attention.q_proj->weight, attention.k_proj->weight, attention.v_proj->weight});
+    pack(gate_up_[i], {mlp.gate_proj->weight, mlp.up_proj->weight});
+    context_kv.push_back(attention.k_proj->weight);
+    context_kv.push_back(attention.v_proj->weight);
+  }
+  pack(context_kv_, context_kv);
+  const auto& injection = *draft_.injection;
+  pack(predecessor_message_, {injection.predecessor_gate->weight, injection.message->weight});
+  // As AdjacentInjectionImpl::scaled_codes then the cast forward makes: the same values per row.
+  const double scale = std::sqrt(static_cast<double>(draft_.config().dspine.transfer_rank));
+  pack(scaled_codes_, {(scale * draft_.transfer_codes).to(draft_.fc->weight.scalar_type())});
 }
 
 void DraftDecodingCache::extend(const at::Tensor& target_hidden,
                                 const std::vector<int64_t>& starts) {
-  const auto spans = core::row_spans(starts, target_hidden.size(1), draft_.fc->weight.device());
-  write_context(target_hidden, spans);
+  extend(target_hidden, core::row_spans(starts, target_hidden.size(1), draft_.fc->weight.device(),
+                                        draft_.fc->weight.scalar_type()));
 }
 
-void DraftDecodingCache::extend(const at::Tensor& target_hidden, const at::Tensor& starts,
-                                int64_t keys) {
-  write_context(target_hidden, core::row_spans(starts, target_hidden.size(1), keys));
-}
-
-void DraftDecodingCache::write_context(const at::Tensor& target_hidden,
-                                       const core::RowSpans& spans) {
+void DraftDecodingCache::extend(const at::Tensor& target_hidden, const core::RowSpans& spans) {
   torch::NoGradGuard no_grad;
-  if (spans.keys > keys_[0].size(2)) {
-    fail("draft cache: positions up to {} asked of a cache of {}", spans.keys, keys_[0].size(2));
+  if (spans.keys > capacity()) {
+    fail("draft cache: positions up to {} asked of a cache of {}", spans.keys, capacity());
   }
+  const auto& c = draft_.config();
   const auto options = draft_.fc->weight.options();
+  const int64_t rows = target_hidden.size(0), count = target_hidden.size(1);
   // The projection itself, not DSpineDraftImpl::context: that announces the "context" unit to
   // the draft's observer, which under zero3 gathers it collectively, and ranks decode different
   // numbers of rounds. Decoding runs on whole weights and announces no unit (nor do its layers).
   const auto context =
       draft_.hidden_norm(draft_.fc(target_hidden.to(options.device(), options.dtype())));
-  const auto rope = rope_tables(spans.positions, inv_freq_, context.scalar_type());
+  const RopeTables rope{core::rows_at(rope_cos_, spans.positions),
+                        core::rows_at(rope_sin_, spans.positions)};
+  const auto kv = torch::nn::functional::linear(context, context_kv_);  // every layer's k and v
+  const int64_t width = c.num_key_value_heads * c.head_dim;
+  const std::vector<int64_t> shape{rows, count, c.num_key_value_heads, c.head_dim};
   for (size_t i = 0; i < keys_.size(); ++i) {
-    auto [k, v] = draft_.layer_modules[i]->self_attn->context_kv(context, rope);
+    const int64_t at = 2 * static_cast<int64_t>(i) * width;
+    const auto k = norm_then_rope(draft_.layer_modules[i]->self_attn->k_norm,
+                                  kv.narrow(-1, at, width).view(shape), rope);
     core::write_spans(keys_[i].transpose(1, 2), k, spans);
-    core::write_spans(values_[i].transpose(1, 2), v, spans);
+    core::write_spans(values_[i].transpose(1, 2), kv.narrow(-1, at + width, width).view(shape),
+                      spans);
   }
 }
 
 DraftOutput DraftDecodingCache::block(const std::vector<int64_t>& anchors,
                                       const at::Tensor& block_ids, const at::Tensor& noise) {
-  return run_block(core::row_spans(anchors, draft_.config().block_size, noise.device()), block_ids,
-                   noise);
+  return block(
+      core::row_spans(anchors, draft_.config().block_size, noise.device(), noise.scalar_type()),
+      block_ids, noise);
 }
 
-DraftOutput DraftDecodingCache::block(const at::Tensor& anchors, int64_t keys,
-                                      const at::Tensor& block_ids, const at::Tensor& noise) {
-  return run_block(core::row_spans(anchors, draft_.config().block_size, keys), block_ids, noise);
-}
-
-DraftOutput DraftDecodingCache::run_block(const core::RowSpans& spans, const at::Tensor& block_ids,
-                                          const at::Tensor& noise) {
+DraftOutput DraftDecodingCache::block(const core::RowSpans& spans, const at::Tensor& block_ids,
+                                      const at::Tensor& noise) {
   torch::NoGradGuard no_grad;
   const int64_t rows = noise.size(0), bs = draft_.config().block_size;
   const int64_t hidden = draft_.config().hidden_size;
-  if (spans.keys > keys_[0].size(2)) {
-    fail("draft cache: a block up to position {} asked of a cache of {}", spans.keys,
-         keys_[0].size(2));
+  if (spans.keys > capacity()) {
+    fail("draft cache: a block up to position {} asked of a cache of {}", spans.keys, capacity());
   }
-  const auto rope = rope_tables(spans.positions, inv_freq_, noise.scalar_type());
-  const auto token_blocks = block_ids.view({rows, 1, bs});
+  const RopeTables rope{core::rows_at(rope_cos_, spans.positions),
+                        core::rows_at(rope_sin_, spans.positions)};
+  const auto bias = spans.bias.to(noise.scalar_type());  // the same tensor when the dtypes agree
+  // The first proposal's predecessor in every layer: the anchor token's code [B, 1, 1, r].
+  const auto anchor_code =
+      torch::embedding(scaled_codes_, block_ids.narrow(1, 0, 1)).view({rows, 1, 1, -1});
   auto x = noise;
   at::Tensor pre;
   for (size_t i = 0; i < keys_.size(); ++i) {
-    x = draft_.layer_modules[i]->forward_cached(x, keys_[i], values_[i], spans, rope);
+    x = layer(i, x, spans, rope, bias);
     pre = x.view({rows, 1, bs, hidden});
-    auto injected = draft_.injection->forward(pre, static_cast<int64_t>(i), token_blocks,
-                                              draft_.transfer_codes, at::Tensor(),
-                                              /*layer_features=*/false);
-    x = injected.out.view({rows, bs, hidden});
+    x = inject(i, pre, anchor_code).view({rows, bs, hidden});
   }
   return {draft_.norm(x).view({rows, 1, bs, hidden}), pre, at::Tensor()};
+}
+
+// DecoderLayerImpl::forward for the block against the layer's cache: its keys and values are
+// written at the spans, and each query sees the cached keys the spans make visible.
+at::Tensor DraftDecodingCache::layer(size_t index, const at::Tensor& x, const core::RowSpans& spans,
+                                     const RopeTables& rope, const at::Tensor& bias) {
+  auto& layer = *draft_.layer_modules[index];
+  auto& attention = *layer.self_attn;
+  const auto& c = draft_.config();
+  const int64_t rows = x.size(0), count = x.size(1), dim = c.head_dim;
+  const int64_t heads = c.num_attention_heads, kv_heads = c.num_key_value_heads;
+  const auto qkv = torch::nn::functional::linear(layer.input_layernorm(x), qkv_[index]);
+  const int64_t q_width = heads * dim, kv_width = kv_heads * dim;
+  const auto q = norm_then_rope(attention.q_norm,
+                                qkv.narrow(-1, 0, q_width).view({rows, count, heads, dim}), rope);
+  const auto k = norm_then_rope(
+      attention.k_norm, qkv.narrow(-1, q_width, kv_width).view({rows, count, kv_heads, dim}), rope);
+  const auto v = qkv.narrow(-1, q_width + kv_width, kv_width).view({rows, count, kv_heads, dim});
+  core::write_spans(keys_[index].transpose(1, 2), k, spans);
+  core::write_spans(values_[index].transpose(1, 2), v, spans);
+  const auto attended = at::scaled_dot_product_attention(
+      q.transpose(1, 2), keys_[index].narrow(2, 0, spans.keys),
+      values_[index].narrow(2, 0, spans.keys), bias, 0.0, false,
+      1.0 / std::sqrt(static_cast<double>(dim)), /*enable_gqa=*/true);
+  const auto projected = torch::nn::functional::linear(
+      attended.transpose(1, 2).reshape({rows, count, q_width}), attention.o_proj->weight);
+  auto [out, normed] = layer.post_attention_layernorm->forward_add(projected, x);
+  // The MLP, its residual added by the down projection's GEMM (β = 1; no gradient is taken).
+  const auto gate_up = torch::nn::functional::linear(normed, gate_up_[index]);
+  const int64_t inter = gate_up.size(-1) / 2;
+  const auto gate = gate_up.narrow(-1, 0, inter), up = gate_up.narrow(-1, inter, inter);
+  const auto mlp = layer.mlp->fused && ops::swiglu_fusable(gate, up)
+                       ? ops::swiglu_fused(gate, up)
+                       : ops::swiglu_reference(gate, up);
+  if (!out.is_contiguous()) out = out.contiguous();
+  out.view({-1, out.size(-1)}).addmm_(mlp.reshape({-1, inter}), layer.mlp->down_proj->weight.t());
+  return out;
+}
+
+// AdjacentInjectionImpl::forward of one layer, no replacement and no feature: the gate's
+// predecessor term and the message as one GEMM, the receiver's term with the bias in another.
+at::Tensor DraftDecodingCache::inject(size_t index, const at::Tensor& h,
+                                      const at::Tensor& anchor_code) {
+  auto& injection = *draft_.injection;
+  const bool fused = draft_.norm->fused;
+  const auto features = injection.feature(h, static_cast<int64_t>(index));  // [B, 1, bs, r]
+  const auto [receiver, pred] = fused && ops::injection_pairs_fusable(features, anchor_code)
+                                    ? ops::injection_pairs_fused(features, anchor_code)
+                                    : ops::injection_pairs_reference(features, anchor_code);
+  const int64_t rank = receiver.size(-1), size = injection.message->weight.size(0);
+  const auto both = torch::nn::functional::linear(pred, predecessor_message_);  // [.., 2m]
+  const auto receiver_term =
+      at::addmm(injection.bias, receiver.reshape({-1, rank}), injection.receiver_gate->weight.t())
+          .view(both.narrow(-1, 0, size).sizes());
+  const auto gate = at::sigmoid(receiver_term + both.narrow(-1, 0, size));
+  const auto delta = torch::nn::functional::linear(gate * both.narrow(-1, size, size),
+                                                   injection.write_layers.at(index)->weight);
+  return fused && ops::injection_residual_fusable(h, delta, /*skip_first=*/true)
+             ? ops::injection_residual_fused(h, delta, true)
+             : ops::injection_residual_reference(h, delta, true);
 }
 
 }  // namespace dspine::model

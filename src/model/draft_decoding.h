@@ -5,6 +5,13 @@
 // projection, key norm and RoPE), so they are cached once per position. A round then runs only the
 // block: its queries attend to the cached context before the anchor and, causally, to the block,
 // exactly the pattern of the training mask (model/block_mask.h).
+//
+// A round at batch 1 is a chain of small kernels, so the cache runs the draft's layers through a
+// decoding path of its own with fewer of them (docs/decoding.md, "Kernels per round"): q/k/v,
+// gate/up and every layer's context k/v as one GEMM each on packed copies of the weights, the MLP's
+// residual added by the down projection's GEMM, RoPE gathered from tables of every cache position,
+// the anchor's transfer code from a table already scaled, and the injection's two gates of the
+// predecessor as one GEMM. The same function as DSpineDraftImpl::forward, up to rounding.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -14,6 +21,7 @@
 
 #include "core/row_spans.h"
 #include "model/dspine_draft.h"
+#include "model/rope.h"
 
 namespace dspine::model {
 
@@ -26,12 +34,16 @@ class DraftDecodingCache {
   int64_t batch() const { return keys_[0].size(0); }
   int64_t capacity() const { return keys_[0].size(2); }
 
+  // Copies the draft's weights into the packed ones (in place: a captured round keeps reading
+  // them). The constructor does it once; call it again after the draft's weights change.
+  void refresh_weights();
+
   // Caches row b's context positions starts[b] .. starts[b] + n - 1 from the target's hidden
   // states target_hidden [B, n, K·H] there. Positions written again replace what was there.
   void extend(const at::Tensor& target_hidden, const std::vector<int64_t>& starts);
-  // The same with starts [B] int64 on the draft's device; nothing is read back from the device
-  // (a CUDA graph can capture it). `keys` (at least every start + n) only bounds the check.
-  void extend(const at::Tensor& target_hidden, const at::Tensor& starts, int64_t keys);
+  // The same at `spans` (core::row_spans of n positions per row, on the draft's device). Nothing
+  // is read back from the device (a CUDA graph can capture it).
+  void extend(const at::Tensor& target_hidden, const core::RowSpans& spans);
 
   // Row b's block at position anchors[b], seeing its first anchors[b] cached positions:
   // block_ids [B, bs] (slot 0 the anchor's token, the rest the mask token) and their embeddings
@@ -40,20 +52,25 @@ class DraftDecodingCache {
   // writes the context's.
   DraftOutput block(const std::vector<int64_t>& anchors, const at::Tensor& block_ids,
                     const at::Tensor& noise);
-  // The same with anchors [B] int64 on the draft's device, attention over the first `keys` cached
-  // positions (at least every anchor + bs): nothing is read back from the device, and a fixed
-  // `keys` gives fixed shapes (docs/decoding.md, "CUDA graphs").
-  DraftOutput block(const at::Tensor& anchors, int64_t keys, const at::Tensor& block_ids,
+  // The same at `spans` (core::row_spans of the anchors, bs positions per row, its bias in the
+  // draft's dtype), attention over the first spans.keys cached positions: nothing is read back
+  // from the device, and fixed spans.keys give fixed shapes (docs/decoding.md, "CUDA graphs").
+  DraftOutput block(const core::RowSpans& spans, const at::Tensor& block_ids,
                     const at::Tensor& noise);
 
  private:
-  void write_context(const at::Tensor& target_hidden, const core::RowSpans& spans);
-  DraftOutput run_block(const core::RowSpans& spans, const at::Tensor& block_ids,
-                        const at::Tensor& noise);
+  at::Tensor layer(size_t index, const at::Tensor& x, const core::RowSpans& spans,
+                   const RopeTables& rope, const at::Tensor& bias);
+  at::Tensor inject(size_t index, const at::Tensor& h, const at::Tensor& anchor_code);
 
   DSpineDraftImpl& draft_;
-  at::Tensor inv_freq_;
   std::vector<at::Tensor> keys_, values_;  // per layer [B, kv heads, capacity, head_dim]
+  at::Tensor rope_cos_, rope_sin_;         // [capacity, head_dim]: RoPE of every cache position
+  // Packed copies of the weights: per layer [q; k; v] and [gate; up]; every layer's [k; v] in
+  // layer order; the injection's [predecessor_gate; message].
+  std::vector<at::Tensor> qkv_, gate_up_;
+  at::Tensor context_kv_, predecessor_message_;
+  at::Tensor scaled_codes_;  // sqrt(r) · transfer_codes [V, r] in the draft's dtype
 };
 
 }  // namespace dspine::model

@@ -8,6 +8,7 @@
 #include "core/config_errors.h"
 #include "core/error.h"
 #include "data/source_registry.h"
+#include "data/target_depth.h"
 #include "model/simple_draft.h"
 #include "objectives/ce_objective.h"
 #include "objectives/dspine_objective.h"
@@ -27,10 +28,9 @@ model::HfConfigContext hf_config_context(const core::Config& run,
   context.training_settings = training_settings;
   // The trainer resolves the depth from the data source (data/target_depth.h); a configuration
   // used without it records the least depth holding every target layer id.
-  const auto& ids = run.model.target_layer_ids;
-  context.num_target_layers = run.model.num_target_layers > 0 || ids.empty()
+  context.num_target_layers = run.model.num_target_layers > 0
                                   ? run.model.num_target_layers
-                                  : *std::max_element(ids.begin(), ids.end()) + 1;
+                                  : data::least_target_depth(run.model.target_layer_ids);
   context.max_position_embeddings = run.data.seq_len;
   return context;
 }

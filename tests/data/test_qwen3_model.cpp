@@ -150,9 +150,11 @@ TEST(Qwen3Model, RowsAtTheirOwnPositionsEqualTheFullForward) {
       expect_close(one.last_hidden_state[r], full.last_hidden_state[r].narrow(0, lengths[r], 1),
                    1e-5, fmt::format("{} row {} after a partial keep", name, r));
     }
-    // The device form (lengths as a tensor), attending over the whole capacity, masked: what a
-    // CUDA graph of a decoding round runs.
-    const auto wide = model.step_rows(next, cache, torch::tensor(lengths), length + 2, layers);
+    // The device form (spans of lengths as a tensor), attending over the whole capacity, masked:
+    // what a CUDA graph of a decoding round runs.
+    const auto spans =
+        core::row_spans(torch::tensor(lengths), 1, length + 2, model.embed_tokens().scalar_type());
+    const auto wide = model.step_rows(next, cache, spans, layers);
     expect_close(wide.last_hidden_state, one.last_hidden_state, 1e-6,
                  fmt::format("{} over the whole capacity", name));
     expect_close(wide.hidden_states, one.hidden_states, 1e-6, fmt::format("{} layers", name));

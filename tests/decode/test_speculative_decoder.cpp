@@ -90,17 +90,18 @@ class ScriptedDrafter : public Drafter {
     rows_ = batch;
     return false;
   }
-  void extend(const at::Tensor& hidden, const at::Tensor& starts, int64_t keys) override {
+  void extend(const at::Tensor& hidden, const core::RowSpans& spans) override {
     EXPECT_EQ(hidden.size(0), rows_);
-    EXPECT_EQ(starts.size(0), rows_);
-    EXPECT_GE(keys, starts.max().item<int64_t>() + hidden.size(1));
+    EXPECT_EQ(spans.positions.sizes(), hidden.sizes().slice(0, 2));
+    EXPECT_GE(spans.keys, spans.positions.max().item<int64_t>() + 1);
   }
-  DraftedBlock propose(const at::Tensor& anchor_tensor, int64_t keys, const at::Tensor&,
+  DraftedBlock propose(const core::RowSpans& block, const at::Tensor&,
                        const DraftDraws& draws) override {
-    const auto anchors = anchor_tensor.contiguous();
+    const auto anchors = block.positions.select(1, 0).contiguous();
     const int64_t rows = anchors.size(0), vocab = 260;
     EXPECT_EQ(rows, rows_);
-    EXPECT_GE(keys, anchors.max().item<int64_t>() + proposals_ + 1);
+    EXPECT_EQ(block.positions.size(1), proposals_ + 1);
+    EXPECT_GE(block.keys, anchors.max().item<int64_t>() + proposals_ + 1);
     auto out = torch::zeros({rows, proposals_, vocab});
     for (int64_t b = 0; b < rows; ++b) {
       for (int64_t j = 0; j < proposals_; ++j) {
