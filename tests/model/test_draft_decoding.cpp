@@ -95,6 +95,35 @@ TEST(DraftDecodingCache, ContextWrittenOverABlocksKeysGivesTheFullForward) {
                f.full(second, second_ids), "second round");
 }
 
+// The cache decodes with packed copies of the weights: after the draft's weights change (a run
+// that trains between evaluations), refresh_weights() makes its blocks the new draft's again.
+TEST(DraftDecodingCache, RefreshedWeightsFollowTheDraftsWeights) {
+  Fixture f;
+  DraftDecodingCache cache(*f.draft, 3, 16);
+  const std::vector<int64_t> anchors = {3, 7, 10};
+  const auto ids = f.block_ids({4, 9, 17});
+  const auto noise = torch::embedding(f.embed, ids);
+  {
+    torch::NoGradGuard no_grad;  // a trained step's worth of change in every packed weight
+    for (auto& layer : f.draft->layer_modules) {
+      for (auto* w : {&layer->self_attn->q_proj->weight, &layer->self_attn->k_proj->weight,
+                      &layer->self_attn->v_proj->weight, &layer->mlp->gate_proj->weight,
+                      &layer->mlp->up_proj->weight}) {
+        w->mul_(1.5);
+      }
+    }
+    f.draft->injection->message->weight.mul_(1.5);
+    f.draft->injection->predecessor_gate->weight.add_(0.1);
+  }
+  cache.extend(f.hidden.narrow(1, 0, 10), {0, 0, 0});
+  const auto stale = cache.block(anchors, ids, noise);
+  EXPECT_GT((stale.hidden_states - f.full(anchors, ids).hidden_states).abs().max().item<double>(),
+            100 * kTolerance);
+  cache.refresh_weights();
+  cache.extend(f.hidden.narrow(1, 0, 10), {0, 0, 0});
+  expect_close(cache.block(anchors, ids, noise), f.full(anchors, ids), "after refresh_weights");
+}
+
 TEST(DraftDecodingCache, RefusesPositionsPastItsCapacity) {
   Fixture f;
   DraftDecodingCache cache(*f.draft, 3, 8);
