@@ -355,15 +355,8 @@ at::Tensor mlp_residual(const Qwen3Model::Layer& layer, const Qwen3Dims& dims,
     return out + at::linear(at::silu(at::linear(h, layer.gate_proj)) * at::linear(h, layer.up_proj),
                             layer.down_proj);
   }
-  const auto gate_up = at::linear(h, layer.gate_up_proj);
-  const int64_t inter = layer.gate_proj.size(0);
-  const auto gate = gate_up.narrow(-1, 0, inter), up = gate_up.narrow(-1, inter, inter);
-  const auto mlp =
-      ops::swiglu_fusable(gate, up) ? ops::swiglu_fused(gate, up) : at::silu(gate) * up;
   // out is this function's own tensor and no gradient is taken: the GEMM adds into it (β = 1).
-  if (!out.is_contiguous()) out = out.contiguous();
-  out.view({-1, out.size(-1)}).addmm_(mlp.reshape({-1, inter}), layer.down_proj.t());
-  return out;
+  return ops::swiglu_mlp_add_(out, h, layer.gate_up_proj, layer.down_proj, /*fused=*/true);
 }
 
 // Per-head RMSNorm then RoPE of projections [B, T, heads, d], returned as [B, heads, T, d]:

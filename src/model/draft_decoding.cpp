@@ -156,16 +156,9 @@ at::Tensor DraftDecodingCache::layer(size_t index, const at::Tensor& x, const co
   const auto projected = torch::nn::functional::linear(
       attended.transpose(1, 2).reshape({rows, count, q_width}), attention.o_proj->weight);
   auto [out, normed] = layer.post_attention_layernorm->forward_add(projected, x);
-  // The MLP, its residual added by the down projection's GEMM (β = 1; no gradient is taken).
-  const auto gate_up = torch::nn::functional::linear(normed, gate_up_[index]);
-  const int64_t inter = gate_up.size(-1) / 2;
-  const auto gate = gate_up.narrow(-1, 0, inter), up = gate_up.narrow(-1, inter, inter);
-  const auto mlp = layer.mlp->fused && ops::swiglu_fusable(gate, up)
-                       ? ops::swiglu_fused(gate, up)
-                       : ops::swiglu_reference(gate, up);
-  if (!out.is_contiguous()) out = out.contiguous();
-  out.view({-1, out.size(-1)}).addmm_(mlp.reshape({-1, inter}), layer.mlp->down_proj->weight.t());
-  return out;
+  // The MLP, its residual added by the down projection's GEMM (no gradient is taken).
+  return ops::swiglu_mlp_add_(out, normed, gate_up_[index], layer.mlp->down_proj->weight,
+                              layer.mlp->fused);
 }
 
 // AdjacentInjectionImpl::forward of one layer, no replacement and no feature: the gate's

@@ -218,6 +218,18 @@ at::Tensor swiglu_reference(const at::Tensor& gate, const at::Tensor& up) {
   return at::silu(gate) * up;
 }
 
+at::Tensor swiglu_mlp_add_(at::Tensor out, const at::Tensor& x, const at::Tensor& gate_up_weight,
+                           const at::Tensor& down_weight, bool fused) {
+  const auto gate_up = at::linear(x, gate_up_weight);
+  const int64_t inter = gate_up.size(-1) / 2;
+  const auto gate = gate_up.narrow(-1, 0, inter), up = gate_up.narrow(-1, inter, inter);
+  const auto mlp =
+      fused && swiglu_fusable(gate, up) ? swiglu_fused(gate, up) : swiglu_reference(gate, up);
+  if (!out.is_contiguous()) out = out.contiguous();
+  out.view({-1, out.size(-1)}).addmm_(mlp.reshape({-1, inter}), down_weight.t());
+  return out;
+}
+
 bool swiglu_fusable(const at::Tensor& gate, const at::Tensor& up) {
   kernels::DType dtype;
   return gate.is_cuda() && gate.dim() > 0 && kernel_dtype(gate.scalar_type(), &dtype) &&

@@ -21,6 +21,13 @@ at::Tensor swiglu_fused(const at::Tensor& gate, const at::Tensor& up);
 // projection's backward stays one GEMM.
 at::Tensor swiglu_packed_fused(const at::Tensor& gate_up);
 
+// Inference's SwiGLU MLP added to `out` [..., H] in place (no gradient; the caller owns out):
+// out += (silu(g) * u) · down_weightᵀ with [g | u] = x · gate_up_weightᵀ (one GEMM), the addition
+// made by the down GEMM (β = 1). The activation is the fused kernel when `fused` and
+// swiglu_fusable take it. Returns out, made contiguous first if it was not.
+at::Tensor swiglu_mlp_add_(at::Tensor out, const at::Tensor& x, const at::Tensor& gate_up_weight,
+                           const at::Tensor& down_weight, bool fused);
+
 // Whether swiglu_down_fused takes these: gate_up as swiglu_fusable takes it, with an even last
 // dimension 2I, a 2-D down weight [H, I] and, if defined, a residual [..., H], all of gate_up's
 // dtype on its device.
