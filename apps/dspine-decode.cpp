@@ -22,7 +22,7 @@
 #include "decode_options.h"
 #include "core/error.h"
 #include "core/log_stream.h"
-#include "data/qwen3_model.h"
+#include "target/qwen3_model.h"
 #include "data/token_samples.h"
 #include "decode/block_drafter.h"
 #include "decode/regeneration.h"
@@ -180,7 +180,7 @@ void write_rows(const std::string& path, const Run& run, int64_t offset) {
 void run_decode(const Options& o) {
   const auto [device, dtype] = dspine::cli::decode_device(o.device, o.dtype);
   torch::NoGradGuard no_grad;
-  auto target = dspine::data::Qwen3Model::load_hf(o.target, dtype, device);
+  auto target = dspine::target::Qwen3Model::load_hf(o.target, dtype, device);
   std::unique_ptr<decode::BlockDrafter> drafter;
   if (!o.draft.empty()) {
     auto draft = load_draft(o.draft, device, dtype);

@@ -93,7 +93,7 @@ ensure_nccl() {
   pip_install "$VENV/bin/python" --no-deps "nvidia-nccl-cu13==2.28.9"
 }
 
-# Python packages the scripts and tests use (tests/data/make_tiny_qwen3.py, plots), only into
+# Python packages the scripts and tests use (tests/target/make_tiny_qwen3.py, plots), only into
 # our own venv: a GPU machine's python3 is used as it is.
 ensure_python_packages() {
   local py=$1

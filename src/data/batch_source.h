@@ -13,9 +13,11 @@
 #include "core/config.h"
 #include "data/batch.h"
 
-namespace dspine::data {
-
+namespace dspine::target {
 class Qwen3Model;
+}  // namespace dspine::target
+
+namespace dspine::data {
 
 class BatchSource {
  public:
@@ -37,7 +39,7 @@ class BatchSource {
   virtual at::Tensor lm_head() const = 0;
   // The target model running online behind the batches, if any (it verifies drafted blocks in the
   // acceptance evaluation); null for sources that read stored or synthetic data.
-  virtual const Qwen3Model* online_target() const { return nullptr; }
+  virtual const target::Qwen3Model* online_target() const { return nullptr; }
   // Distinct samples before the cursor wraps around (a finite file or directory); 0 for sources
   // that compute every sample (synthetic, random, a target on random tokens).
   virtual int64_t distinct_samples() const { return 0; }

@@ -5,7 +5,7 @@
 #include <torch/torch.h>
 
 #include "core/error.h"
-#include "data/seeding.h"
+#include "core/seeding.h"
 
 namespace dspine::data {
 namespace {
@@ -19,7 +19,7 @@ constexpr int64_t kHeadStream = -2;
 at::Generator generator_on(const c10::Device& device, uint64_t seed) {
   at::Generator gen = device.is_cuda() ? at::cuda::detail::createCUDAGenerator(device.index())
                                        : at::make_generator<at::CPUGeneratorImpl>();
-  gen.set_current_seed(generator_seed(seed));
+  gen.set_current_seed(core::generator_seed(seed));
   return gen;
 }
 
@@ -53,7 +53,7 @@ DraftBatch RandomSource::next(int64_t rows) {
   // One generator per sample, drawn in a fixed order, so a row's values do not depend on which
   // batch it was fetched in.
   for (int64_t r = 0; r < rows; ++r) {
-    at::Generator gen = generator_on(device_, stream_seed(seed_, cursor_ + r));
+    at::Generator gen = generator_on(device_, core::stream_seed(seed_, cursor_ + r));
     batch.input_ids.select(0, r).random_(0, vocab_ - 1, gen);
     batch.hidden_states.select(0, r).normal_(0.0, 1.0, gen);
     batch.target_last_hidden_states.select(0, r).normal_(0.0, 1.0, gen);
@@ -71,7 +71,7 @@ void RandomSource::seek(int64_t cursor) {
 
 at::Tensor RandomSource::weight(int64_t stream) const {
   at::NoGradGuard no_grad;
-  at::Generator gen = generator_on(device_, stream_seed(seed_, stream));
+  at::Generator gen = generator_on(device_, core::stream_seed(seed_, stream));
   return at::empty({vocab_, hidden_}, at::TensorOptions().dtype(at::kFloat).device(device_))
       .normal_(0.0, kWeightStd, gen);
 }

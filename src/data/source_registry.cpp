@@ -8,8 +8,8 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
-#include "data/hf_checkpoint.h"
-#include "data/qwen3_model.h"
+#include "target/hf_checkpoint.h"
+#include "target/qwen3_model.h"
 #include "data/random_source.h"
 #include "data/shards.h"
 #include "data/specforge_source.h"
@@ -108,7 +108,7 @@ RecordedDepth synthetic_depth(const core::Config& config) {
 RecordedDepth target_config_depth(const core::Config& config) {
   const std::string origin =
       (std::filesystem::path(config.data.target.path) / "config.json").string();
-  return {read_qwen3_config(origin).num_hidden_layers, origin};
+  return {target::read_qwen3_config(origin).num_hidden_layers, origin};
 }
 
 // The synthetic target has no special tokens; shards and random values do not record them.
@@ -117,7 +117,7 @@ TargetTokenIds no_token_ids(const core::Config&) { return {}; }
 // The target's own config.json (read and checked when the source was made).
 TargetTokenIds target_config_token_ids(const core::Config& config) {
   const auto path = std::filesystem::path(config.data.target.path) / "config.json";
-  const auto json = read_hf_config_json(path.string());
+  const auto json = target::read_hf_config_json(path.string());
   return {json.value("bos_token_id", nlohmann::json()),
           json.value("eos_token_id", nlohmann::json())};
 }

@@ -12,7 +12,7 @@
 
 #include "core/error.h"
 #include "core/safetensors.h"
-#include "data/hf_checkpoint.h"
+#include "target/hf_checkpoint.h"
 
 namespace dspine::data {
 namespace fs = std::filesystem;
@@ -151,12 +151,12 @@ void check_specforge_samples(const std::vector<std::string>& files, const ShardL
 
 std::pair<at::Tensor, at::Tensor> read_hf_head_weights(const std::string& dir,
                                                        const ShardLayout& layout) {
-  const std::string embed_file = hf_file_holding(dir, kEmbedKey);
+  const std::string embed_file = target::hf_file_holding(dir, kEmbedKey);
   if (embed_file.empty()) fail("{}: its weight index names no '{}'", dir, kEmbedKey);
   const core::SafetensorsFile embed_source = core::load_safetensors(embed_file);
   const at::Tensor embed = head_weight(embed_source, kEmbedKey, layout);
   // No lm_head.weight: tied to the embedding.
-  const std::string head_file = hf_file_holding(dir, kHeadKey);
+  const std::string head_file = target::hf_file_holding(dir, kHeadKey);
   if (head_file == embed_file) {
     return {embed, embed_source.contains(kHeadKey) ? head_weight(embed_source, kHeadKey, layout)
                                                    : embed};

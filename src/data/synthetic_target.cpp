@@ -8,7 +8,7 @@
 #include <c10/util/ParallelGuard.h>
 
 #include "core/error.h"
-#include "data/seeding.h"
+#include "core/seeding.h"
 
 // MKL, LibTorch's CPU BLAS on x86, runs every gemm on all intra-op threads, even inside
 // at::parallel_for (ATen switches MKL's dynamic adjustment off). For the thousands of tiny gemms
@@ -39,11 +39,12 @@ class SerialCompute {
 };
 
 at::Generator seeded_generator(uint64_t seed) {
-  return at::make_generator<at::CPUGeneratorImpl>(generator_seed(seed));
+  return at::make_generator<at::CPUGeneratorImpl>(core::generator_seed(seed));
 }
 
 // The target's dimensions, checked with the configuration keys they come from.
-Qwen3Dims synthetic_dims(const core::ModelConfig& model, const core::SyntheticTargetConfig& target) {
+target::Qwen3Dims synthetic_dims(const core::ModelConfig& model,
+                                 const core::SyntheticTargetConfig& target) {
   const int64_t hidden = model.hidden_size, vocab = model.vocab_size;
   if (hidden <= 0 || vocab < 2) {
     fail("synthetic target needs model.hidden_size > 0 and model.vocab_size >= 2 (got {} and {})",
@@ -81,7 +82,7 @@ Qwen3Dims synthetic_dims(const core::ModelConfig& model, const core::SyntheticTa
          model.mask_token_id, vocab);
   }
 
-  Qwen3Dims dims;
+  target::Qwen3Dims dims;
   dims.hidden_size = hidden;
   dims.intermediate_size = target.intermediate_size;
   dims.num_hidden_layers = target.num_layers;
@@ -100,8 +101,9 @@ Qwen3Dims synthetic_dims(const core::ModelConfig& model, const core::SyntheticTa
 SyntheticTarget::SyntheticTarget(const core::ModelConfig& model,
                                  const core::SyntheticTargetConfig& target)
     : parts_{model, target,
-             Qwen3Model::random(synthetic_dims(model, target), static_cast<uint64_t>(target.seed),
-                                at::kFloat, c10::Device(c10::kCPU)),
+             target::Qwen3Model::random(synthetic_dims(model, target),
+                                        static_cast<uint64_t>(target.seed), at::kFloat,
+                                        c10::Device(c10::kCPU)),
              at::Tensor()} {
   // logit_scale is folded into the exported head, so softmax(target_last @ lm_headᵀ) — what a
   // draft sees as its teacher — is exactly the distribution the target samples from (T = 1).
@@ -116,7 +118,8 @@ DraftBatch SyntheticTarget::run(const Parts& parts, const at::Tensor& input_ids)
   at::NoGradGuard no_grad;
   SerialCompute serial;  // the ops are tiny
   const auto ids = input_ids.cpu().contiguous();
-  const Qwen3Model::Outputs out = parts.target_model.forward(ids, parts.model.target_layer_ids);
+  const target::Qwen3Model::Outputs out =
+      parts.target_model.forward(ids, parts.model.target_layer_ids);
   const int64_t batch = ids.size(0), seq = ids.size(1);
   DraftBatch batch_out;
   batch_out.input_ids = ids;
@@ -172,7 +175,7 @@ std::vector<DraftBatch> SyntheticTarget::decode_group(const Parts& parts, int64_
   auto ids = at::zeros({rows, seq_len}, at::TensorOptions().dtype(at::kLong));
   std::vector<at::Tensor> uniforms;
   for (int64_t r = 0; r < rows; ++r) {
-    at::Generator gen = seeded_generator(stream_seed(parts.target.seed, group * rows + r));
+    at::Generator gen = seeded_generator(core::stream_seed(parts.target.seed, group * rows + r));
     const int64_t first =
         at::randint(vocab - 1, {1}, gen, at::TensorOptions().dtype(at::kLong)).item<int64_t>();
     ids[r][0] = first >= mask_id ? first + 1 : first;
@@ -182,7 +185,7 @@ std::vector<DraftBatch> SyntheticTarget::decode_group(const Parts& parts, int64_
 
   // Incremental decoding of the whole group: each position runs only the newest tokens against
   // the cached keys and values of the prefixes.
-  Qwen3Model::KvCache cache = parts.target_model.new_cache(rows, seq_len);
+  target::Qwen3Model::KvCache cache = parts.target_model.new_cache(rows, seq_len);
   for (int64_t t = 1; t < seq_len; ++t) {
     const auto last =
         parts.target_model.step(ids.narrow(1, t - 1, 1), cache).last_hidden_state.select(1, 0);

@@ -13,7 +13,7 @@
 
 #include "core/config.h"
 #include "data/batch.h"
-#include "data/qwen3_model.h"
+#include "target/qwen3_model.h"
 
 namespace dspine::data {
 
@@ -48,7 +48,7 @@ class SyntheticTarget {
   struct Parts {
     core::ModelConfig model;
     core::SyntheticTargetConfig target;
-    Qwen3Model target_model;
+    target::Qwen3Model target_model;
     at::Tensor lm_head;
   };
   static DraftBatch run(const Parts& parts, const at::Tensor& input_ids);

@@ -10,7 +10,7 @@
 #include <torch/torch.h>
 
 #include "core/error.h"
-#include "data/seeding.h"
+#include "core/seeding.h"
 
 namespace dspine::data {
 namespace fs = std::filesystem;
@@ -27,17 +27,18 @@ at::ScalarType target_dtype(core::Dtype training_dtype, const c10::Device& devic
   return device.is_cuda() && training_dtype == core::Dtype::kBf16 ? at::kBFloat16 : at::kFloat;
 }
 
-Qwen3Model load_target(const core::TargetModelConfig& target, const core::ModelConfig& draft,
-                       at::ScalarType dtype, const c10::Device& device) {
+target::Qwen3Model load_target(const core::TargetModelConfig& target,
+                               const core::ModelConfig& draft, at::ScalarType dtype,
+                               const c10::Device& device) {
   const std::string& dir = target.path;
   const std::string config_json = (fs::path(dir) / "config.json").string();
-  Qwen3Model model = target.random
-                         ? Qwen3Model::random(read_qwen3_config(config_json),
-                                              static_cast<uint64_t>(target.seed), dtype, device)
-                         : Qwen3Model::load_hf(dir, dtype, device);
+  target::Qwen3Model model =
+      target.random ? target::Qwen3Model::random(target::read_qwen3_config(config_json),
+                                                 static_cast<uint64_t>(target.seed), dtype, device)
+                    : target::Qwen3Model::load_hf(dir, dtype, device);
   // model.fused_kernels=false keeps the target on HF's ATen composition as well as the draft.
   if (draft.fused_kernels == core::FusedKernels::kOff) model.use_fused_kernels(false);
-  const Qwen3Dims& dims = model.dims();
+  const target::Qwen3Dims& dims = model.dims();
   const auto mismatch = [&](const char* what, int64_t have, const char* key, int64_t want) {
     fail("{}: the target has {} {}, but the config has {} = {}", config_json, what, have, key, want);
   };
@@ -96,7 +97,7 @@ DraftBatch TargetSource::random_tokens(int64_t cursor, int64_t rows) const {
   batch.loss_mask.narrow(1, 0, prompt_length_).zero_();
   for (int64_t r = 0; r < rows; ++r) {
     at::Generator gen = at::make_generator<at::CPUGeneratorImpl>();
-    gen.set_current_seed(generator_seed(stream_seed(seed_, cursor + r)));
+    gen.set_current_seed(core::generator_seed(core::stream_seed(seed_, cursor + r)));
     batch.input_ids.select(0, r).random_(0, vocab_ - 1, gen);
   }
   // Ids at or above the mask token move up one: uniform over the vocabulary without it.
@@ -109,7 +110,7 @@ DraftBatch TargetSource::compute(int64_t cursor, int64_t rows) {
   DraftBatch batch = samples_ ? DraftBatch{} : random_tokens(cursor, rows);
   if (samples_) std::tie(batch.input_ids, batch.loss_mask) = samples_->rows(cursor, rows, seq_len_);
   batch = batch.to(device_);
-  Qwen3Model::Outputs out = model_.forward(batch.input_ids, layer_ids_);
+  target::Qwen3Model::Outputs out = model_.forward(batch.input_ids, layer_ids_);
   batch.hidden_states = std::move(out.hidden_states);
   batch.target_last_hidden_states = std::move(out.last_hidden_state);
   return batch;

@@ -13,7 +13,7 @@
 
 #include "core/config.h"
 #include "data/batch_source.h"
-#include "data/qwen3_model.h"
+#include "target/qwen3_model.h"
 #include "data/token_samples.h"
 
 namespace dspine::data {
@@ -25,8 +25,9 @@ at::ScalarType target_dtype(core::Dtype training_dtype, const c10::Device& devic
 // data.target.path loaded (or, with data.target.random, seeded from data.target.seed in the shape
 // of its config.json) in `dtype` on `device`, checked against the draft's model.hidden_size,
 // model.vocab_size and model.target_layer_ids (errors name config.json and the key).
-Qwen3Model load_target(const core::TargetModelConfig& target, const core::ModelConfig& draft,
-                       at::ScalarType dtype, const c10::Device& device);
+target::Qwen3Model load_target(const core::TargetModelConfig& target,
+                               const core::ModelConfig& draft, at::ScalarType dtype,
+                               const c10::Device& device);
 
 // Sample i: row i of data.samples (wrapping around: epochs), cut to data.seq_len or padded with
 // token 0 and loss 0; without a samples file, seeded random token ids (a pure function of
@@ -53,8 +54,8 @@ class TargetSource : public BatchSource {
   at::Tensor embed_tokens() const override { return model_.embed_tokens(); }
   at::Tensor lm_head() const override { return model_.lm_head(); }
 
-  const Qwen3Model& model() const { return model_; }
-  const Qwen3Model* online_target() const override { return &model_; }
+  const target::Qwen3Model& model() const { return model_; }
+  const target::Qwen3Model* online_target() const override { return &model_; }
   int64_t distinct_samples() const override { return samples_ ? samples_->size() : 0; }
   std::string describe() const override;
 
@@ -73,7 +74,7 @@ class TargetSource : public BatchSource {
   std::vector<Prefetched>::iterator computed_ahead(int64_t cursor, int64_t rows);
 
   c10::Device device_;
-  Qwen3Model model_;
+  target::Qwen3Model model_;
   std::vector<int64_t> layer_ids_;
   std::optional<TokenSamples> samples_;
   int64_t seq_len_, seed_, prompt_length_, vocab_, mask_id_;

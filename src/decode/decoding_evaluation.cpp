@@ -27,7 +27,7 @@ std::vector<std::vector<int64_t>> batch_prompts(const data::DraftBatch& batch,
 
 }  // namespace
 
-std::map<std::string, double> decoding_metrics(const data::Qwen3Model& target,
+std::map<std::string, double> decoding_metrics(const target::Qwen3Model& target,
                                                model::DSpineDraft draft,
                                                const std::vector<data::DraftBatch>& batches,
                                                const DecodingEvaluationSettings& settings,

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "data/batch.h"
-#include "data/qwen3_model.h"
+#include "target/qwen3_model.h"
 #include "dist/communicator.h"
 #include "model/dspine_draft.h"
 
@@ -26,7 +26,7 @@ struct DecodingEvaluationSettings {
 // Decodes the prompts of each batch's rows together with `draft` against `target` and returns
 // decode_tau, decode_accept_<k> (k = 1..T) and decode_tokens, the counts summed over `comm`'s
 // ranks. Every rank must call it, with its own rows; the draft's weights must be whole.
-std::map<std::string, double> decoding_metrics(const data::Qwen3Model& target,
+std::map<std::string, double> decoding_metrics(const target::Qwen3Model& target,
                                                model::DSpineDraft draft,
                                                const std::vector<data::DraftBatch>& batches,
                                                const DecodingEvaluationSettings& settings,

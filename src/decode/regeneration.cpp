@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "data/hf_checkpoint.h"
+#include "target/hf_checkpoint.h"
 
 namespace dspine::decode {
 
@@ -25,7 +25,7 @@ std::vector<int64_t> sample_prompt(const data::TokenSample& sample, int64_t prom
 
 std::vector<int64_t> eos_token_ids(const std::string& target_dir) {
   const auto json =
-      data::read_hf_config_json((std::filesystem::path(target_dir) / "config.json").string());
+      target::read_hf_config_json((std::filesystem::path(target_dir) / "config.json").string());
   const auto eos = json.value("eos_token_id", nlohmann::json());
   std::vector<int64_t> ids;
   if (eos.is_number_integer()) ids.push_back(eos.get<int64_t>());
@@ -35,7 +35,7 @@ std::vector<int64_t> eos_token_ids(const std::string& target_dir) {
   return ids;
 }
 
-int64_t decode_weight_bytes(const data::Qwen3Dims& d, at::ScalarType dtype) {
+int64_t decode_weight_bytes(const target::Qwen3Dims& d, at::ScalarType dtype) {
   const int64_t q = d.num_attention_heads * d.head_dim, kv = d.num_key_value_heads * d.head_dim;
   const int64_t layer = d.hidden_size * (q + 2 * kv) + q * d.hidden_size +
                         3 * d.hidden_size * d.intermediate_size + 2 * d.hidden_size +
@@ -45,7 +45,7 @@ int64_t decode_weight_bytes(const data::Qwen3Dims& d, at::ScalarType dtype) {
   return elements * static_cast<int64_t>(c10::elementSize(dtype));
 }
 
-RegenerationReport regenerate(const data::Qwen3Model& target, data::TokenSamples& samples,
+RegenerationReport regenerate(const target::Qwen3Model& target, data::TokenSamples& samples,
                               int64_t first, int64_t count, int64_t prompt_tokens, int64_t batch,
                               const DecodeSettings& settings, const std::string& out_path) {
   namespace fs = std::filesystem;

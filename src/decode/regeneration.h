@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "data/qwen3_model.h"
+#include "target/qwen3_model.h"
 #include "data/token_samples.h"
 #include "decode/speculative_decoder.h"
 
@@ -28,7 +28,7 @@ std::vector<int64_t> eos_token_ids(const std::string& target_dir);
 // The bytes of weights one decoding forward of `dims` reads in `dtype`: every
 // decoder layer's projections and norms, the final norm and the output head
 // (the embedding rows read are few).
-int64_t decode_weight_bytes(const data::Qwen3Dims& dims, at::ScalarType dtype);
+int64_t decode_weight_bytes(const target::Qwen3Dims& dims, at::ScalarType dtype);
 
 struct RegenerationReport {
   int64_t samples = 0;
@@ -42,7 +42,7 @@ struct RegenerationReport {
 // `target` in batches of `batch` under `settings`, written to `out_path` (a new
 // file, written whole under a temporary name and then renamed) as JSONL token
 // samples.
-RegenerationReport regenerate(const data::Qwen3Model& target, data::TokenSamples& samples,
+RegenerationReport regenerate(const target::Qwen3Model& target, data::TokenSamples& samples,
                               int64_t first, int64_t count, int64_t prompt_tokens, int64_t batch,
                               const DecodeSettings& settings, const std::string& out_path);
 

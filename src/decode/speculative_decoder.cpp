@@ -32,7 +32,7 @@ double DecodeResult::tau() const {
                            : 0.0;
 }
 
-SpeculativeDecoder::SpeculativeDecoder(const data::Qwen3Model& target, Drafter* drafter,
+SpeculativeDecoder::SpeculativeDecoder(const target::Qwen3Model& target, Drafter* drafter,
                                        DecodeSettings settings)
     : target_(target), drafter_(drafter), settings_(std::move(settings)) {
   if (settings_.max_new_tokens < 1) {
@@ -52,7 +52,7 @@ SpeculativeDecoder::SpeculativeDecoder(const data::Qwen3Model& target, Drafter* 
 // graph; the host then reads the round's outcome once (record).
 class SpeculativeDecoder::Session {
  public:
-  Session(const data::Qwen3Model& target, Drafter* drafter, const DecodeSettings& settings,
+  Session(const target::Qwen3Model& target, Drafter* drafter, const DecodeSettings& settings,
           int64_t batch, int64_t capacity)
       : target_(target),
         drafter_(drafter),
@@ -230,7 +230,7 @@ class SpeculativeDecoder::Session {
     return kept;
   }
 
-  const data::Qwen3Model& target_;
+  const target::Qwen3Model& target_;
   Drafter* drafter_;
   const DecodeSettings& settings_;
   DecodeResult* result_ = nullptr;  // the call's
@@ -240,7 +240,7 @@ class SpeculativeDecoder::Session {
   DraftDraws draws_;  // the draft's and the verification's draws share one generator
   RoundGraph graph_;
   std::vector<int64_t> layer_ids_;
-  data::Qwen3Model::KvCache cache_;
+  target::Qwen3Model::KvCache cache_;
   // On the device, updated in place by every round ([B] int64): each row's cached positions, its
   // next token (chosen by the target, not yet cached), 1 while it is active; and the round's
   // outcome [B, T + 2]: the accepted drafts' count, then the tokens of verification.h's Verdict.

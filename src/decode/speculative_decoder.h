@@ -3,7 +3,7 @@
 // the target's hidden states of everything accepted so far, the target verifies the block in one
 // forward against its cache (verification.h's rules), and each row keeps its accepted tokens plus
 // one of the target's own. Rows accept different numbers of tokens, so each keeps its own cache
-// length (data::Qwen3Model::step_rows). Without a draft the same code decodes the target alone,
+// length (target::Qwen3Model::step_rows). Without a draft the same code decodes the target alone,
 // one token per forward: the baseline of the speedup, and the reference of the lossless tests. On
 // CUDA a round's work is captured as a CUDA graph once and replayed (round_graph.h).
 #pragma once
@@ -12,7 +12,7 @@
 #include <memory>
 #include <vector>
 
-#include "data/qwen3_model.h"
+#include "target/qwen3_model.h"
 #include "decode/block_drafter.h"
 
 namespace dspine::decode {
@@ -50,7 +50,7 @@ struct DecodeResult {
 class SpeculativeDecoder {
  public:
   // drafter null: the target alone. Both must live on the same device.
-  SpeculativeDecoder(const data::Qwen3Model& target, Drafter* drafter, DecodeSettings settings);
+  SpeculativeDecoder(const target::Qwen3Model& target, Drafter* drafter, DecodeSettings settings);
   ~SpeculativeDecoder();
 
   // Every prompt (token ids, at least one) decoded together as one batch. Calls of the same batch
@@ -59,7 +59,7 @@ class SpeculativeDecoder {
 
  private:
   class Session;
-  const data::Qwen3Model& target_;
+  const target::Qwen3Model& target_;
   Drafter* drafter_;
   DecodeSettings settings_;
   std::unique_ptr<Session> session_;  // the last call's

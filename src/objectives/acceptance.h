@@ -22,7 +22,7 @@
 
 #include "data/batch.h"
 #include "data/batch_source.h"
-#include "data/qwen3_model.h"
+#include "target/qwen3_model.h"
 #include "dist/communicator.h"
 #include "model/dspine_draft.h"
 #include "objectives/block_verifier.h"

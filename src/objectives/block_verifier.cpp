@@ -23,7 +23,7 @@ at::Tensor cat_or_empty(const std::vector<at::Tensor>& parts, const at::TensorOp
 // The target's greedy token (and the probability of the drafted token) at final-norm states
 // [K, G, T, H], from its head in row chunks. On CUDA the argmax and log-sum-exp come from the
 // row kernel (ops/logit_rows_ops.h) in one pass over the logits, without an fp32 copy.
-BlockVerdict verdict_from_states(const data::Qwen3Model& target, const at::Tensor& states,
+BlockVerdict verdict_from_states(const target::Qwen3Model& target, const at::Tensor& states,
                                  const at::Tensor& tokens, bool with_probs) {
   const int64_t hidden = states.size(-1), vocab = target.dims().vocab_size;
   auto flat = states.reshape({-1, hidden});
@@ -158,7 +158,7 @@ BlockVerdict TargetVerifier::verify(const data::DraftBatch& batch, const DraftPa
     for (int64_t sample = 0; sample < samples; ++sample) {
       auto members = rows.eq(sample).nonzero().squeeze(1);
       if (members.numel() == 0) continue;
-      data::Qwen3Model::KvCache row_cache;
+      target::Qwen3Model::KvCache row_cache;
       for (size_t l = 0; l < cache.keys.size(); ++l) {
         row_cache.keys.push_back(cache.keys[l].narrow(0, sample, 1));
         row_cache.values.push_back(cache.values[l].narrow(0, sample, 1));
@@ -223,14 +223,14 @@ BlockVerdict PerBlockTargetVerifier::verify(const data::DraftBatch& batch, const
 }
 
 std::unique_ptr<BlockVerifier> make_verifier(const data::BatchSource& source) {
-  if (const data::Qwen3Model* target = source.online_target()) {
+  if (const target::Qwen3Model* target = source.online_target()) {
     return std::make_unique<TargetVerifier>(*target);
   }
   return std::make_unique<DataVerifier>();
 }
 
 std::unique_ptr<BlockVerifier> make_reward_verifier(RewardSource source,
-                                                    const data::Qwen3Model* online_target,
+                                                    const target::Qwen3Model* online_target,
                                                     const at::Tensor& lm_head,
                                                     int64_t chunk_blocks) {
   if (source == RewardSource::kData) return std::make_unique<DataVerifier>();

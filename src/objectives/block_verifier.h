@@ -13,7 +13,7 @@
 #include "core/settings.h"
 #include "data/batch.h"
 #include "data/batch_source.h"
-#include "data/qwen3_model.h"
+#include "target/qwen3_model.h"
 #include "objectives/dspine_forward.h"
 
 namespace dspine::objectives {
@@ -72,13 +72,13 @@ class TeacherVerifier final : public BlockVerifier {
 // T − 1 drafted tokens, not a pass over its context.
 class TargetVerifier final : public BlockVerifier {
  public:
-  explicit TargetVerifier(const data::Qwen3Model& target) : target_(target) {}
+  explicit TargetVerifier(const target::Qwen3Model& target) : target_(target) {}
   std::string name() const override { return "online target"; }
   BlockVerdict verify(const data::DraftBatch& batch, const DraftPass& pass, const at::Tensor& kept,
                       const at::Tensor& tokens, bool with_probs) const override;
 
  private:
-  const data::Qwen3Model& target_;
+  const target::Qwen3Model& target_;
 };
 
 // The reference of TargetVerifier: one full target forward over context + block for every block,
@@ -86,14 +86,14 @@ class TargetVerifier final : public BlockVerifier {
 // every real position). The plain definition, for tests.
 class PerBlockTargetVerifier final : public BlockVerifier {
  public:
-  explicit PerBlockTargetVerifier(const data::Qwen3Model& target, int64_t chunk_blocks = 64)
+  explicit PerBlockTargetVerifier(const target::Qwen3Model& target, int64_t chunk_blocks = 64)
       : target_(target), chunk_blocks_(chunk_blocks) {}
   std::string name() const override { return "online target"; }
   BlockVerdict verify(const data::DraftBatch& batch, const DraftPass& pass, const at::Tensor& kept,
                       const at::Tensor& tokens, bool with_probs) const override;
 
  private:
-  const data::Qwen3Model& target_;
+  const target::Qwen3Model& target_;
   int64_t chunk_blocks_;
 };
 
@@ -113,7 +113,7 @@ constexpr std::array<core::Choice<RewardSource>, 2> choices_of(RewardSource) {
 // The GSPO rewards' verifier: `online_target` may be null; lm_head and chunk_blocks serve the
 // teacher verifier.
 std::unique_ptr<BlockVerifier> make_reward_verifier(RewardSource source,
-                                                    const data::Qwen3Model* online_target,
+                                                    const target::Qwen3Model* online_target,
                                                     const at::Tensor& lm_head,
                                                     int64_t chunk_blocks);
 

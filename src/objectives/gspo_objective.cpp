@@ -219,7 +219,7 @@ core::Settings settings_of(GspoSettings& s, const core::Config& run) {
 GspoObjective::GspoObjective(const DSpineSettings& dspine, const GspoSettings& settings,
                              int64_t accumulation_steps, model::DSpineDraft draft,
                              at::Tensor embed_tokens, at::Tensor lm_head,
-                             const data::Qwen3Model* online_target)
+                             const target::Qwen3Model* online_target)
     : dspine_(dspine),
       settings_(settings),
       accumulation_steps_(accumulation_steps),
@@ -520,7 +520,7 @@ std::unique_ptr<GspoObjective> make_gspo_objective(const model::DSpineModelConfi
                                                    int64_t accumulation_steps,
                                                    at::Tensor embed_tokens, at::Tensor lm_head,
                                                    torch::Device device, torch::Dtype dtype,
-                                                   const data::Qwen3Model* online_target) {
+                                                   const target::Qwen3Model* online_target) {
   return std::make_unique<GspoObjective>(
       dspine, settings, accumulation_steps, model::build_placed_draft(draft_config, device, dtype),
       std::move(embed_tokens), std::move(lm_head), online_target);

@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "core/settings.h"
-#include "data/qwen3_model.h"
+#include "target/qwen3_model.h"
 #include "model/dspine_config.h"
 #include "model/dspine_draft.h"
 #include "objectives/block_verifier.h"
@@ -55,7 +55,7 @@ class GspoObjective final : public Objective {
   // null) verifies the rollouts when reward_source is target.
   GspoObjective(const DSpineSettings& dspine, const GspoSettings& settings,
                 int64_t accumulation_steps, model::DSpineDraft draft, at::Tensor embed_tokens,
-                at::Tensor lm_head, const data::Qwen3Model* online_target = nullptr);
+                at::Tensor lm_head, const target::Qwen3Model* online_target = nullptr);
 
   std::string name() const override { return "gspo"; }
   std::shared_ptr<torch::nn::Module> module() { return draft_.ptr(); }
@@ -125,12 +125,10 @@ class GspoObjective final : public Objective {
 
 // The trainer's entry point for objective.name = gspo; the draft of `draft_config` is built as by
 // make_dspine_objective (objectives/dspine_objective.h).
-std::unique_ptr<GspoObjective> make_gspo_objective(const model::DSpineModelConfig& draft_config,
-                                                   const DSpineSettings& dspine,
-                                                   const GspoSettings& settings,
-                                                   int64_t accumulation_steps,
-                                                   at::Tensor embed_tokens, at::Tensor lm_head,
-                                                   torch::Device device, torch::Dtype dtype,
-                                                   const data::Qwen3Model* online_target = nullptr);
+std::unique_ptr<GspoObjective> make_gspo_objective(
+    const model::DSpineModelConfig& draft_config, const DSpineSettings& dspine,
+    const GspoSettings& settings, int64_t accumulation_steps, at::Tensor embed_tokens,
+    at::Tensor lm_head, torch::Device device, torch::Dtype dtype,
+    const target::Qwen3Model* online_target = nullptr);
 
 }  // namespace dspine::objectives

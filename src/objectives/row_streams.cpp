@@ -6,15 +6,15 @@
 #include <vector>
 
 #include "core/error.h"
-#include "data/seeding.h"
+#include "core/seeding.h"
 
 namespace dspine::objectives {
 
 at::Generator RowStreams::generator(int64_t row, RowDraw kind) const {
-  const uint64_t at_step = data::stream_seed(static_cast<int64_t>(seed), step);
-  const uint64_t at_row = data::stream_seed(static_cast<int64_t>(at_step), first_row + row);
-  const uint64_t key = data::stream_seed(static_cast<int64_t>(at_row), static_cast<int64_t>(kind));
-  return at::make_generator<at::CPUGeneratorImpl>(data::generator_seed(key));
+  const uint64_t at_step = core::stream_seed(static_cast<int64_t>(seed), step);
+  const uint64_t at_row = core::stream_seed(static_cast<int64_t>(at_step), first_row + row);
+  const uint64_t key = core::stream_seed(static_cast<int64_t>(at_row), static_cast<int64_t>(kind));
+  return at::make_generator<at::CPUGeneratorImpl>(core::generator_seed(key));
 }
 
 at::Tensor RowStreams::uniform(RowDraw kind, int64_t rows, int64_t count,

@@ -2,8 +2,8 @@
 // (seed, optimizer step, global row) instead of by rank: a row draws the same values whichever
 // rank and micro-batch it lands in, so `mpirun -np N` at batch B samples what one process samples
 // at batch N·B, and a resumed run needs no saved generator state. Each draw is a fresh CPU
-// generator (mt19937) seeded from data::stream_seed(stream_seed(stream_seed(seed, step), row),
-// kind) through data::generator_seed; a row's draws of one kind are always a prefix of the same
+// generator (mt19937) seeded from core::stream_seed(stream_seed(stream_seed(seed, step), row),
+// kind) through core::generator_seed; a row's draws of one kind are always a prefix of the same
 // stream, and the kinds never share one (docs/model.md, "Random draws").
 #pragma once
 

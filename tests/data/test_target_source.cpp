@@ -1,4 +1,4 @@
-// data.source: target on the tiny Hugging Face Qwen3 models of tests/data/make_tiny_qwen3.py
+// data.source: target on the tiny Hugging Face Qwen3 models of tests/target/make_tiny_qwen3.py
 // (ctest fixture make_tiny_qwen3, in DSPINE_TINY_QWEN3_DIR).
 #include <filesystem>
 #include <fstream>
@@ -28,7 +28,7 @@ class Target : public ::testing::Test {
   void SetUp() override {
     if (!fs::exists(kModels / "untied-single" / "expected.safetensors")) {
       GTEST_SKIP() << "no tiny models in " << kModels << " (run ctest, or python "
-                   << "tests/data/make_tiny_qwen3.py " << kModels << ")";
+                   << "tests/target/make_tiny_qwen3.py " << kModels << ")";
     }
     dir_ = fs::temp_directory_path() /
            fmt::format("dspine-test-target-{}-{}", getpid(),

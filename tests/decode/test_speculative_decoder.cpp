@@ -18,7 +18,7 @@
 
 #include "common/dspine_tiny.h"
 #include "core/error.h"
-#include "data/qwen3_model.h"
+#include "target/qwen3_model.h"
 #include "decode/block_drafter.h"
 #include "decode/speculative_decoder.h"
 #include "decode/verification.h"
@@ -31,8 +31,8 @@ namespace fs = std::filesystem;
 const c10::Device kCpu(c10::kCPU);
 constexpr int64_t kEos = 257;  // the testbed target's
 
-const data::Qwen3Model& testbed_target() {
-  static const data::Qwen3Model model = data::Qwen3Model::load_hf(
+const target::Qwen3Model& testbed_target() {
+  static const target::Qwen3Model model = target::Qwen3Model::load_hf(
       (fs::path(DSPINE_SOURCE_DIR) / "assets" / "testbed-tiny" / "target").string(), torch::kFloat,
       kCpu);
   return model;

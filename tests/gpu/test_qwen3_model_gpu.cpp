@@ -13,7 +13,7 @@
 #include "common/parity.h"
 #include "core/files.h"
 #include "core/safetensors.h"
-#include "data/qwen3_model.h"
+#include "target/qwen3_model.h"
 #include "data/target_source.h"
 
 namespace dspine::data {

@@ -10,7 +10,7 @@
 
 #include "common/gpu_draft_config.h"
 #include "common/require_cuda.h"
-#include "data/qwen3_model.h"
+#include "target/qwen3_model.h"
 #include "decode/block_drafter.h"
 #include "decode/speculative_decoder.h"
 #include "model/dspine_draft.h"
@@ -20,8 +20,8 @@ namespace {
 
 const int64_t kVocab = testing::gpu_draft_config().vocab_size;
 
-data::Qwen3Dims target_dims() {
-  data::Qwen3Dims d;
+target::Qwen3Dims target_dims() {
+  target::Qwen3Dims d;
   d.hidden_size = 256;
   d.intermediate_size = 512;
   d.num_hidden_layers = 4;
@@ -33,13 +33,13 @@ data::Qwen3Dims target_dims() {
 }
 
 struct Models {
-  data::Qwen3Model target;
+  target::Qwen3Model target;
   BlockDrafter drafter;
 };
 
 Models models(torch::Dtype dtype) {
   const torch::Device cuda(torch::kCUDA);
-  auto target = data::Qwen3Model::random(target_dims(), 5, dtype, cuda);
+  auto target = target::Qwen3Model::random(target_dims(), 5, dtype, cuda);
   torch::manual_seed(43);
   model::DSpineDraft draft(testing::gpu_draft_config(), /*fused=*/dtype != torch::kFloat32);
   draft->initialize_transfer_space(target.lm_head().to(torch::kCPU, torch::kFloat32), 64);

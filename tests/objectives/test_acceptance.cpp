@@ -169,7 +169,7 @@ namespace {
 
 // The target's own greedy continuation of ids[row, :anchor + 1], `slots` tokens, decoded one
 // token at a time with full forwards (no cache, no batching: the plain definition).
-torch::Tensor greedy_continuation(const data::Qwen3Model& target, const torch::Tensor& ids,
+torch::Tensor greedy_continuation(const target::Qwen3Model& target, const torch::Tensor& ids,
                                   int64_t anchor, int64_t slots) {
   auto sequence = ids.narrow(0, 0, anchor + 1).unsqueeze(0);
   std::vector<int64_t> out;
@@ -182,8 +182,8 @@ torch::Tensor greedy_continuation(const data::Qwen3Model& target, const torch::T
   return torch::tensor(out, torch::kInt64);
 }
 
-data::Qwen3Model small_target() {
-  data::Qwen3Dims dims;
+target::Qwen3Model small_target() {
+  target::Qwen3Dims dims;
   dims.hidden_size = 32;
   dims.intermediate_size = 64;
   dims.num_hidden_layers = 2;
@@ -191,7 +191,7 @@ data::Qwen3Model small_target() {
   dims.num_key_value_heads = 2;
   dims.head_dim = 8;
   dims.vocab_size = 50;
-  return data::Qwen3Model::random(dims, 3, torch::kFloat32, torch::kCPU);
+  return target::Qwen3Model::random(dims, 3, torch::kFloat32, torch::kCPU);
 }
 
 TEST(TargetVerifier, AcceptsTheTargetsGreedyContinuationAndStopsAtTheFirstMiss) {

@@ -7,9 +7,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "data/qwen3_model.h"
+#include "target/qwen3_model.h"
 
-namespace dspine::data {
+namespace dspine::target {
 
 // Every tensor of the directory's weights, on the CPU in the stored dtype, each with its file.
 // A sharded index must list each tensor in exactly the file that holds it; what does not match
@@ -23,4 +23,4 @@ std::string hf_file_holding(const std::string& dir, const std::string& tensor);
 // A config.json as a JSON object, read as read_qwen3_config reads it (errors name the file).
 nlohmann::json read_hf_config_json(const std::string& config_json_path);
 
-}  // namespace dspine::data
+}  // namespace dspine::target

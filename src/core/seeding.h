@@ -1,10 +1,11 @@
-// Seed derivation shared by the data sources: every sample and every weight tensor gets its own
-// generator, seeded from (data seed, index), so values never depend on how rows were grouped.
+// Seed derivation shared by the data sources and the targets: every sample and every weight tensor
+// gets its own generator, seeded from (data seed, index), so values never depend on how rows were
+// grouped.
 #pragma once
 
 #include <cstdint>
 
-namespace dspine::data {
+namespace dspine::core {
 
 // splitmix64's finalizer: spreads (seed, index) pairs over the generator's seed space so that
 // neighbouring sample indices get unrelated random streams.
@@ -26,4 +27,4 @@ inline uint64_t generator_seed(uint64_t seed) {
   return (mixed ^ (mixed >> 32)) & 0xFFFFFFFFULL;
 }
 
-}  // namespace dspine::data
+}  // namespace dspine::core

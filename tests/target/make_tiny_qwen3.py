@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes tiny random Qwen3 models with Hugging Face transformers, and their reference outputs.
 
-    python tests/data/make_tiny_qwen3.py OUT_DIR [--seed 0] [--layers 0,2,3]
+    python tests/target/make_tiny_qwen3.py OUT_DIR [--seed 0] [--layers 0,2,3]
 
 Needs torch and transformers 5 (scripts/setup.sh installs them into the project's venv). Writes
 HF model directories (`save_pretrained`), each a Qwen3ForCausalLM with hidden 32, 4 layers,
@@ -35,7 +35,7 @@ new tokens, stopping at the target's EOS) of the shipped tiny testbed target
 
 Layer outputs are captured with forward hooks on model.model.layers[id]: they equal
 output_hidden_states[id + 1] except for the last layer, whose entry transformers replaces by the
-normed state. The C++ parity test (tests/data/test_qwen3_model.cpp) loads each directory and compares.
+normed state. The C++ parity test (tests/target/test_qwen3_model.cpp) loads each directory and compares.
 """
 
 import argparse

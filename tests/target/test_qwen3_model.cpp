@@ -1,5 +1,5 @@
 // Qwen3Model against Hugging Face transformers: the tiny models and expected outputs written by
-// tests/data/make_tiny_qwen3.py (the ctest fixture make_tiny_qwen3) into DSPINE_TINY_QWEN3_DIR,
+// tests/target/make_tiny_qwen3.py (the ctest fixture make_tiny_qwen3) into DSPINE_TINY_QWEN3_DIR,
 // among them RoPE of base 1e6 and YaRN in transformers 5's config layout; and config.json's RoPE
 // settings in both layouts, with what is refused.
 #include <algorithm>
@@ -20,10 +20,10 @@
 #include "core/error.h"
 #include "core/files.h"
 #include "core/safetensors.h"
-#include "data/hf_checkpoint.h"
-#include "data/qwen3_model.h"
+#include "target/hf_checkpoint.h"
+#include "target/qwen3_model.h"
 
-namespace dspine::data {
+namespace dspine::target {
 namespace {
 
 namespace fs = std::filesystem;
@@ -34,7 +34,7 @@ std::string tiny_dir(const std::string& name) {
   const fs::path dir = fs::path(DSPINE_TINY_QWEN3_DIR) / name;
   if (!fs::exists(dir / "expected.safetensors")) {
     ADD_FAILURE() << dir << " is missing: run the ctest fixture make_tiny_qwen3 first "
-                  << "(python tests/data/make_tiny_qwen3.py " << DSPINE_TINY_QWEN3_DIR << ")";
+                  << "(python tests/target/make_tiny_qwen3.py " << DSPINE_TINY_QWEN3_DIR << ")";
   }
   return dir.string();
 }
@@ -182,13 +182,11 @@ TEST(Qwen3Model, BranchesOfTheCacheEqualTheFullForward) {
     const std::vector<int64_t> lengths = {1, length, 4, length, 2, 2};
     const auto context = torch::tensor(lengths, torch::kInt64).view({2, 3}).narrow(0, 0, rows);
     const auto states = model.branch(drafted, context, cache);  // [B, 3, block, H]
-    ASSERT_EQ(states.sizes(),
-              (std::vector<int64_t>{rows, 3, block, model.dims().hidden_size}));
+    ASSERT_EQ(states.sizes(), (std::vector<int64_t>{rows, 3, block, model.dims().hidden_size}));
     for (int64_t r = 0; r < rows; ++r) {
       for (int64_t n = 0; n < 3; ++n) {
         const int64_t prefix = context[r][n].item<int64_t>();
-        const auto sequence =
-            torch::cat({ids[r].narrow(0, 0, prefix), drafted[r][n]}).unsqueeze(0);
+        const auto sequence = torch::cat({ids[r].narrow(0, 0, prefix), drafted[r][n]}).unsqueeze(0);
         const auto full = model.forward(sequence, {}).last_hidden_state[0].narrow(0, prefix, block);
         expect_close(states[r][n], full, 1e-5, fmt::format("{} row {} block {}", name, r, n));
       }
@@ -281,7 +279,7 @@ TEST(Qwen3Rope, TheSettingsChangeTheHiddenStates) {
 class RopeConfig : public ::testing::Test {
  protected:
   static nlohmann::json minimal() {
-    return {{"model_type", "qwen3"}, {"hidden_size", 32},        {"intermediate_size", 48},
+    return {{"model_type", "qwen3"},  {"hidden_size", 32},        {"intermediate_size", 48},
             {"num_hidden_layers", 2}, {"num_attention_heads", 4}, {"num_key_value_heads", 2},
             {"head_dim", 8},          {"vocab_size", 96},         {"max_position_embeddings", 64}};
   }
@@ -342,11 +340,16 @@ TEST_F(RopeConfig, ThetaFromEitherLayout) {
 TEST_F(RopeConfig, TransformersFourLayoutReadsAsItsTransformersFiveEquivalent) {
   auto legacy = minimal();
   legacy["rope_theta"] = 1e6;
-  legacy["rope_scaling"] = {{"type", "yarn"}, {"factor", 4.0},
-                            {"original_max_position_embeddings", 16}, {"beta_fast", 8}};
+  legacy["rope_scaling"] = {{"type", "yarn"},
+                            {"factor", 4.0},
+                            {"original_max_position_embeddings", 16},
+                            {"beta_fast", 8}};
   auto current = minimal();
-  current["rope_parameters"] = {{"rope_type", "yarn"}, {"rope_theta", 1e6}, {"factor", 4.0},
-                                {"original_max_position_embeddings", 16}, {"beta_fast", 8}};
+  current["rope_parameters"] = {{"rope_type", "yarn"},
+                                {"rope_theta", 1e6},
+                                {"factor", 4.0},
+                                {"original_max_position_embeddings", 16},
+                                {"beta_fast", 8}};
   const Qwen3Dims a = read(legacy), b = read(current);
   EXPECT_EQ(b.rope.type, Qwen3Rope::Type::kYarn);
   EXPECT_EQ(b.rope.beta_fast, 8.0);
@@ -395,53 +398,85 @@ TEST_F(RopeConfig, YarnFallbacksAsTransformers) {
 
 TEST_F(RopeConfig, RefusesUnsupportedRopeNamingFileAndKey) {
   for (const char* type : {"linear", "dynamic", "longrope", "llama3", "proportional"}) {
-    expect_refused([&](auto& j) { j["rope_parameters"] = {{"rope_type", type}, {"factor", 2.0}}; },
-                   {"'rope_parameters.rope_type'", fmt::format("\"{}\"", type),
-                    "supported: \"default\", \"yarn\""});
-    expect_refused([&](auto& j) { j["rope_scaling"] = {{"type", type}, {"factor", 2.0}}; },
-                   {"'rope_scaling.type'", fmt::format("\"{}\"", type), "\"default\", \"yarn\""});
+    expect_refused(
+        [&](auto& j) {
+          j["rope_parameters"] = {{"rope_type", type}, {"factor", 2.0}};
+        },
+        {"'rope_parameters.rope_type'", fmt::format("\"{}\"", type),
+         "supported: \"default\", \"yarn\""});
+    expect_refused(
+        [&](auto& j) {
+          j["rope_scaling"] = {{"type", type}, {"factor", 2.0}};
+        },
+        {"'rope_scaling.type'", fmt::format("\"{}\"", type), "\"default\", \"yarn\""});
   }
-  expect_refused([](auto& j) { j["rope_parameters"] = {{"rope_type", nullptr}}; },
-                 {"'rope_parameters.rope_type' must be a string"});
   expect_refused(
-      [](auto& j) { j["rope_parameters"] = {{"rope_type", "yarn"}, {"type", "default"}}; },
+      [](auto& j) {
+        j["rope_parameters"] = {{"rope_type", nullptr}};
+      },
+      {"'rope_parameters.rope_type' must be a string"});
+  expect_refused(
+      [](auto& j) {
+        j["rope_parameters"] = {{"rope_type", "yarn"}, {"type", "default"}};
+      },
       {"'rope_parameters.rope_type' \"yarn\"", "'rope_parameters.type' \"default\""});
   expect_refused([](auto& j) { j["rope_parameters"] = "default"; },
                  {"'rope_parameters' must be an object"});
   expect_refused([](auto& j) { j["partial_rotary_factor"] = 0.5; },
                  {"'partial_rotary_factor' 0.5"});
-  expect_refused([](auto& j) { j["rope_parameters"] = {{"partial_rotary_factor", 0.25}}; },
-                 {"'rope_parameters.partial_rotary_factor' 0.25"});
   expect_refused(
-      [](auto& j) { j["rope_parameters"] = {{"full_attention", {{"rope_theta", 1e6}}}}; },
+      [](auto& j) {
+        j["rope_parameters"] = {{"partial_rotary_factor", 0.25}};
+      },
+      {"'rope_parameters.partial_rotary_factor' 0.25"});
+  expect_refused(
+      [](auto& j) {
+        j["rope_parameters"] = {{"full_attention", {{"rope_theta", 1e6}}}};
+      },
       {"'rope_parameters.full_attention' is not a key of rope_type \"default\""});
-  expect_refused([](auto& j) { j["rope_parameters"] = {{"rope_type", "yarn"}, {"factr", 4.0}}; },
-                 {"'rope_parameters.factr'", "\"yarn\""});
-  expect_refused([](auto& j) { j["rope_parameters"] = {{"rope_type", "yarn"}}; },
-                 {"'rope_parameters.factor' is missing"});
-  expect_refused([](auto& j) {
-    j["rope_parameters"] = {{"rope_type", "yarn"}, {"factor", 4.0}, {"beta_fast", -1}};
-  }, {"'rope_parameters.beta_fast' must be a positive number"});
-  expect_refused([](auto& j) {
-    j["rope_parameters"] = {{"rope_type", "yarn"}, {"factor", 4.0},
-                            {"original_max_position_embeddings", 16.5}};
-  }, {"'rope_parameters.original_max_position_embeddings' must be a positive integer"});
+  expect_refused(
+      [](auto& j) {
+        j["rope_parameters"] = {{"rope_type", "yarn"}, {"factr", 4.0}};
+      },
+      {"'rope_parameters.factr'", "\"yarn\""});
+  expect_refused(
+      [](auto& j) {
+        j["rope_parameters"] = {{"rope_type", "yarn"}};
+      },
+      {"'rope_parameters.factor' is missing"});
+  expect_refused(
+      [](auto& j) {
+        j["rope_parameters"] = {{"rope_type", "yarn"}, {"factor", 4.0}, {"beta_fast", -1}};
+      },
+      {"'rope_parameters.beta_fast' must be a positive number"});
+  expect_refused(
+      [](auto& j) {
+        j["rope_parameters"] = {
+            {"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 16.5}};
+      },
+      {"'rope_parameters.original_max_position_embeddings' must be a positive integer"});
 }
 
 TEST_F(RopeConfig, RefusesLayoutsThatDisagreeNamingBothValues) {
-  expect_refused([](auto& j) {
-    j["rope_theta"] = 1e4;
-    j["rope_parameters"] = {{"rope_theta", 1e6}, {"rope_type", "default"}};
-  }, {"'rope_theta' 10000.0", "'rope_parameters.rope_theta' 1000000.0", "disagree"});
-  expect_refused([](auto& j) {
-    j["rope_scaling"] = {{"type", "yarn"}, {"factor", 4.0}};
-    j["rope_parameters"] = {{"rope_type", "yarn"}, {"factor", 2.0}};
-  }, {"'rope_scaling' {\"factor\":4.0,\"type\":\"yarn\"}",
-      "'rope_parameters' {\"factor\":2.0,\"rope_type\":\"yarn\"}", "disagree"});
-  expect_refused([](auto& j) {
-    j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
-    j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1e4}};
-  }, {"'rope_scaling'", "'rope_parameters'", "disagree"});
+  expect_refused(
+      [](auto& j) {
+        j["rope_theta"] = 1e4;
+        j["rope_parameters"] = {{"rope_theta", 1e6}, {"rope_type", "default"}};
+      },
+      {"'rope_theta' 10000.0", "'rope_parameters.rope_theta' 1000000.0", "disagree"});
+  expect_refused(
+      [](auto& j) {
+        j["rope_scaling"] = {{"type", "yarn"}, {"factor", 4.0}};
+        j["rope_parameters"] = {{"rope_type", "yarn"}, {"factor", 2.0}};
+      },
+      {"'rope_scaling' {\"factor\":4.0,\"type\":\"yarn\"}",
+       "'rope_parameters' {\"factor\":2.0,\"rope_type\":\"yarn\"}", "disagree"});
+  expect_refused(
+      [](auto& j) {
+        j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
+        j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1e4}};
+      },
+      {"'rope_scaling'", "'rope_parameters'", "disagree"});
 }
 
 // Load errors: a copy of a tiny model with one thing broken must fail with a message naming it.
@@ -492,10 +527,9 @@ class BrokenCheckpoint : public ::testing::Test {
 
 TEST_F(BrokenCheckpoint, MissingTensorIsNamed) {
   edit_weights("tied-single/model.safetensors", [](core::NamedTensors& tensors) {
-    tensors.erase(std::remove_if(tensors.begin(), tensors.end(),
-                                 [](const auto& t) {
-                                   return t.first == "model.layers.2.mlp.up_proj.weight";
-                                 }),
+    tensors.erase(std::remove_if(
+                      tensors.begin(), tensors.end(),
+                      [](const auto& t) { return t.first == "model.layers.2.mlp.up_proj.weight"; }),
                   tensors.end());
   });
   expect_error("tied-single", {"missing tensor", "model.layers.2.mlp.up_proj.weight"});
@@ -522,7 +556,9 @@ TEST_F(BrokenCheckpoint, UnsupportedOrBadConfigIsNamed) {
   const std::vector<std::pair<std::function<void(nlohmann::json&)>, std::string>> cases = {
       {[](auto& j) { j["model_type"] = "llama"; }, "model_type"},
       {[](auto& j) { j["attention_bias"] = true; }, "attention_bias"},
-      {[](auto& j) { j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 4.0}}; },
+      {[](auto& j) {
+         j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 4.0}};
+       },
        "rope_scaling.rope_type"},
       {[](auto& j) { j["use_sliding_window"] = true; }, "use_sliding_window"},
       {[](auto& j) { j.erase("hidden_size"); }, "missing key 'hidden_size'"},
@@ -565,4 +601,4 @@ TEST_F(BrokenCheckpoint, DirectoryWithoutWeightsIsNamed) {
 }
 
 }  // namespace
-}  // namespace dspine::data
+}  // namespace dspine::target

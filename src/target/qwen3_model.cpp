@@ -1,4 +1,4 @@
-#include "data/qwen3_model.h"
+#include "target/qwen3_model.h"
 
 #include <algorithm>
 #include <cmath>
@@ -14,12 +14,12 @@
 #include "core/device_generator.h"
 #include "core/error.h"
 #include "core/row_spans.h"
-#include "data/seeding.h"
+#include "core/seeding.h"
 #include "ops/qk_norm_rope_ops.h"
 #include "ops/rms_norm_ops.h"
 #include "ops/swiglu_ops.h"
 
-namespace dspine::data {
+namespace dspine::target {
 
 struct Qwen3Model::Slot {
   std::string name;
@@ -69,8 +69,8 @@ at::Tensor rope_inv_freq(const Qwen3Dims& dims) {
   const Qwen3Rope& yarn = dims.rope;
   constexpr double kPi = 3.141592653589793;  // Python's math.pi
   const auto correction_dim = [&](double rotations) {
-    return (double(dim) * std::log(double(yarn.original_max_position_embeddings) /
-                                   (rotations * 2 * kPi))) /
+    return (double(dim) *
+            std::log(double(yarn.original_max_position_embeddings) / (rotations * 2 * kPi))) /
            (2 * std::log(base));
   };
   double low = correction_dim(yarn.beta_fast), high = correction_dim(yarn.beta_slow);
@@ -152,8 +152,7 @@ void check_input_ids(const at::Tensor& ids, int64_t vocab) {
     fail("Qwen3 model: input_ids must be [B, S] int64 with S >= 1, got [{}] {}",
          fmt::join(ids.sizes(), ", "), c10::toString(ids.scalar_type()));
   }
-  if (ids.numel() > 0 &&
-      (ids.min().item<int64_t>() < 0 || ids.max().item<int64_t>() >= vocab)) {
+  if (ids.numel() > 0 && (ids.min().item<int64_t>() < 0 || ids.max().item<int64_t>() >= vocab)) {
     fail("Qwen3 model: input_ids outside the vocabulary [0, {})", vocab);
   }
 }
@@ -169,8 +168,10 @@ void check_dtype(at::ScalarType dtype) {
 void check_qwen3_dims(const Qwen3Dims& d, const std::string& where) {
   if (d.hidden_size < 1 || d.intermediate_size < 1 || d.num_hidden_layers < 1 ||
       d.num_attention_heads < 1 || d.num_key_value_heads < 1 || d.vocab_size < 1) {
-    fail("{}: hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, "
-         "num_key_value_heads and vocab_size must be positive", where);
+    fail(
+        "{}: hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, "
+        "num_key_value_heads and vocab_size must be positive",
+        where);
   }
   if (d.num_attention_heads % d.num_key_value_heads != 0) {
     fail("{}: num_attention_heads ({}) must be a multiple of num_key_value_heads ({})", where,
@@ -187,10 +188,11 @@ void check_qwen3_dims(const Qwen3Dims& d, const std::string& where) {
   if (r.type == Qwen3Rope::Type::kYarn &&
       (!(r.factor > 0.0) || !(r.attention_factor > 0.0) || !(r.beta_fast > 0.0) ||
        !(r.beta_slow > 0.0) || r.original_max_position_embeddings < 1)) {
-    fail("{}: YaRN's factor, attention_factor, beta_fast, beta_slow and "
-         "original_max_position_embeddings must be > 0 (got {}, {}, {}, {} and {})", where,
-         r.factor, r.attention_factor, r.beta_fast, r.beta_slow,
-         r.original_max_position_embeddings);
+    fail(
+        "{}: YaRN's factor, attention_factor, beta_fast, beta_slow and "
+        "original_max_position_embeddings must be > 0 (got {}, {}, {}, {} and {})",
+        where, r.factor, r.attention_factor, r.beta_fast, r.beta_slow,
+        r.original_max_position_embeddings);
   }
 }
 
@@ -300,10 +302,11 @@ Qwen3Model Qwen3Model::random(const Qwen3Dims& dims, uint64_t seed, at::ScalarTy
       // (o_proj, down_proj) add O(1) per layer, so the stream grows slowly and every layer
       // still matters. Each tensor has its own stream: values do not depend on the others.
       const double std = slot.name == "model.embed_tokens.weight" ? 1.0
-                         : slot.name == "lm_head.weight"        ? head_std
-                                                                : 1.0 / std::sqrt(double(slot.shape[1]));
-      at::Generator gen = core::seeded_generator(
-          device, generator_seed(stream_seed(static_cast<int64_t>(seed), static_cast<int64_t>(i))));
+                         : slot.name == "lm_head.weight"          ? head_std
+                                                         : 1.0 / std::sqrt(double(slot.shape[1]));
+      at::Generator gen =
+          core::seeded_generator(device, core::generator_seed(core::stream_seed(
+                                             static_cast<int64_t>(seed), static_cast<int64_t>(i))));
       value = at::empty(slot.shape, options).normal_(0.0, std, gen);
     }
     *slot.tensor = value.to(dtype);
@@ -410,9 +413,9 @@ at::Tensor layer_forward(const Qwen3Model::Layer& layer, const Qwen3Dims& dims, 
     k = cache->keys[index].narrow(2, 0, past + count);
     v = cache->values[index].narrow(2, 0, past + count);
   }
-  const auto attn = at::scaled_dot_product_attention(q, k, v, positions.mask, 0.0,
-                                                     positions.causal, std::nullopt,
-                                                     /*enable_gqa=*/true);
+  const auto attn =
+      at::scaled_dot_product_attention(q, k, v, positions.mask, 0.0, positions.causal, std::nullopt,
+                                       /*enable_gqa=*/true);
   return mlp_residual(
       layer, dims, x,
       at::linear(attn.transpose(1, 2).reshape({batch, count, heads * dim}), layer.o_proj), fused);
@@ -435,16 +438,15 @@ at::Tensor branch_attention(const at::Tensor& q, const at::Tensor& k, const at::
                            .view({batch, blocks, length, kv_heads, group, dim})
                            .permute({0, 3, 1, 2, 4, 5})
                            .reshape({batch, kv_heads, blocks, rows, dim});
-  auto context_scores =
-      at::matmul(queries.view({batch, kv_heads, blocks * rows, dim}),
-                 context_keys.to(at::kFloat).transpose(2, 3))
-          .mul_(scale)
-          .view({batch, kv_heads, blocks, rows, context});
+  auto context_scores = at::matmul(queries.view({batch, kv_heads, blocks * rows, dim}),
+                                   context_keys.to(at::kFloat).transpose(2, 3))
+                            .mul_(scale)
+                            .view({batch, kv_heads, blocks, rows, context});
   const auto hidden = at::arange(context, context_length.options())
                           .view({1, 1, 1, 1, context})
                           .ge(context_length.view({batch, 1, blocks, 1, 1}));
   context_scores.masked_fill_(hidden, minus_inf);
-  const auto own_keys = k.to(at::kFloat).permute({0, 3, 1, 2, 4});    // [B, kv, N, L, d]
+  const auto own_keys = k.to(at::kFloat).permute({0, 3, 1, 2, 4});  // [B, kv, N, L, d]
   const auto own_values = v.to(at::kFloat).permute({0, 3, 1, 2, 4});
   auto own_scores = at::matmul(queries, own_keys.transpose(3, 4)).mul_(scale);  // [.., L·g, L]
   const auto token = at::arange(length, context_length.options());
@@ -455,12 +457,11 @@ at::Tensor branch_attention(const at::Tensor& q, const at::Tensor& k, const at::
   const auto context_weights = context_scores.sub_(top).exp_();
   const auto own_weights = own_scores.sub_(top).exp_();
   const auto total = (context_weights.sum(-1) + own_weights.sum(-1)).unsqueeze(-1);
-  const auto mixed =
-      at::matmul(context_weights.view({batch, kv_heads, blocks * rows, context}),
-                 context_values.to(at::kFloat))
-          .view({batch, kv_heads, blocks, rows, dim})
-          .add_(at::matmul(own_weights, own_values))
-          .div_(total);
+  const auto mixed = at::matmul(context_weights.view({batch, kv_heads, blocks * rows, context}),
+                                context_values.to(at::kFloat))
+                         .view({batch, kv_heads, blocks, rows, dim})
+                         .add_(at::matmul(own_weights, own_values))
+                         .div_(total);
   return mixed.view({batch, kv_heads, blocks, length, group, dim})
       .permute({0, 2, 3, 1, 4, 5})
       .reshape({batch, blocks, length, heads * dim})
@@ -576,8 +577,8 @@ at::Tensor Qwen3Model::branch(const at::Tensor& ids, const at::Tensor& context_l
   at::NoGradGuard no_grad;
   const auto device = embed_tokens_.device();
   const auto lengths = context_length.to(device);
-  const auto position = (lengths.unsqueeze(-1) + at::arange(length, lengths.options()))
-                            .to(at::kFloat);  // [B, N, L]
+  const auto position =
+      (lengths.unsqueeze(-1) + at::arange(length, lengths.options())).to(at::kFloat);  // [B, N, L]
   auto [cos, sin] = rope_tables(position, inv_freq_, dims_.rope, embed_tokens_.scalar_type());
   cos = cos.unsqueeze(3);  // [B, N, L, 1, d]: one table for every head
   sin = sin.unsqueeze(3);
@@ -610,4 +611,4 @@ at::Tensor Qwen3Model::logits(const at::Tensor& last_hidden_state) const {
   return at::linear(last_hidden_state.to(lm_head_.device(), lm_head_.scalar_type()), lm_head_);
 }
 
-}  // namespace dspine::data
+}  // namespace dspine::target

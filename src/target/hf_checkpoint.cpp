@@ -1,4 +1,4 @@
-#include "data/hf_checkpoint.h"
+#include "target/hf_checkpoint.h"
 
 #include <cmath>
 #include <filesystem>
@@ -14,7 +14,7 @@
 #include "core/error.h"
 #include "core/safetensors.h"
 
-namespace dspine::data {
+namespace dspine::target {
 namespace {
 
 namespace fs = std::filesystem;
@@ -199,13 +199,16 @@ RopeRead read_rope_dict(const Json& config, const RopeDict& dict) {
   static const std::set<std::string> plain_keys = {"rope_type", "type", "rope_theta",
                                                    "partial_rotary_factor"};
   static const std::set<std::string> yarn_keys = {
-      "rope_type", "type", "rope_theta", "partial_rotary_factor", "factor",
-      "original_max_position_embeddings", "attention_factor", "beta_fast", "beta_slow", "mscale",
-      "mscale_all_dim", "truncate"};
+      "rope_type",        "type",
+      "rope_theta",       "partial_rotary_factor",
+      "factor",           "original_max_position_embeddings",
+      "attention_factor", "beta_fast",
+      "beta_slow",        "mscale",
+      "mscale_all_dim",   "truncate"};
   for (const auto& item : json.items()) {
     if ((yarn ? yarn_keys : plain_keys).count(item.key()) == 0) {
-      fail("{}: '{}.{}' is not a key of rope_type \"{}\" (known: {})", path, dict.name,
-           item.key(), yarn ? "yarn" : "default", fmt::join(yarn ? yarn_keys : plain_keys, ", "));
+      fail("{}: '{}.{}' is not a key of rope_type \"{}\" (known: {})", path, dict.name, item.key(),
+           yarn ? "yarn" : "default", fmt::join(yarn ? yarn_keys : plain_keys, ", "));
     }
   }
 
@@ -220,8 +223,10 @@ RopeRead read_rope_dict(const Json& config, const RopeDict& dict) {
   // As transformers' _compute_yarn_parameters and standardize_rope_params resolve them.
   Qwen3Rope& r = read.rope;
   if (!json.contains("factor")) {
-    fail("{}: '{}' is missing; YaRN needs it (null: max_position_embeddings / "
-         "original_max_position_embeddings)", path, dict.key("factor"));
+    fail(
+        "{}: '{}' is missing; YaRN needs it (null: max_position_embeddings / "
+        "original_max_position_embeddings)",
+        path, dict.key("factor"));
   }
   // A top-level original_max_position_embeddings (as Phi-3 writes it) overrides the dictionary's.
   r.original_max_position_embeddings =
@@ -264,9 +269,10 @@ void read_rope(const Json& config, const std::string& path, Qwen3Dims& dims) {
     scaling = read_rope_dict(config, {config.at("rope_scaling"), "rope_scaling", path});
   }
   if (parameters && scaling && !same_rope(*parameters, *scaling)) {
-    fail("{}: 'rope_scaling' {} and 'rope_parameters' {} disagree (transformers 5 reads "
-         "rope_scaling as rope_parameters: keep one)", path, config.at("rope_scaling").dump(),
-         config.at("rope_parameters").dump());
+    fail(
+        "{}: 'rope_scaling' {} and 'rope_parameters' {} disagree (transformers 5 reads "
+        "rope_scaling as rope_parameters: keep one)",
+        path, config.at("rope_scaling").dump(), config.at("rope_parameters").dump());
   }
   RopeRead read{number_key(config, "rope_theta", path, kDefaultRopeTheta), Qwen3Rope{}};
   if (parameters) {
@@ -385,4 +391,4 @@ Qwen3Model Qwen3Model::load_hf(const std::string& dir, at::ScalarType dtype,
   return from_weights(dims, read_hf_weights(dir), dtype, device, dir);
 }
 
-}  // namespace dspine::data
+}  // namespace dspine::target

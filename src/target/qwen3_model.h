@@ -15,7 +15,7 @@
 
 #include "core/row_spans.h"
 
-namespace dspine::data {
+namespace dspine::target {
 
 // The rotary position embedding of a Qwen3 model as transformers 5 computes it
 // (modeling_rope_utils.py): plain RoPE of base rope_theta, or YaRN. read_qwen3_config fills the
@@ -75,9 +75,8 @@ class Qwen3Model {
 
   // From HF-named weights: every expected tensor exactly once with its HF shape, nothing else
   // (lm_head.weight absent iff tied). `source` (a directory, say) is named when one is missing.
-  static Qwen3Model from_weights(const Qwen3Dims& dims, Qwen3Weights weights,
-                                 at::ScalarType dtype, const c10::Device& device,
-                                 const std::string& source);
+  static Qwen3Model from_weights(const Qwen3Dims& dims, Qwen3Weights weights, at::ScalarType dtype,
+                                 const c10::Device& device, const std::string& source);
 
   // Seeded random weights of the given dims (a pure function of dims and seed, on any device of
   // one type): norms at 1 (q_norm at 2 for sharper attention), projections N(0, 1/fan_in),
@@ -177,4 +176,4 @@ class Qwen3Model {
   bool fused_ = false;
 };
 
-}  // namespace dspine::data
+}  // namespace dspine::target
