@@ -472,9 +472,9 @@ std::map<std::string, double> GspoObjective::end_window(StepContext& context) {
       {"gspo/clipped_fraction", s[kUpdateClipped] / updates},
       {"gspo/ratio_mean", s[kUpdateRatioMean] / updates},
       {"gspo/kl", s[kUpdateKl] / updates},
-      {"gspo/reward", s[kUpdateSums + kRolloutReward] / segments},
+      {kRewardMetric, s[kUpdateSums + kRolloutReward] / segments},
       // τ: the accepted prefix plus the token the target itself adds at verification.
-      {"gspo/accepted_length", s[kUpdateSums + kRolloutAccepted] / segments + 1.0},
+      {kAcceptedLengthMetric, s[kUpdateSums + kRolloutAccepted] / segments + 1.0},
       {"gspo/segments", segments},
       {kSeamSecondsMetric, seam_seconds},
   };
@@ -507,8 +507,8 @@ std::map<std::string, double> GspoObjective::evaluate(const data::DraftBatch& ba
   const double segments = std::max(s[kEvalSegments], 1.0);
   const double blocks = std::max(s[kEvalGreedyBlocks], 1.0);
   return {
-      {"gspo/reward", s[kEvalReward] / segments},
-      {"gspo/accepted_length", s[kEvalAccepted] / segments + 1.0},
+      {kRewardMetric, s[kEvalReward] / segments},
+      {kAcceptedLengthMetric, s[kEvalAccepted] / segments + 1.0},
       {"gspo/greedy_accepted_length", s[kEvalGreedyAccepted] / blocks + 1.0},
       {"gspo/blocks", s[kEvalGreedyBlocks]},
   };

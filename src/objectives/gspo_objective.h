@@ -48,6 +48,10 @@ struct GspoSettings {
 // objective.gspo.group_size. init_from's rule reads `run`'s training.init_from.
 core::Settings settings_of(GspoSettings& settings, const core::Config& run);
 
+// Its metric keys that the trainer's console shows (progress_metrics).
+inline constexpr const char* kRewardMetric = "gspo/reward";
+inline constexpr const char* kAcceptedLengthMetric = "gspo/accepted_length";
+
 class GspoObjective final : public Objective {
  public:
   // Trains `draft` (make_gspo_objective) in windows of `accumulation_steps` micro-batches; the
@@ -80,6 +84,9 @@ class GspoObjective final : public Objective {
   MicroStepResult micro_step(const data::DraftBatch& batch, int64_t index,
                              StepContext& context) override;
   std::map<std::string, double> end_window(StepContext& context) override;
+  std::vector<std::string> progress_metrics() const override {
+    return {kRewardMetric, kAcceptedLengthMetric};
+  }
   // Rollout metrics plus the greedy (inference-path) accepted length of every anchor block.
   std::map<std::string, double> evaluate(const data::DraftBatch& batch,
                                          StepContext& context) override;

@@ -86,6 +86,9 @@ class Objective {
                                      StepContext& context) = 0;
   // Window metrics (loss terms, accuracy...), already reduced over ranks. Keys become JSONL keys.
   virtual std::map<std::string, double> end_window(StepContext& context) = 0;
+  // The keys of end_window's metrics that show progress beside the loss on the console: none by
+  // default; GSPO's loss does not show progress, its reward and accepted length do.
+  virtual std::vector<std::string> progress_metrics() const { return {}; }
 
   // No-grad evaluation of one batch: every loss term and metric (reduced over ranks).
   virtual std::map<std::string, double> evaluate(const data::DraftBatch& batch,

@@ -75,8 +75,10 @@ class Trainer {
   void set_batch_hook(BatchHook hook);
 
  private:
-  struct State;
-  class Run;  // one call of run()
+  struct Parts;    // built by the constructor, read by every run
+  class Position;  // the step and the data cursor, which a run moves
+  struct State;    // both
+  class Run;       // one call of run()
   std::unique_ptr<State> state_;
 };
 
