@@ -183,10 +183,10 @@ void regenerate(RegenerateArgs args) {
   const auto [device, dtype] = dspine::cli::decode_device(args.device, args.dtype);
   const auto target =
       args.random_weights >= 0
-          ? target::Qwen3Model::random(
-                target::read_qwen3_config((fs::path(args.target_dir) / "config.json").string()),
+          ? dspine::target::Qwen3Model::random(
+                dspine::target::read_qwen3_config((fs::path(args.target_dir) / "config.json").string()),
                 static_cast<uint64_t>(args.random_weights), dtype, device)
-          : target::Qwen3Model::load_hf(args.target_dir, dtype, device);
+          : dspine::target::Qwen3Model::load_hf(args.target_dir, dtype, device);
   data::TokenSamples samples(args.samples_file, target.dims().vocab_size, "--samples-file");
   const int64_t count = dspine::cli::samples_from(samples, args.offset, args.samples);
   if (!args.ignore_eos) args.decode.stop_tokens = dspine::decode::eos_token_ids(args.target_dir);

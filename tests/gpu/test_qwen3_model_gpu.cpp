@@ -19,6 +19,9 @@
 namespace dspine::data {
 namespace {
 
+using target::Qwen3Dims;
+using target::Qwen3Model;
+
 namespace fs = std::filesystem;
 
 // An empty temporary directory `name` holding only config.json.
