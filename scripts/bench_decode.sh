@@ -11,7 +11,8 @@
 # regenerate) on the gpu testbed and on random weights of Qwen3-8B's shape, against the bound of
 # reading every weight once per forward (BANDWIDTH, GB/s: the card's memory bandwidth).
 # Usage: scripts/bench_decode.sh [BUILD_DIR (default build)] [WORK (default runs/decode-bench)]
-#   PROMPTS (default 64), PROMPT (tokens, default 128), NEW (tokens, default 128), DTYPE (bf16)
+#   PROMPTS (default 64), PROMPT (tokens, default 128), NEW (tokens, default 128), DTYPE (bf16),
+#   QUICK=1: only the batch-1 rows and the profile (a short device call's measure of a round)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build} WORK=${2:-runs/decode-bench}
@@ -45,15 +46,20 @@ print(f"| {r['walk']} | {dtype} | {rounds} | {r['batch']} | {r['temperature']:g}
       f"{r['speedup']:.2f}× | {equal} |")
 PY
 }
-for batch in 1 16 64; do
+QUICK=${QUICK:-0}
+batches=(1 16 64)
+((QUICK)) && batches=(1)
+for batch in "${batches[@]}"; do
   for temperature in 0 1; do row backbone "$batch" "$temperature"; done
 done
+if ((!QUICK)); then
 # The same loop with every kernel launched from the host (what the graphs save).
 for batch in 1 16; do row backbone "$batch" 0 "$DTYPE" --no-cuda-graphs; done
 for temperature in 0 1; do row refinement 16 "$temperature"; done
 # In bf16 a block verified in one forward and the same tokens one at a time round differently,
 # which can flip a near-tie; in fp32 far fewer ties are that close.
 row backbone 16 0 fp32
+fi
 python3 - "$WORK/start/metrics.jsonl" <<'PY'
 import json, sys
 last = [json.loads(l) for l in open(sys.argv[1]) if '"eval/tau"' in l][-1]
@@ -68,6 +74,7 @@ echo
   --ignore-eos --batch 1 --dtype "$DTYPE" --seed 1 --no-baseline --profile 2>&1 >/dev/null |
   { grep -v '^\[' || true; } || true  # the profile (every kernel, then the kernels per round), without the log's lines
 
+((QUICK)) && exit 0
 # Regeneration: the target alone, batched, against reading every weight once per forward.
 echo
 echo "| target | batch | tokens | tok/s | weights per forward | weights read | of $BANDWIDTH GB/s |"

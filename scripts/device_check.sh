@@ -54,7 +54,7 @@ targets=("${gpu_tests[@]}" dspine-bench attention-check)
 [[ $PHASE == testbed ]] && targets=(test_qwen3_model_gpu dspine-train dspine-eval)
 [[ $PHASE == soak ]] && targets=(dspine-train)
 [[ $PHASE == decode ]] && targets=(dspine-train dspine-decode dspine-data test_speculative_decoder_gpu
-  test_draft_decoding_gpu test_qwen3_model_gpu)
+  test_draft_decoding_gpu test_qwen3_model_gpu test_injection_gate_gpu)
 [[ $PHASE == gspo ]] && targets=(test_gspo_policy_gpu test_logit_rows_gpu test_vocab_objective_gpu dspine-bench)
 [[ $PHASE == tests ]] && targets=("${gpu_tests[@]}")  # no benchmark binaries
 # ab: the base tree builds beside this one, each on half the cores (together about 250 s on the
@@ -145,7 +145,8 @@ tests=("${gpu_tests[@]}")
 [[ $PHASE == gspo ]] && tests=(test_gspo_policy_gpu test_logit_rows_gpu test_vocab_objective_gpu)
 [[ $PHASE == target || $PHASE == testbed ]] && tests=(test_qwen3_model_gpu)
 [[ $PHASE == soak ]] && tests=()
-[[ $PHASE == decode ]] && tests=(test_speculative_decoder_gpu test_draft_decoding_gpu test_qwen3_model_gpu)
+[[ $PHASE == decode ]] && tests=(test_speculative_decoder_gpu test_draft_decoding_gpu test_qwen3_model_gpu
+  test_injection_gate_gpu)
 [[ $PHASE == attention ]] && tests=(test_wgmma_probe_gpu test_block_attention_gpu
   test_qk_norm_rope_gpu test_dspine_fused_step)
 [[ $PHASE == vocab ]] && tests=(test_vocab_objective_gpu test_dspine_fused_step test_fused_vocabulary)

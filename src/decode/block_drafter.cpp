@@ -64,7 +64,8 @@ DraftedBlock BlockDrafter::propose(const core::RowSpans& block, const at::Tensor
   }
   // Slot 0: the anchor's token; the proposals' slots keep the mask token.
   block_ids_.select(1, 0).copy_(anchor_tokens.view({rows}));
-  const auto out = cache_->block(block, block_ids_, torch::embedding(embed_tokens_, block_ids_));
+  const auto out = cache_->block(block, block_ids_, torch::embedding(embed_tokens_, block_ids_),
+                                 /*keep_pre_injection=*/walk_ == DraftWalk::kRefinement);
   // Every slot's logits in one GEMM over the contiguous states; the proposals are slots 1..T.
   const int64_t hidden = config().hidden_size;
   const auto logits =

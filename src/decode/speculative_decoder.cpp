@@ -70,7 +70,14 @@ class SpeculativeDecoder::Session {
     const auto longs = at::TensorOptions().dtype(at::kLong).device(device_);
     cache_ = target_.new_cache(batch, capacity);
     device_lengths_ = at::zeros({batch}, longs);
-    pending_ = at::zeros({batch}, longs);
+    if (drafter_ != nullptr) {
+      // [pending | T drafts | sentinel]: the verification reads its first T + 1 columns and the
+      // greedy verdict its last T + 1 (verify_greedy), with no concatenation in between.
+      block_ids_ = at::full({batch, slots_ + 2}, -1, longs);
+      pending_ = block_ids_.select(1, 0);
+    } else {
+      pending_ = at::zeros({batch}, longs);
+    }
     device_active_ = at::zeros({batch}, longs);
     outcome_ = at::zeros({batch, slots_ + 2}, longs);
   }
@@ -142,35 +149,38 @@ class SpeculativeDecoder::Session {
     const int64_t batch = batch_;
     const auto spans = core::row_spans(device_lengths_, slots_ + 1, keys, dtype_);
     const auto drafted = drafter_ != nullptr ? draft(spans) : DraftedBlock();
-    const auto block = drafter_ != nullptr
-                           ? at::cat({pending_.view({batch, 1}), drafted.tokens}, 1)
-                           : pending_.view({batch, 1});
+    if (drafter_ != nullptr) block_ids_.narrow(1, 1, slots_).copy_(drafted.tokens);
+    const auto block =
+        drafter_ != nullptr ? block_ids_.narrow(1, 0, slots_ + 1) : pending_.view({batch, 1});
     const auto out = target_.step_rows(block, cache_, spans, layer_ids_);
-    Verdict verdict;
+    // The target's verdict, then each row's new state: the pending token and the accepted drafts
+    // are now cached, and the target's own token is next. A row that ended keeps its length (its
+    // later rounds write past what it reads).
     const auto judge = [&] {
       const auto logits = target_.logits(out.last_hidden_state);  // [B, T + 1, V]
+      Verdict verdict;
       if (drafter_ == nullptr) {
         verdict.accepted = at::zeros({batch}, at::TensorOptions().dtype(at::kLong).device(device_));
         verdict.tokens = choose(logits.select(1, 0)).view({batch, 1});
       } else if (greedy()) {
-        verdict = verify_greedy(logits, drafted.tokens);
+        verdict = verify_greedy(logits, block_ids_.narrow(1, 1, slots_ + 1));
       } else {
         verdict = verify_sampled(probs(logits), drafted.probs, drafted.tokens, draws_.generator);
       }
+      device_lengths_.add_(verdict.accepted.add(1).mul_(device_active_));
+      pending_.copy_(verdict.tokens.gather(1, verdict.accepted.view({batch, 1})).view({batch}));
+      outcome_.select(1, 0).copy_(verdict.accepted);
+      outcome_.narrow(1, 1, slots_ + 1).copy_(verdict.tokens);
     };
     if (drafter_ == nullptr) {
       judge();
     } else {
       // The whole block's hidden states go into the draft's cache (those of rejected drafts are
-      // written over next round) beside the verdict: both need only the verification's forward.
+      // written over next round) beside the verdict and the state updates: the draft's cache
+      // needs only the verification's forward and the positions it was given, which the updates
+      // do not touch.
       graph_.beside([&] { drafter_->extend(out.hidden_states, spans); }, judge);
     }
-    // The pending token and the accepted drafts are now cached; the target's own token is next.
-    // A row that ended keeps its length (its later rounds write past what it reads).
-    device_lengths_.add_(verdict.accepted.add(1).mul_(device_active_));
-    pending_.copy_(verdict.tokens.gather(1, verdict.accepted.view({batch, 1})).view({batch}));
-    outcome_.select(1, 0).copy_(verdict.accepted);
-    outcome_.narrow(1, 1, slots_ + 1).copy_(verdict.tokens);
   }
 
   // The drafted block, its shapes checked.
@@ -242,9 +252,11 @@ class SpeculativeDecoder::Session {
   std::vector<int64_t> layer_ids_;
   target::Qwen3Model::KvCache cache_;
   // On the device, updated in place by every round ([B] int64): each row's cached positions, its
-  // next token (chosen by the target, not yet cached), 1 while it is active; and the round's
-  // outcome [B, T + 2]: the accepted drafts' count, then the tokens of verification.h's Verdict.
+  // next token (chosen by the target, not yet cached; with a draft, column 0 of block_ids_), 1
+  // while it is active; and the round's outcome [B, T + 2]: the accepted drafts' count, then the
+  // tokens of verification.h's Verdict.
   at::Tensor device_lengths_, pending_, device_active_, outcome_;
+  at::Tensor block_ids_;          // with a draft: [B, T + 2], the pending token, the drafts, -1
   std::vector<int64_t> lengths_;  // device_lengths_ on the host
   std::vector<bool> active_;
 };

@@ -9,11 +9,14 @@ namespace {
 at::Tensor leading_true(const at::Tensor& accept) { return accept.to(at::kLong).cumprod(1).sum(1); }
 }  // namespace
 
-Verdict verify_greedy(const at::Tensor& target_logits, const at::Tensor& drafted) {
+Verdict verify_greedy(const at::Tensor& target_logits, const at::Tensor& proposals) {
   const auto choices = target_logits.argmax(-1);  // [B, T + 1]
-  const int64_t slots = drafted.size(1);
+  // 1 where a proposal differs from the target's choice; the sentinel always does, so the first 1
+  // (argmax returns the first maximum) is the accepted count, T when every draft agrees.
+  auto mismatch = at::empty(choices.sizes(), choices.options().dtype(at::kByte));
+  at::ne_out(mismatch, proposals, choices);
   Verdict out;
-  out.accepted = leading_true(drafted.eq(choices.narrow(1, 0, slots)));
+  out.accepted = mismatch.argmax(1);
   // Accepted drafted tokens equal the target's choices there, so the choices are the output.
   out.tokens = choices;
   return out;

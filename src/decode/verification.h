@@ -20,9 +20,10 @@ struct Verdict {
                         // at index `accepted`; the entries after it are meaningless
 };
 
-// target_logits [B, T + 1, V] (row b's logits after its anchor and after each drafted token),
-// drafted [B, T] int64.
-Verdict verify_greedy(const at::Tensor& target_logits, const at::Tensor& drafted);
+// target_logits [B, T + 1, V] (row b's logits after its anchor and after each drafted token);
+// proposals [B, T + 1] int64: the drafted tokens, then a sentinel that no choice equals (-1), so
+// that the first mismatch is one comparison and one argmax away.
+Verdict verify_greedy(const at::Tensor& target_logits, const at::Tensor& proposals);
 
 // target_probs [B, T + 1, V] and draft_probs [B, T, V] (rows summing to 1, fp32), drafted [B, T]
 // drawn from draft_probs; `generator` (of the tensors' device) draws the uniforms and the

@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "model/feature_norm.h"
 #include "ops/injection_pairs_ops.h"
 #include "ops/injection_residual_ops.h"
 #include "ops/rms_norm_ops.h"
@@ -42,10 +43,6 @@ AdjacentInjectionImpl::AdjacentInjectionImpl(int64_t hidden_size, int64_t transf
   predecessor_gate->weight.zero_();
 }
 
-// Below this norm a readout counts as zero (the reference clamps the norm; the fused RMSNorm adds
-// r·eps to ‖p‖², which maps p = 0 to 0 and changes nothing above it in fp32).
-constexpr double kZeroNorm = 1e-12;
-
 torch::Tensor AdjacentInjectionImpl::feature(const torch::Tensor& h, int64_t layer) {
   return normalize(readout_layers.at(layer)(h));
 }
@@ -57,13 +54,13 @@ torch::Tensor AdjacentInjectionImpl::normalize(const torch::Tensor& readout) {
         unit_weight_.scalar_type() != readout.scalar_type()) {
       unit_weight_ = torch::ones({rank_}, readout.options());
     }
-    const double eps = kZeroNorm * kZeroNorm / static_cast<double>(rank_);
+    const double eps = feature_norm_eps(rank_);
     if (ops::rms_norm_fusable(readout, unit_weight_)) {
       return ops::rms_norm_fused(readout, unit_weight_, eps);
     }
   }
   auto p = readout.to(torch::kFloat32);
-  auto unit = p / p.norm(2, -1, true).clamp_min(kZeroNorm);
+  auto unit = p / p.norm(2, -1, true).clamp_min(kFeatureZeroNorm);
   return (std::sqrt(static_cast<double>(rank_)) * unit).to(readout.scalar_type());
 }
 

@@ -7,9 +7,9 @@
 #include "core/error.h"
 #include "core/row_spans.h"
 #include "model/attention.h"
+#include "model/feature_norm.h"
 #include "model/rope.h"
-#include "ops/injection_pairs_ops.h"
-#include "ops/injection_residual_ops.h"
+#include "ops/injection_gate_ops.h"
 #include "ops/swiglu_ops.h"
 
 namespace dspine::model {
@@ -49,21 +49,46 @@ void DraftDecodingCache::refresh_weights() {
   const size_t layers = draft_.layer_modules.size();
   qkv_.resize(layers);
   gate_up_.resize(layers);
+  injection_in_.resize(layers);
+  const auto& injection = *draft_.injection;
+  const auto dtype = draft_.fc->weight.scalar_type();
+  // The gates and the message act on the normalised readout, a readout row times one number, so
+  // they are applied to the readout weights here (products in fp32, rounded once).
+  const auto gates_and_message =
+      torch::cat({injection.receiver_gate->weight, injection.predecessor_gate->weight,
+                  injection.message->weight})
+          .to(torch::kFloat);
   std::vector<at::Tensor> context_kv;
   for (size_t i = 0; i < layers; ++i) {
     const auto& attention = *draft_.layer_modules[i]->self_attn;
     const auto& mlp = *draft_.layer_modules[i]->mlp;
     pack(qkv_[i], {attention.q_proj->weight, attention.k_proj->weight, attention.v_proj->weight});
     pack(gate_up_[i], {mlp.gate_proj->weight, mlp.up_proj->weight});
+    const auto& readout = injection.readout_layers[i]->weight;
+    pack(injection_in_[i],
+         {readout, torch::matmul(gates_and_message, readout.to(torch::kFloat)).to(dtype)});
     context_kv.push_back(attention.k_proj->weight);
     context_kv.push_back(attention.v_proj->weight);
   }
   pack(context_kv_, context_kv);
-  const auto& injection = *draft_.injection;
-  pack(predecessor_message_, {injection.predecessor_gate->weight, injection.message->weight});
-  // As AdjacentInjectionImpl::scaled_codes then the cast forward makes: the same values per row.
+  // The first proposal's predecessor is the anchor token's scaled transfer code
+  // (AdjacentInjectionImpl::scaled_codes, cast as the forward casts it): its gate and message
+  // terms for every token.
   const double scale = std::sqrt(static_cast<double>(draft_.config().dspine.transfer_rank));
-  pack(scaled_codes_, {(scale * draft_.transfer_codes).to(draft_.fc->weight.scalar_type())});
+  const auto codes = (scale * draft_.transfer_codes).to(dtype).to(torch::kFloat);
+  pack(anchor_terms_, {torch::matmul(codes, torch::cat({injection.predecessor_gate->weight,
+                                                        injection.message->weight})
+                                                .to(torch::kFloat)
+                                                .t())
+                           .to(dtype)});
+}
+
+const RopeTables& DraftDecodingCache::rope_at(const core::RowSpans& spans) {
+  if (!rope_positions_.is_same(spans.positions)) {
+    rope_ = {core::rows_at(rope_cos_, spans.positions), core::rows_at(rope_sin_, spans.positions)};
+    rope_positions_ = spans.positions;
+  }
+  return rope_;
 }
 
 void DraftDecodingCache::extend(const at::Tensor& target_hidden,
@@ -85,8 +110,7 @@ void DraftDecodingCache::extend(const at::Tensor& target_hidden, const core::Row
   // numbers of rounds. Decoding runs on whole weights and announces no unit (nor do its layers).
   const auto context =
       draft_.hidden_norm(draft_.fc(target_hidden.to(options.device(), options.dtype())));
-  const RopeTables rope{core::rows_at(rope_cos_, spans.positions),
-                        core::rows_at(rope_sin_, spans.positions)};
+  const RopeTables& rope = rope_at(spans);
   const auto kv = torch::nn::functional::linear(context, context_kv_);  // every layer's k and v
   const int64_t width = c.num_key_value_heads * c.head_dim;
   const std::vector<int64_t> shape{rows, count, c.num_key_value_heads, c.head_dim};
@@ -108,25 +132,22 @@ DraftOutput DraftDecodingCache::block(const std::vector<int64_t>& anchors,
 }
 
 DraftOutput DraftDecodingCache::block(const core::RowSpans& spans, const at::Tensor& block_ids,
-                                      const at::Tensor& noise) {
+                                      const at::Tensor& noise, bool keep_pre_injection) {
   torch::NoGradGuard no_grad;
   const int64_t rows = noise.size(0), bs = draft_.config().block_size;
   const int64_t hidden = draft_.config().hidden_size;
   if (spans.keys > capacity()) {
     fail("draft cache: a block up to position {} asked of a cache of {}", spans.keys, capacity());
   }
-  const RopeTables rope{core::rows_at(rope_cos_, spans.positions),
-                        core::rows_at(rope_sin_, spans.positions)};
+  const RopeTables& rope = rope_at(spans);
   const auto bias = spans.bias.to(noise.scalar_type());  // the same tensor when the dtypes agree
-  // The first proposal's predecessor in every layer: the anchor token's code [B, 1, 1, r].
-  const auto anchor_code =
-      torch::embedding(scaled_codes_, block_ids.narrow(1, 0, 1)).view({rows, 1, 1, -1});
+  const auto anchor_ids = block_ids.select(1, 0);
   auto x = noise;
   at::Tensor pre;
   for (size_t i = 0; i < keys_.size(); ++i) {
-    x = layer(i, x, spans, rope, bias);
-    pre = x.view({rows, 1, bs, hidden});
-    x = inject(i, pre, anchor_code).view({rows, bs, hidden});
+    x = layer(i, x, spans, rope, bias);  // a fresh tensor, which the injection writes into
+    if (keep_pre_injection && i + 1 == keys_.size()) pre = x.clone().view({rows, 1, bs, hidden});
+    inject(i, x, anchor_ids);
   }
   return {draft_.norm(x).view({rows, 1, bs, hidden}), pre, at::Tensor()};
 }
@@ -161,27 +182,24 @@ at::Tensor DraftDecodingCache::layer(size_t index, const at::Tensor& x, const co
                               layer.mlp->fused);
 }
 
-// AdjacentInjectionImpl::forward of one layer, no replacement and no feature: the gate's
-// predecessor term and the message as one GEMM, the receiver's term with the bias in another.
-at::Tensor DraftDecodingCache::inject(size_t index, const at::Tensor& h,
-                                      const at::Tensor& anchor_code) {
+// AdjacentInjectionImpl::forward of one layer, no replacement and no feature: one GEMM reads the
+// state's readout and its three terms, one kernel makes the gated messages scaled by rms(h), and
+// the write's GEMM adds them into h (slot 0's message is zero, so the anchor's state stays).
+void DraftDecodingCache::inject(size_t index, const at::Tensor& h, const at::Tensor& anchor_ids) {
   auto& injection = *draft_.injection;
-  const bool fused = draft_.norm->fused;
-  const auto features = injection.feature(h, static_cast<int64_t>(index));  // [B, 1, bs, r]
-  const auto [receiver, pred] = fused && ops::injection_pairs_fusable(features, anchor_code)
-                                    ? ops::injection_pairs_fused(features, anchor_code)
-                                    : ops::injection_pairs_reference(features, anchor_code);
-  const int64_t rank = receiver.size(-1), size = injection.message->weight.size(0);
-  const auto both = torch::nn::functional::linear(pred, predecessor_message_);  // [.., 2m]
-  const auto receiver_term =
-      at::addmm(injection.bias, receiver.reshape({-1, rank}), injection.receiver_gate->weight.t())
-          .view(both.narrow(-1, 0, size).sizes());
-  const auto gate = at::sigmoid(receiver_term + both.narrow(-1, 0, size));
-  const auto delta = torch::nn::functional::linear(gate * both.narrow(-1, size, size),
-                                                   injection.write_layers.at(index)->weight);
-  return fused && ops::injection_residual_fusable(h, delta, /*skip_first=*/true)
-             ? ops::injection_residual_fused(h, delta, true)
-             : ops::injection_residual_reference(h, delta, true);
+  const int64_t rank = draft_.config().dspine.transfer_rank;
+  const int64_t hidden = h.size(-1), size = injection.message->weight.size(0);
+  const auto terms = torch::nn::functional::linear(h, injection_in_[index]);  // [B, bs, r + 3m]
+  const double eps = feature_norm_eps(rank);  // as the training module's fused feature norm
+  const auto messages =
+      draft_.norm->fused &&
+              ops::injection_gate_fusable(terms, h, anchor_terms_, anchor_ids, injection.bias, rank)
+          ? ops::injection_gate_fused(terms, h, anchor_terms_, anchor_ids, injection.bias, rank,
+                                      eps)
+          : ops::injection_gate_reference(terms, h, anchor_terms_, anchor_ids, injection.bias, rank,
+                                          eps);
+  h.view({-1, hidden})
+      .addmm_(messages.view({-1, size}), injection.write_layers.at(index)->weight.t());
 }
 
 }  // namespace dspine::model

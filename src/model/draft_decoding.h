@@ -9,9 +9,11 @@
 // A round at batch 1 is a chain of small kernels, so the cache runs the draft's layers through a
 // decoding path of its own with fewer of them (docs/decoding.md, "Kernels per round"): q/k/v,
 // gate/up and every layer's context k/v as one GEMM each on packed copies of the weights, the MLP's
-// residual added by the down projection's GEMM, RoPE gathered from tables of every cache position,
-// the anchor's transfer code from a table already scaled, and the injection's two gates of the
-// predecessor as one GEMM. The same function as DSpineDraftImpl::forward, up to rounding.
+// residual added by the down projection's GEMM, RoPE gathered from tables of every cache position
+// (once per round: the block and the context that follows it share positions), and the injection
+// as one GEMM that reads the state, one kernel that makes the gated messages and one GEMM that
+// adds their write into the state (ops/injection_gate_ops.h). The same function as
+// DSpineDraftImpl::forward, up to rounding.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -55,22 +57,30 @@ class DraftDecodingCache {
   // The same at `spans` (core::row_spans of the anchors, bs positions per row, its bias in the
   // draft's dtype), attention over the first spans.keys cached positions: nothing is read back
   // from the device, and fixed spans.keys give fixed shapes (docs/decoding.md, "CUDA graphs").
+  // Without `keep_pre_injection` the last layer's injection writes into its state in place and
+  // pre_injection is undefined (the backbone walk does not read it).
   DraftOutput block(const core::RowSpans& spans, const at::Tensor& block_ids,
-                    const at::Tensor& noise);
+                    const at::Tensor& noise, bool keep_pre_injection = true);
 
  private:
   at::Tensor layer(size_t index, const at::Tensor& x, const core::RowSpans& spans,
                    const RopeTables& rope, const at::Tensor& bias);
-  at::Tensor inject(size_t index, const at::Tensor& h, const at::Tensor& anchor_code);
+  // Writes layer `index`'s injection into h [B, bs, H] in place; anchor_ids [B].
+  void inject(size_t index, const at::Tensor& h, const at::Tensor& anchor_ids);
+  // RoPE's rows at the spans' positions, gathered once for a block and the context after it.
+  const RopeTables& rope_at(const core::RowSpans& spans);
 
   DSpineDraftImpl& draft_;
   std::vector<at::Tensor> keys_, values_;  // per layer [B, kv heads, capacity, head_dim]
   at::Tensor rope_cos_, rope_sin_;         // [capacity, head_dim]: RoPE of every cache position
-  // Packed copies of the weights: per layer [q; k; v] and [gate; up]; every layer's [k; v] in
-  // layer order; the injection's [predecessor_gate; message].
-  std::vector<at::Tensor> qkv_, gate_up_;
-  at::Tensor context_kv_, predecessor_message_;
-  at::Tensor scaled_codes_;  // sqrt(r) · transfer_codes [V, r] in the draft's dtype
+  at::Tensor rope_positions_;              // the positions rope_ holds the rows of
+  RopeTables rope_;
+  // Packed copies of the weights: per layer [q; k; v], [gate; up] and the injection's input
+  // [readout; receiver_gate·readout; predecessor_gate·readout; message·readout]; every layer's
+  // [k; v] in layer order; [predecessor_gate; message] applied to every token's scaled transfer
+  // code [V, 2m].
+  std::vector<at::Tensor> qkv_, gate_up_, injection_in_;
+  at::Tensor context_kv_, anchor_terms_;
 };
 
 }  // namespace dspine::model

@@ -9,6 +9,7 @@
 
 #include "common/dspine_tiny.h"
 #include "core/error.h"
+#include "core/row_spans.h"
 #include "model/draft_decoding.h"
 #include "model/dspine_draft.h"
 
@@ -26,9 +27,11 @@ struct Fixture {
     torch::manual_seed(23);
     draft = DSpineDraft(config, false);
     draft->initialize_transfer_space(torch::randn({config.vocab_size, config.hidden_size}), 7);
-    {  // writes away from zero, so that the injection takes part
+    {  // writes, the predecessor's gate and the bias away from zero: every injection term counts
       torch::NoGradGuard no_grad;
       for (auto& w : draft->injection->write_layers) w->weight.normal_(0.0, 0.1);
+      draft->injection->predecessor_gate->weight.normal_(0.0, 0.1);
+      draft->injection->bias.normal_(0.0, 0.1);
     }
     hidden = torch::randn({3, 12, 3 * config.hidden_size});
     embed = torch::randn({config.vocab_size, config.hidden_size});
@@ -72,6 +75,23 @@ TEST(DraftDecodingCache, BlocksEqualTheFullForwardForRowsOfTheirOwnLengths) {
   const auto ids = f.block_ids({4, 9, 17});
   expect_close(cache.block(anchors, ids, torch::embedding(f.embed, ids)), f.full(anchors, ids),
                "rows at 3, 7 and 10");
+}
+
+// Without the pre-injection state the last injection writes into its state in place: the same
+// hidden states, no pre_injection.
+TEST(DraftDecodingCache, BlockWithoutPreInjectionGivesTheSameHiddenStates) {
+  Fixture f;
+  DraftDecodingCache cache(*f.draft, 3, 16);
+  cache.extend(f.hidden.narrow(1, 0, 10), {0, 0, 0});
+  const std::vector<int64_t> anchors = {3, 7, 10};
+  const auto ids = f.block_ids({4, 9, 17});
+  const auto spans = core::row_spans(anchors, f.config.block_size, torch::kCPU, torch::kFloat);
+  const auto noise = torch::embedding(f.embed, ids);
+  const auto kept = cache.block(spans, ids, noise);
+  const auto bare = cache.block(spans, ids, noise, /*keep_pre_injection=*/false);
+  EXPECT_FALSE(bare.pre_injection.defined());
+  EXPECT_TRUE(torch::equal(bare.hidden_states, kept.hidden_states));
+  expect_close(kept, f.full(anchors, ids), "kept");
 }
 
 TEST(DraftDecodingCache, ContextWrittenOverABlocksKeysGivesTheFullForward) {
