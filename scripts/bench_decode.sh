@@ -12,7 +12,9 @@
 # reading every weight once per forward (BANDWIDTH, GB/s: the card's memory bandwidth).
 # Usage: scripts/bench_decode.sh [BUILD_DIR (default build)] [WORK (default runs/decode-bench)]
 #   PROMPTS (default 64), PROMPT (tokens, default 128), NEW (tokens, default 128), DTYPE (bf16),
-#   QUICK=1: only the batch-1 rows and the profile (a short device call's measure of a round)
+#   QUICK=1: only the batch-1 rows and the profile (a short device call's measure of a round),
+#   TRACE_DIR: also save Chrome traces of a few eager rounds there, with the draft and without
+#   (decode_rounds_trace.json, decode_alone_trace.json: which operator launched each kernel)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build} WORK=${2:-runs/decode-bench}
@@ -73,6 +75,23 @@ echo
   "$TESTBED/held_out.jsonl" --samples 8 --prompt-tokens "$PROMPT" --max-new-tokens "$NEW" \
   --ignore-eos --batch 1 --dtype "$DTYPE" --seed 1 --no-baseline --profile 2>&1 >/dev/null |
   { grep -v '^\[' || true; } || true  # the profile (every kernel, then the kernels per round), without the log's lines
+# The target alone's step the same way (the round's other term): its kernels by category.
+echo
+echo "the target alone:"
+"$BUILD/bin/dspine-decode" --target "$TESTBED/target" --prompts "$TESTBED/held_out.jsonl" \
+  --samples 8 --prompt-tokens "$PROMPT" --max-new-tokens "$NEW" --ignore-eos --batch 1 \
+  --dtype "$DTYPE" --seed 1 --profile 2>&1 >/dev/null |
+  { grep -E '^profile:|^\| [a-z/ ]+ \| [0-9.]+ \| [0-9]* \||kernels per round' || true; } || true
+if [[ -n ${TRACE_DIR:-} ]]; then
+  for name in rounds alone; do
+    draft_args=(--draft "$draft" --no-baseline)
+    [[ $name == alone ]] && draft_args=()
+    "$BUILD/bin/dspine-decode" --target "$TESTBED/target" "${draft_args[@]}" --prompts \
+      "$TESTBED/held_out.jsonl" --samples 1 --prompt-tokens "$PROMPT" --max-new-tokens 24 \
+      --ignore-eos --batch 1 --dtype "$DTYPE" --seed 1 --no-cuda-graphs --profile \
+      --profile-trace "$TRACE_DIR/decode_${name}_trace.json" > /dev/null 2>&1 || true
+  done
+fi
 
 ((QUICK)) && exit 0
 # Regeneration: the target alone, batched, against reading every weight once per forward.

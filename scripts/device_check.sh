@@ -194,7 +194,7 @@ if [[ $PHASE == soak ]]; then
 fi
 # Real speculative decoding on the gpu testbed (docs/decoding.md): its table in $OUT/decode.md.
 if [[ $PHASE == decode ]]; then
-  scripts/bench_decode.sh "$BUILD_DIR" runs/decode-bench 2>&1 | tee "$OUT/decode.md"
+  TRACE_DIR=$OUT scripts/bench_decode.sh "$BUILD_DIR" runs/decode-bench 2>&1 | tee "$OUT/decode.md"
   status=${PIPESTATUS[0]}
   echo "done in $(( $(date +%s) - start )) s, status $status"
   exit $status
