@@ -597,11 +597,11 @@ Trainer::Run::Window Trainer::Run::train_window(const std::vector<data::DraftBat
   terms["time/prepass_s"] = seconds_between(prepass_start, replay_start);
   terms["time/replay_s"] = seconds_between(replay_start, optimizer_start);
   terms["time/optimizer_s"] = seconds_between(optimizer_start, window_end);
-  terms["time/step_s"] = seconds_between(data_start, window_end);
+  const double step_seconds = seconds_between(data_start, window_end);
+  terms["time/step_s"] = step_seconds;
   // An objective that times a part of its step (GSPO: the seam) also gets that part's share.
-  if (terms.count(objectives::kSeamSecondsMetric)) {
-    terms["time/seam_share"] = terms[objectives::kSeamSecondsMetric] / terms["time/step_s"];
-  }
+  const auto seam = terms.find(objectives::kSeamSecondsMetric);
+  if (seam != terms.end()) terms["time/seam_share"] = seam->second / step_seconds;
   w.tokens = totals[kTotalTokens];
   w.stop_requested = totals[kTotalStopSignals] > 0;
   return w;
