@@ -52,7 +52,7 @@ at::Tensor draw_replacement(const at::Tensor& keep, double probability, const Ro
 
 BlockLayout layout_blocks(const at::Tensor& input_ids, const at::Tensor& loss_mask,
                           const at::Tensor& anchors, const at::Tensor& keep, int64_t block_size,
-                          double gamma) {
+                          double gamma, const at::Tensor& supervised_slots) {
   const int64_t rows = anchors.size(0), blocks = anchors.size(1);
   const int64_t seq_len = input_ids.size(1);
   BlockLayout layout;
@@ -66,6 +66,10 @@ BlockLayout layout_blocks(const at::Tensor& input_ids, const at::Tensor& loss_ma
   auto supervised_slot = (index < seq_len) & layout.keep.unsqueeze(-1) & mask_at;
   // A gap ends supervision for the rest of the block (cumulative product over slots 1..bs-1).
   layout.supervised = supervised_slot.slice(2, 1).to(torch::kInt64).cumprod(2).to(torch::kBool);
+  if (supervised_slots.defined()) {  // proposal t (1-based) within the block's limit
+    const auto proposal = torch::arange(1, block_size, anchors.options());
+    layout.supervised &= proposal.le(supervised_slots.to(anchors.device()).unsqueeze(-1));
+  }
   layout.weights = layout.supervised.to(torch::kFloat32);
   if (gamma > 0) {
     auto decay = torch::exp(

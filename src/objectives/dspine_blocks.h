@@ -12,10 +12,13 @@
 namespace dspine::objectives {
 
 // Explicit anchors [B, N] int64, keep [B, N] bool and replace [B, N] bool that override the
-// sampling (dspine-eval, tests). Undefined fields are sampled as usual; keep defaults to all
-// true when anchors are given.
+// sampling (dspine-eval, tests, blocks a decoding produced). Undefined fields are sampled as
+// usual; keep defaults to all true when anchors are given. supervised_slots [B, N] int64 (with
+// anchors; undefined: no limit): block n of row b supervises at most its first
+// supervised_slots[b][n] proposals, e.g. a decoding round's accepted drafts and the slot after them
+// (decode/decoded_blocks.h).
 struct BlockOverrides {
-  at::Tensor anchors, keep, replace;
+  at::Tensor anchors, keep, replace, supervised_slots;
 };
 
 // [B, S-1] bool: position i can anchor a block iff loss_mask[i] > 0.5 and loss_mask[i+1] > 0.5.
@@ -53,9 +56,10 @@ struct BlockLayout {
   at::Tensor weights;       // [B, N, T] fp32, supervised * exp(-t/gamma) (gamma <= 0: no decay)
 };
 
+// supervised_slots [B, N] int64 (undefined: no limit) caps each block's supervised proposals.
 BlockLayout layout_blocks(const at::Tensor& input_ids, const at::Tensor& loss_mask,
                           const at::Tensor& anchors, const at::Tensor& keep, int64_t block_size,
-                          double gamma);
+                          double gamma, const at::Tensor& supervised_slots = {});
 
 // [B, S + N*bs]: 0..S-1 then anchor + 0..bs-1 per block (§5.5).
 at::Tensor block_position_ids(const at::Tensor& anchors, int64_t seq_len, int64_t block_size);

@@ -142,9 +142,18 @@ DraftPass DSpineTrainingModel::sample_blocks(const data::DraftBatch& batch,
     replace = draw_replacement(sample.keep, out.schedule.replacement_probability, streams,
                                std::max(draws, sample.keep.size(1)));
   }
-  out.blocks =
-      layout_blocks(input_ids, loss_mask, data::queue_copy_to(sample.anchors, device),
-                    data::queue_copy_to(sample.keep, device), bs, settings_.loss_decay_gamma);
+  at::Tensor supervised_slots;
+  if (options.overrides != nullptr && options.overrides->supervised_slots.defined()) {
+    supervised_slots = options.overrides->supervised_slots.to(torch::kCPU, torch::kInt64);
+    if (supervised_slots.sizes() != sample.anchors.sizes()) {
+      fail("DSpine supervised_slots {} must match anchors {}", c10::str(supervised_slots.sizes()),
+           c10::str(sample.anchors.sizes()));
+    }
+    supervised_slots = data::queue_copy_to(supervised_slots, device);
+  }
+  out.blocks = layout_blocks(input_ids, loss_mask, data::queue_copy_to(sample.anchors, device),
+                             data::queue_copy_to(sample.keep, device), bs,
+                             settings_.loss_decay_gamma, supervised_slots);
   if (replace.defined()) out.replace = data::queue_copy_to(replace, device);
   out.position_ids = block_position_ids(out.blocks.anchors, input_ids.size(1), bs);
   return out;

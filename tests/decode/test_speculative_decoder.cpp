@@ -20,6 +20,7 @@
 #include "core/error.h"
 #include "target/qwen3_model.h"
 #include "decode/block_drafter.h"
+#include "decode/decoded_blocks.h"
 #include "decode/speculative_decoder.h"
 #include "decode/verification.h"
 #include "model/dspine_draft.h"
@@ -213,6 +214,65 @@ TEST(SpeculativeDecoder, GreedyOutputWithADSpineDraftIsTheTargetAlones) {
       }
     }
   }
+}
+
+// decoded_blocks from a decoding's counts: its anchors are the positions the draft was asked to
+// continue, round by round, and each block's supervised slots end at the round's first rejected
+// draft (or at the block's end when every draft was accepted).
+TEST(DecodedBlocks, AnchorsAreTheRoundsAndSlotsEndAtTheFirstRejection) {
+  const auto prompts = byte_prompts();
+  const int64_t length = 40, proposals = 5;
+  const auto alone = decode(nullptr, prompts, length);
+  std::vector<std::vector<int64_t>> sequences;
+  for (size_t b = 0; b < prompts.size(); ++b) {
+    sequences.push_back(prompts[b]);
+    sequences.back().insert(sequences.back().end(), alone.rows[b].tokens.begin(),
+                            alone.rows[b].tokens.end());
+  }
+  const auto wrong = [](int64_t p, int64_t b) { return (p * 7 + b) % 5 == 0; };
+  // Records the anchor of every block the loop asks for (one row at a time: batch 1).
+  class Recording : public ScriptedDrafter {
+   public:
+    using ScriptedDrafter::ScriptedDrafter;
+    DraftedBlock propose(const core::RowSpans& block, const at::Tensor& anchors,
+                         const DraftDraws& draws) override {
+      asked.push_back(block.positions[0][0].item<int64_t>());
+      return ScriptedDrafter::propose(block, anchors, draws);
+    }
+    std::vector<int64_t> asked;
+  };
+  for (size_t b = 0; b < prompts.size(); ++b) {
+    // Row b's script, as the only row of its batch.
+    Recording drafter({sequences[b]}, proposals,
+                      [&](int64_t p, int64_t) { return wrong(p, static_cast<int64_t>(b)); });
+    const auto result = decode(&drafter, {prompts[b]}, length);
+    const auto& row = result.rows[0];
+    const int64_t prompt_length = static_cast<int64_t>(prompts[b].size());
+    const auto blocks = decoded_blocks(prompt_length, row, proposals);
+    EXPECT_EQ(blocks.anchors, drafter.asked) << "prompt " << b;
+    ASSERT_EQ(blocks.supervised_slots.size(), blocks.anchors.size());
+    for (size_t r = 0; r < blocks.anchors.size(); ++r) {
+      const int64_t anchor = blocks.anchors[r], slots = blocks.supervised_slots[r];
+      ASSERT_GE(slots, 1);
+      ASSERT_LE(slots, proposals);
+      for (int64_t j = 1; j < slots; ++j) {
+        EXPECT_FALSE(wrong(anchor + j, static_cast<int64_t>(b))) << "accepted slot " << j;
+      }
+      // Every round but the last (which the length limit may cut) ends at a rejected draft or
+      // with the whole block accepted.
+      if (r + 1 < blocks.anchors.size() && slots < proposals) {
+        EXPECT_TRUE(wrong(anchor + slots, static_cast<int64_t>(b))) << "round " << r;
+      }
+    }
+  }
+  DecodedRow bad;
+  bad.tokens = {1, 2, 3};
+  bad.accepted = {1};  // one verification kept 1 token: 2 tokens in all, not 3
+  EXPECT_THROW(decoded_blocks(4, bad, proposals), Error);
+  bad.accepted = {2};
+  EXPECT_EQ(decoded_blocks(4, bad, proposals).anchors, std::vector<int64_t>({4}));
+  bad.accepted = {0, 2};
+  EXPECT_THROW(decoded_blocks(4, bad, proposals), Error);
 }
 
 // Pearson's statistic of `counts` against probabilities `expected` (bins whose expected count is

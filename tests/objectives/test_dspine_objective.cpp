@@ -151,6 +151,23 @@ TEST(DSpineBlocks, AnchorsAndWeightsFollowTheWorkedExample) {
   EXPECT_EQ(positions[1][19].item<int64_t>(), 13);
 }
 
+// A block's supervised_slots cap its supervised proposals on top of the mask's own cut.
+TEST(DSpineBlocks, SupervisedSlotsCapEachBlock) {
+  auto batch = training_inputs();
+  auto anchors = torch::tensor({{2, 5}, {6, 10}}, torch::kInt64);
+  const auto keep = torch::ones({2, 2}, torch::kBool);
+  auto capped = layout_blocks(batch.input_ids, batch.loss_mask, anchors, keep, 4, 7.0,
+                              torch::tensor({{3, 2}, {1, 3}}, torch::kInt64));
+  auto free = layout_blocks(batch.input_ids, batch.loss_mask, anchors, keep, 4, 7.0);
+  // Row 0 block 1 keeps 2 of its 3 supervised proposals; the other blocks were already cut by
+  // the mask at or before their limit.
+  auto expected = free.weights.clone();
+  expected[0][1][2] = 0.0;
+  EXPECT_TRUE(torch::equal(capped.weights, expected));
+  EXPECT_TRUE(torch::equal(capped.labels, free.labels));
+  EXPECT_EQ(capped.supervised.sum().item<int64_t>(), free.supervised.sum().item<int64_t>() - 1);
+}
+
 TEST(DSpineObjectiveTerms, MaskGapGivesTheHandComputedDenominatorAndIgnoresLaterTeachers) {
   auto config = tiny_config();
   auto objective = training_objective(config, tiny_settings());
