@@ -87,7 +87,7 @@ if [[ -n ${TRACE_DIR:-} ]]; then
     draft_args=(--draft "$draft" --no-baseline)
     [[ $name == alone ]] && draft_args=()
     "$BUILD/bin/dspine-decode" --target "$TESTBED/target" "${draft_args[@]}" --prompts \
-      "$TESTBED/held_out.jsonl" --samples 1 --prompt-tokens "$PROMPT" --max-new-tokens 24 \
+      "$TESTBED/held_out.jsonl" --samples 1 --prompt-tokens "$PROMPT" --max-new-tokens 12 \
       --ignore-eos --batch 1 --dtype "$DTYPE" --seed 1 --no-cuda-graphs --profile \
       --profile-trace "$TRACE_DIR/decode_${name}_trace.json" > /dev/null 2>&1 || true
   done
