@@ -151,10 +151,9 @@ Trainer::Trainer(core::Config config, std::shared_ptr<dist::Communicator> comm,
   if (training.cpu_threads > 0) at::set_num_threads(static_cast<int>(training.cpu_threads));
   if (parts.device.is_cuda()) use_deterministic_algorithms(training.deterministic);
   torch::manual_seed(static_cast<uint64_t>(training.seed));  // model initialisation
-  parts.source =
-      data::make_batch_source(parts.config, parts.device);  // checks the data in full first
-  parts.config.model.num_target_layers =
-      data::target_depth(parts.config);  // recorded in config.json
+  // The source checks its data in full first; the target's depth is recorded in config.json.
+  parts.source = data::make_batch_source(parts.config, parts.device);
+  parts.config.model.num_target_layers = data::target_depth(parts.config);
   parts.held_out = data::make_held_out_source(parts.config, *parts.source);
   const auto dtype = training.dtype == core::Dtype::kBf16 ? torch::kBFloat16 : torch::kFloat;
   parts.built = build_model(parts.config, *objective, *parts.source, parts.device, dtype);
