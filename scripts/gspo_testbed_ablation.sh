@@ -103,23 +103,5 @@ for name in "$@"; do
   done
 done
 
-"$PY" - "$results" <<'PY'
-import json, math, sys
-from collections import OrderedDict
-runs = OrderedDict()
-for r in map(json.loads, open(sys.argv[1])):
-    runs.setdefault(r["run"], []).append(r)
-def cell(rows, key):
-    v = [r[key] for r in rows]
-    m = sum(v) / len(v)
-    if len(v) < 2:
-        return f"{m:.3f}"
-    se = math.sqrt(sum((x - m) ** 2 for x in v) / (len(v) - 1) / len(v))
-    return f"{m:.3f} ± {se:.3f}"
-print("| run | seeds | τ greedy backbone | τ refinement walk | τ speculative sampling | s per run |")
-print("|---|---:|---:|---:|---:|---:|")
-for name, rows in runs.items():
-    secs = sum(r["seconds"] for r in rows) / len(rows)
-    print(f"| {name} | {len(rows)} | {cell(rows, 'tau')} | {cell(rows, 'tau_refine')} | "
-          f"{cell(rows, 'tau_sampled')} | {secs:.0f} |")
-PY
+"$PY" scripts/results_table.py "$results" tau="τ greedy backbone" tau_refine="τ refinement walk" \
+  tau_sampled="τ speculative sampling"
