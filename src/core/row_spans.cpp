@@ -25,11 +25,11 @@ RowSpans row_spans(const at::Tensor& starts, int64_t count, int64_t keys, at::Sc
   // Contiguous: index_put_ would otherwise copy an expanded index at every write.
   spans.rows = at::arange(batch, longs).unsqueeze(1).expand({batch, count}).contiguous();
   spans.keys = keys;
-  spans.visible =
+  const auto visible =
       at::arange(keys, longs).view({1, 1, 1, keys}).le(spans.positions.view({batch, 1, count, 1}));
-  spans.bias =
-      at::zeros(spans.visible.sizes(), starts.options().dtype(dtype))
-          .masked_fill_(spans.visible.logical_not(), -std::numeric_limits<double>::infinity());
+  spans.bias = at::full(visible.sizes(), -std::numeric_limits<double>::infinity(),
+                        starts.options().dtype(dtype))
+                   .masked_fill_(visible, 0.0);
   return spans;
 }
 

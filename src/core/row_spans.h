@@ -17,12 +17,10 @@ struct RowSpans {
   at::Tensor rows;       // [B, count] int64, contiguous: b, the row each new position belongs to
   at::Tensor positions;  // [B, count] int64: starts[b] + i
   int64_t keys = 0;      // cached positions attention reads (at least max(starts) + count)
-  // [B, 1, count, keys] bool: new position i of row b sees key p iff p <= starts[b] + i (its
-  // row's cache before it and itself; the rest of a shorter row is never read)
-  at::Tensor visible;
-  // `visible` as attention's additive mask in the models' dtype: 0 where visible, −inf elsewhere.
-  // Scaled dot-product attention would convert a bool mask at each of its calls; this is the same
-  // conversion, made once for every layer of both models.
+  // [B, 1, count, keys], attention's additive mask in the models' dtype: new position i of row b
+  // sees key p (0) iff p <= starts[b] + i, its row's cache before it and itself (−inf elsewhere;
+  // the rest of a shorter row is never read). Scaled dot-product attention would turn a bool mask
+  // into this at each of its calls; it is made once for every layer of both models.
   at::Tensor bias;
 };
 
